@@ -1,0 +1,51 @@
+"""Loading YAML/JSON files into pydantic models with one-line, file-naming errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from capplan.errors import ConfigError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def read_mapping(path: Path) -> dict[str, Any]:
+    """Read a YAML or JSON file holding one mapping."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read file ({e.strerror}); check the path", file=str(path)) from e
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as e:
+        first = str(e).splitlines()[0]
+        raise ConfigError(f"not valid YAML/JSON ({first})", file=str(path)) from e
+    if not isinstance(data, dict):
+        raise ConfigError("expected a mapping at the top level", file=str(path))
+    return data
+
+
+def validation_message(err: ValidationError) -> tuple[str, str]:
+    """The first error of a pydantic ValidationError as (dotted field, what to fix)."""
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
+    if e["type"] == "extra_forbidden":
+        return loc, "unknown key; remove it or fix its spelling"
+    if e["type"] == "missing":
+        return loc, "required key is missing"
+    msg = e["msg"].removeprefix("Value error, ")
+    return loc, msg
+
+
+def load_model(cls: type[M], data: dict[str, Any], *, file: str) -> M:
+    """Validate `data` as `cls`, turning the first error into a ConfigError naming the field."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as err:
+        field, msg = validation_message(err)
+        raise ConfigError(msg, file=file, field=field) from err

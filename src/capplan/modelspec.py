@@ -1,0 +1,111 @@
+"""Model architecture specs, kept as data under `models/<name>/spec.yaml`.
+
+A spec holds what sizing needs: parameter counts per precision (weight bytes) and KV bytes
+per token. `models/<name>/config.json` beside it is the Hugging Face config vLLM loads
+with dummy weights during calibration.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from capplan._yaml import load_model, read_mapping
+from capplan.errors import ConfigError
+from capplan.hardware import Precision
+
+MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
+
+
+class ModelSpec(BaseModel):
+    """A dense decoder's shape; weight and KV sizes follow from it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = 1
+    name: str
+    hf_id: str
+    source: str = Field(description="where the figures came from (the config.json's origin)")
+    architecture: str
+    hidden_size: int = Field(gt=0)
+    num_layers: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = Field(gt=0)
+    sliding_window: int | None = Field(default=None, gt=0)
+    sliding_window_layers: int = Field(default=0, ge=0, description="layers with local attention")
+    num_global_kv_heads: int | None = Field(
+        default=None, gt=0, description="KV heads of global layers, where they differ"
+    )
+    global_head_dim: int | None = Field(default=None, gt=0)
+    vision_encoder_params: int = Field(default=0, ge=0)
+    image_tokens_per_image: int = Field(default=0, ge=0)
+
+    @cached_property
+    def layer_params(self) -> int:
+        """Linear-layer parameters of one decoder layer (attention + gated MLP)."""
+        q = self.hidden_size * self.num_attention_heads * self.head_dim
+        kv = 2 * self.hidden_size * self.num_kv_heads * self.head_dim
+        o = self.num_attention_heads * self.head_dim * self.hidden_size
+        mlp = 3 * self.hidden_size * self.intermediate_size
+        return q + kv + o + mlp
+
+    @cached_property
+    def linear_params(self) -> int:
+        """Parameters that quantisation shrinks: every decoder layer's linears."""
+        return self.num_layers * self.layer_params
+
+    @cached_property
+    def embedding_params(self) -> int:
+        """Embedding plus LM head; vLLM keeps both in BF16 under every precision here."""
+        return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+
+    def weight_bytes(self, precision: Precision) -> int:
+        """Bytes of weights one GPU holds at TP=1 (vision encoder in BF16)."""
+        linear = self.linear_params * precision.weight_bytes_per_param
+        return int(linear + 2 * (self.embedding_params + self.vision_encoder_params))
+
+    def kv_bytes_per_token(self, kv_dtype_bytes: int = 2) -> int:
+        """KV bytes one token takes across all layers (K and V)."""
+        global_layers = self.num_layers - self.sliding_window_layers
+        g_heads = self.num_global_kv_heads or self.num_kv_heads
+        g_dim = self.global_head_dim or self.head_dim
+        per_global = 2 * g_heads * g_dim * kv_dtype_bytes
+        per_local = 2 * self.num_kv_heads * self.head_dim * kv_dtype_bytes
+        return global_layers * per_global + self.sliding_window_layers * per_local
+
+    def flops_per_token(self) -> float:
+        """Matmul FLOPs per token through the linears and LM head (2 per multiply-add)."""
+        return 2.0 * (self.linear_params + self.vocab_size * self.hidden_size)
+
+    def attention_flops(self, query_tokens: int, context_tokens: int) -> float:
+        """FLOPs of QK^T and PV for `query_tokens` attending over `context_tokens`."""
+        return 4.0 * self.num_layers * self.num_attention_heads * self.head_dim * (
+            query_tokens * context_tokens
+        )
+
+    @property
+    def config_path(self) -> Path:
+        return MODELS_DIR / self.name / "config.json"
+
+
+def load_model_spec(name_or_path: str | Path) -> ModelSpec:
+    """A spec by name (`models/<name>/spec.yaml`) or by path to a spec file or its folder."""
+    p = Path(name_or_path)
+    if p.is_dir():
+        p = p / "spec.yaml"
+    elif not p.suffix:
+        p = MODELS_DIR / str(name_or_path) / "spec.yaml"
+    if not p.exists():
+        known = sorted(d.name for d in MODELS_DIR.iterdir() if (d / "spec.yaml").exists())
+        raise ConfigError(
+            f"unknown model {name_or_path!r}; known: {', '.join(known)}", file=str(p)
+        )
+    return load_model(ModelSpec, read_mapping(p), file=str(p))

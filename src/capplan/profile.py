@@ -1,0 +1,221 @@
+"""The profile: what one (GPU, model, precision, TP, vLLM version) can do, as data.
+
+A profile file (`profile.json`) holds the fitted step-time model, the KV capacity as a
+function of gpu_memory_utilization, the box the fit was calibrated on, the fit's held-out
+error and the provenance. Measured profiles live under
+`calibration/<gpu>/vllm-<version>/<model>/<precision>[-kvfp8][-<method>K]/`; the analytic
+roofline profile (`source: analytic`) is built from datasheets when none was measured.
+
+Step-time model (one engine step, seconds), physically shaped:
+
+    t = fixed_s
+      + per_token_s * max(T_pad, knee_tokens)        # GEMMs: weight-streaming floor, then compute
+      + prefill_attn_s * sum(chunk * (ctx + chunk/2))  # prefill attention over prior KV
+      + decode_ctx_s * sum(context of decode seqs)     # decode attention = KV read
+      + per_seq_s * seqs                               # sampling, bookkeeping per sequence
+      + k * (draft_pass_s + draft_token_s * seqs)      # k sequential draft passes (spec decode)
+
+T = scheduled tokens (decode seqs count 1 + k each). T_pad pads T up to the next CUDA-graph
+capture size (vllm/config/vllm.py: _set_cudagraph_sizes) when T is within the largest one.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from capplan.errors import CalibrationCoverageError, ConfigError
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+def cudagraph_capture_sizes(
+    max_num_seqs: int, max_num_batched_tokens: int, spec_k: int = 0
+) -> list[int]:
+    """vLLM 0.26.0's default capture sizes (vllm/config/vllm.py: _set_cudagraph_sizes)."""
+    largest = min(max_num_seqs * (1 + spec_k) * 2, 512, max_num_batched_tokens)
+    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, largest + 1, 16)]
+    return [s for s in sizes if s <= largest]
+
+
+class StepModel(BaseModel):
+    """Coefficients of the step-time model above (all in seconds)."""
+
+    model_config = _FROZEN
+    fixed_s: float = Field(ge=0)
+    per_token_s: float = Field(ge=0)
+    knee_tokens: float = Field(ge=0)
+    prefill_attn_s: float = Field(ge=0, description="per token x attended token")
+    decode_ctx_s: float = Field(ge=0, description="per context token of a decode sequence")
+    per_seq_s: float = Field(ge=0)
+    draft_pass_s: float = Field(default=0.0, ge=0)
+    draft_token_s: float = Field(default=0.0, ge=0)
+
+
+class KvCapacity(BaseModel):
+    """KV capacity in tokens: measured points and the line through them,
+    tokens = slope_tokens * gpu_memory_utilization - intercept_tokens."""
+
+    model_config = _FROZEN
+    bytes_per_token: int = Field(gt=0)
+    slope_tokens: float = Field(gt=0)
+    intercept_tokens: float
+    image_reservation_tokens: float = Field(
+        default=0.0, ge=0, description="KV tokens the vision encoder's profiling reserves"
+    )
+    measured: list[dict[str, float]] = Field(default_factory=list)
+
+    def tokens(self, gpu_memory_utilization: float, *, text_only: bool = True) -> int:
+        t = self.slope_tokens * gpu_memory_utilization - self.intercept_tokens
+        if not text_only:
+            t -= self.image_reservation_tokens
+        return max(0, int(t))
+
+
+class Box(BaseModel):
+    """The batch compositions a fit was calibrated on; beyond it, results are flagged."""
+
+    model_config = _FROZEN
+    max_tokens: int = Field(gt=0)
+    max_seqs: int = Field(gt=0)
+    max_context_tokens: int = Field(gt=0)
+
+
+class FitQuality(BaseModel):
+    """Held-out absolute percentage error of step time."""
+
+    model_config = _FROZEN
+    n_train: int
+    n_test: int
+    median_ape: float
+    p95_ape: float
+
+
+class Provenance(BaseModel):
+    """Where a profile's numbers came from."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    source: Literal["measured", "analytic"]
+    note: str = ""
+
+
+class Profile(BaseModel):
+    """One calibrated (or analytic) engine configuration."""
+
+    model_config = _FROZEN
+    schema_version: Literal[1] = 1
+    gpu: str
+    model: str
+    precision: str
+    tp: int = 1
+    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    spec_method: str | None = None
+    spec_k: int = Field(default=0, ge=0)
+    vllm_version: str = "0.26.0"
+    step: StepModel
+    kv: KvCapacity
+    box: Box
+    fit: FitQuality | None = None
+    provenance: Provenance
+    engine: dict[str, object] = Field(
+        default_factory=dict, description="engine settings the calibration ran with"
+    )
+
+    @property
+    def source(self) -> str:
+        return self.provenance.source
+
+    @property
+    def key(self) -> str:
+        """Folder-style name: precision[-kvfp8][-<method>K]."""
+        key = self.precision
+        if self.kv_cache_dtype == "fp8":
+            key += "-kvfp8"
+        if self.spec_k:
+            key += f"-{self.spec_method}{self.spec_k}"
+        return key
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        p = Path(path)
+        if p.is_dir():
+            p = p / "profile.json"
+        try:
+            return cls.model_validate_json(p.read_text())
+        except OSError as e:
+            raise ConfigError(f"cannot read profile ({e.strerror})", file=str(p)) from e
+        except ValueError as e:
+            raise ConfigError(f"not a valid profile: {str(e).splitlines()[0]}", file=str(p)) from e
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.model_dump(mode="json"), indent=1) + "\n")
+
+
+class StepTimer:
+    """Fast evaluation of a profile's step model inside the simulator's hot loop.
+
+    Counts the steps that fall outside the calibrated box (`extrapolated_steps`); with
+    `strict=True` such a step raises CalibrationCoverageError instead.
+    """
+
+    __slots__ = (
+        "_c",
+        "_draft",
+        "_graph_max",
+        "_graphs",
+        "box",
+        "extrapolated_steps",
+        "k",
+        "strict",
+    )
+
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        strict: bool = False,
+    ) -> None:
+        s = profile.step
+        self._c = (s.fixed_s, s.per_token_s, s.knee_tokens, s.prefill_attn_s, s.decode_ctx_s,
+                   s.per_seq_s)
+        self.k = profile.spec_k
+        self._draft = (s.draft_pass_s, s.draft_token_s)
+        self._graphs = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens, self.k)
+        self._graph_max = self._graphs[-1] if self._graphs else 0
+        self.box = profile.box
+        self.strict = strict
+        self.extrapolated_steps = 0
+
+    def pad(self, tokens: int) -> int:
+        """Tokens after CUDA-graph padding."""
+        if tokens > self._graph_max:
+            return tokens
+        return self._graphs[bisect.bisect_left(self._graphs, tokens)]
+
+    def step_time_s(
+        self, tokens: int, seqs: int, prefill_attn: float, decode_ctx: int, drafting_seqs: int
+    ) -> float:
+        """Seconds for one engine step of this composition."""
+        fixed, per_tok, knee, p_attn, d_ctx, per_seq = self._c
+        box = self.box
+        if tokens > box.max_tokens or seqs > box.max_seqs or (
+            seqs and decode_ctx > box.max_context_tokens * seqs
+        ):
+            self.extrapolated_steps += 1
+            if self.strict:
+                raise CalibrationCoverageError(
+                    f"step with {tokens} tokens and {seqs} sequences is outside the calibrated "
+                    f"box ({box.max_tokens} tokens, {box.max_seqs} sequences)"
+                )
+        t_pad = self.pad(tokens)
+        t = fixed + per_tok * (t_pad if t_pad > knee else knee)
+        t += p_attn * prefill_attn + d_ctx * decode_ctx + per_seq * seqs
+        if self.k and drafting_seqs:
+            t += self.k * (self._draft[0] + self._draft[1] * drafting_seqs)
+        return t
