@@ -1,0 +1,471 @@
+"""Requests from a workload spec: arrival times, prompt and output lengths, prompt structure.
+
+Open-loop arrivals become one `RequestBatch` up front (`generate`); closed-loop users draw
+their next request when the last one ends (`ClosedLoopSampler`). Randomness is always the
+caller's `rng`, drawn in a fixed order, so the same seed gives the same arrays.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from capplan.errors import ConfigError
+from capplan.traffic import (
+    ClosedLoop,
+    DailyArrival,
+    GammaArrival,
+    PoissonArrival,
+    ReplayArrival,
+    Workload,
+)
+
+__all__ = [
+    "NO_PREFIX",
+    "TARGET_HIT_RATE",
+    "ClosedLoopSampler",
+    "RequestBatch",
+    "generate",
+    "offered_rate_rps",
+    "offered_tokens_per_s",
+]
+
+NO_PREFIX = -1
+"""`prefix_group` of a request that shares no prefix with any other."""
+TARGET_HIT_RATE = -2
+"""`prefix_group` of a request whose `prefix_tokens` are treated as cached (target_hit_rate)."""
+
+_REQUIRED = ("arrival_s", "input_tokens", "output_tokens")
+_OPTIONAL = ("prefix_group", "prefix_tokens")
+_COLUMNS_HELP = (
+    "a replay file needs columns arrival_s, input_tokens, output_tokens "
+    "(optional: prefix_group, prefix_tokens)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestBatch:
+    """Requests of one workload, sorted by arrival; every array has one entry per request.
+
+    `input_tokens` counts the whole prompt, image tokens included. `prefix_tokens` is the
+    prompt head shared with the rest of `prefix_group` (always < input_tokens); with
+    `prefix_group == TARGET_HIT_RATE` it is the part treated as already cached.
+    """
+
+    arrival_s: np.ndarray
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    prefix_group: np.ndarray
+    prefix_tokens: np.ndarray
+    image_tokens: np.ndarray
+    workload: int
+
+    def __post_init__(self) -> None:
+        n = len(self.arrival_s)
+        for name in (
+            "input_tokens",
+            "output_tokens",
+            "prefix_group",
+            "prefix_tokens",
+            "image_tokens",
+        ):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"{name} has {len(getattr(self, name))} entries, arrival_s {n}")
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+
+# --- lengths and prompt structure -------------------------------------------------------
+
+
+def _zipf_p(groups: int, s: float) -> np.ndarray:
+    w: np.ndarray = 1.0 / np.arange(1, groups + 1, dtype=np.float64) ** s
+    return w / float(w.sum())
+
+
+def _structure(
+    workload: Workload, input_tokens: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Prefix group and shared tokens for prompts of `input_tokens` (images included).
+
+    vLLM always recomputes a prompt's last token (vllm/v1/core/kv_cache_manager.py:
+    get_computed_blocks caps hits at prompt length - 1), so prefix_tokens <= input - 1.
+    """
+    n = len(input_tokens)
+    group = np.full(n, NO_PREFIX, dtype=np.int64)
+    prefix = np.zeros(n, dtype=np.int64)
+    spec = workload.prefix
+    if spec is None:
+        return group, prefix
+    if spec.target_hit_rate is not None:
+        prefix = np.floor(spec.target_hit_rate * input_tokens).astype(np.int64)
+        prefix = np.minimum(prefix, input_tokens - 1)
+        group[:] = TARGET_HIT_RATE
+        return group, prefix
+    if spec.shared_tokens is not None:
+        # A prompt shorter than the prefix shares the prefix's head: chained block hashes
+        # still match, so it still hits on what it has.
+        prefix = np.minimum(spec.shared_tokens, input_tokens - 1).astype(np.int64)
+    else:
+        assert spec.shared_fraction is not None
+        prefix = np.floor(spec.shared_fraction * input_tokens).astype(np.int64)
+        prefix = np.minimum(prefix, input_tokens - 1)
+    if spec.groups == 1:
+        group[:] = 0
+    else:
+        group = rng.choice(spec.groups, size=n, p=_zipf_p(spec.groups, spec.zipf_s))
+        group = group.astype(np.int64)
+    group[prefix == 0] = NO_PREFIX
+    return group, prefix
+
+
+def _image_tokens(workload: Workload) -> int:
+    img = workload.image
+    return img.images_per_request * img.tokens_per_image if img else 0
+
+
+def _draw(
+    workload: Workload, n: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """n synthetic requests: (input, output, prefix_group, prefix_tokens, image_tokens)."""
+    assert workload.input_tokens is not None and workload.output_tokens is not None
+    text = np.asarray(workload.input_tokens.sample(rng, n), dtype=np.int64)
+    output = np.asarray(workload.output_tokens.sample(rng, n), dtype=np.int64)
+    image = np.full(n, _image_tokens(workload), dtype=np.int64)
+    input_tokens = text + image
+    group, prefix = _structure(workload, input_tokens, rng)
+    return input_tokens, output, group, prefix, image
+
+
+# --- arrivals -----------------------------------------------------------------------------
+
+
+def _open_loop_arrivals(
+    rate_rps: float, cv: float | None, duration_s: float, rng: np.random.Generator
+) -> np.ndarray:
+    """Arrival times in [0, duration_s): cumulative exponential (cv None) or gamma gaps.
+
+    Gaps are never clipped: clipping (as vidur does at 3x the mean) understates bursts.
+    """
+
+    def gaps(k: int) -> np.ndarray:
+        if cv is None:
+            return rng.exponential(1.0 / rate_rps, k)
+        shape = 1.0 / cv**2
+        return rng.gamma(shape, 1.0 / (rate_rps * shape), k)
+
+    expected = rate_rps * duration_s
+    chunk = int(expected + 6.0 * math.sqrt(expected) * max(cv or 1.0, 1.0)) + 16
+    parts: list[np.ndarray] = []
+    t = 0.0
+    while t < duration_s:
+        times = t + np.cumsum(gaps(chunk))
+        parts.append(times)
+        t = float(times[-1])
+    arrival = np.concatenate(parts) if parts else np.empty(0)
+    return arrival[arrival < duration_s]
+
+
+def generate(
+    workload: Workload,
+    index: int,
+    duration_s: float,
+    rng: np.random.Generator,
+    *,
+    base_dir: Path | None = None,
+) -> RequestBatch:
+    """All requests of an open-loop workload arriving in [0, duration_s).
+
+    Closed-loop workloads have no arrival schedule; draw them with `ClosedLoopSampler`.
+    """
+    if duration_s <= 0:
+        raise ValueError(f"duration_s must be positive, got {duration_s}")
+    arr = workload.arrival
+    if isinstance(arr, ClosedLoop):
+        raise ValueError(
+            f"workload {workload.name!r} is closed loop; use ClosedLoopSampler, not generate"
+        )
+    if isinstance(arr, ReplayArrival):
+        return _replay(workload, index, duration_s, rng, base_dir)
+    if isinstance(arr, PoissonArrival):
+        arrival = _open_loop_arrivals(arr.rate_rps, None, duration_s, rng)
+    elif isinstance(arr, GammaArrival):
+        arrival = _open_loop_arrivals(arr.rate_rps, arr.cv, duration_s, rng)
+    elif isinstance(arr, DailyArrival):
+        # Simulation runs at the peak hour; the daily profile only feeds cost figures.
+        arrival = _open_loop_arrivals(arr.peak_rate_rps, arr.cv, duration_s, rng)
+    else:  # pragma: no cover - the Arrival union is closed
+        raise TypeError(f"unknown arrival {type(arr).__name__}")
+    input_tokens, output, group, prefix, image = _draw(workload, len(arrival), rng)
+    return RequestBatch(arrival, input_tokens, output, group, prefix, image, index)
+
+
+class ClosedLoopSampler:
+    """One request at a time for a closed-loop workload (called when a user's request ends).
+
+    Requests are drawn from the workload's distributions in chunks, for speed; the draws
+    depend only on the rng passed in and the order of calls.
+    """
+
+    def __init__(self, workload: Workload, index: int, *, chunk: int = 4096) -> None:
+        if not isinstance(workload.arrival, ClosedLoop):
+            raise ValueError(f"workload {workload.name!r} is not closed loop")
+        if chunk < 1:
+            raise ValueError(f"chunk must be >= 1, got {chunk}")
+        self.workload = workload
+        self.index = index
+        self.concurrency: int = workload.arrival.concurrency
+        self.think_time_s: float = workload.arrival.think_time_s
+        self._chunk = chunk
+        self._rows: list[tuple[int, int, int, int, int]] = []
+        self._pos = 0
+
+    def next(self, rng: np.random.Generator) -> tuple[int, int, int, int, int]:
+        """(input_tokens, output_tokens, prefix_group, prefix_tokens, image_tokens)."""
+        if self._pos == len(self._rows):
+            cols = _draw(self.workload, self._chunk, rng)
+            self._rows = list(zip(*(c.tolist() for c in cols), strict=True))
+            self._pos = 0
+        row = self._rows[self._pos]
+        self._pos += 1
+        return row
+
+
+# --- replay -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Trace:
+    arrival_s: np.ndarray  # sorted, in trace time (before time_scale)
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    prefix_group: np.ndarray
+    prefix_tokens: np.ndarray
+    has_prefix: bool  # the file recorded prompt structure (prefix columns present)
+    file: str
+
+
+def _resolve(workload: Workload, base_dir: Path | None) -> Path:
+    assert isinstance(workload.arrival, ReplayArrival)
+    path = workload.arrival.path
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    return path
+
+
+def _read_trace(workload: Workload, base_dir: Path | None) -> _Trace:
+    """Read and check a replay file, scanning lazily and only the columns needed."""
+    path = _resolve(workload, base_dir)
+    file = str(path)
+    field = f"{workload.name}.arrival.path"
+    if not path.is_file():
+        where = f" (relative paths resolve against {base_dir})" if base_dir else ""
+        raise ConfigError(f"replay file not found{where}; fix arrival.path", file=file, field=field)
+    suffix = path.suffix.lower()
+    if suffix not in (".csv", ".jsonl", ".ndjson"):
+        raise ConfigError(
+            f"replay file must end in .csv, .jsonl or .ndjson, not {suffix or '(none)'!r}",
+            file=file,
+            field=field,
+        )
+
+    def scan(overrides: Mapping[str, type[pl.DataType]] | None) -> pl.LazyFrame:
+        if suffix == ".csv":
+            return pl.scan_csv(path, schema_overrides=overrides)
+        return pl.scan_ndjson(path, schema_overrides=overrides)
+
+    try:
+        names = scan(None).collect_schema().names()
+    except pl.exceptions.PolarsError as e:
+        raise ConfigError(f"cannot read replay file: {_first_line(e)}", file=file) from e
+    for col in _REQUIRED:
+        if col not in names:
+            raise ConfigError(f"column missing; {_COLUMNS_HELP}", file=file, field=col)
+    present = [c for c in _OPTIONAL if c in names]
+    if len(present) == 1:
+        other = next(c for c in _OPTIONAL if c not in present)
+        raise ConfigError(
+            f"column missing; give prefix_group and prefix_tokens together "
+            f"(found only {present[0]})",
+            file=file,
+            field=other,
+        )
+    cols = [*_REQUIRED, *present]
+    # Float64 everywhere so "12.0" parses; integrality is checked below.
+    overrides = dict.fromkeys(cols, pl.Float64)
+    try:
+        df = scan(overrides).select(cols).collect()
+    except pl.exceptions.PolarsError as e:
+        m = re.search(r"column '([^']+)'", str(e))
+        raise ConfigError(
+            f"not a number: {_first_line(e)}; every value must be numeric",
+            file=file,
+            field=m[1] if m else None,
+        ) from e
+    if df.height == 0:
+        raise ConfigError("replay file has no rows", file=file, field=field)
+
+    def column(
+        name: str, *, integer: bool, minimum: float, nullable: bool = False, fill: float = 0.0
+    ) -> np.ndarray:
+        s = df.get_column(name)
+        if s.null_count() and not nullable:
+            row = int(s.is_null().arg_max() or 0)
+            raise ConfigError(f"empty value at row {row + 1}; fill it in", file=file, field=name)
+        x = s.fill_null(fill).to_numpy().astype(np.float64)
+        bad = ~np.isfinite(x) | (x < minimum)
+        if integer:
+            bad |= x != np.floor(x)
+        if bad.any():
+            row = int(np.argmax(bad))
+            kind = "an integer" if integer else "a number"
+            raise ConfigError(
+                f"row {row + 1} has {x[row]!r}; values must be {kind} >= {minimum:g}",
+                file=file,
+                field=name,
+            )
+        return x.astype(np.int64) if integer else x
+
+    arrival = column("arrival_s", integer=False, minimum=0.0)
+    input_tokens = column("input_tokens", integer=True, minimum=1)
+    output_tokens = column("output_tokens", integer=True, minimum=1)
+    if present:
+        group = column(
+            "prefix_group", integer=True, minimum=NO_PREFIX, nullable=True, fill=NO_PREFIX
+        )
+        prefix = column("prefix_tokens", integer=True, minimum=0, nullable=True)
+        over = prefix > input_tokens
+        if over.any():
+            row = int(np.argmax(over))
+            raise ConfigError(
+                f"row {row + 1} shares {prefix[row]} tokens of a {input_tokens[row]}-token "
+                "prompt; prefix_tokens must be <= input_tokens",
+                file=file,
+                field="prefix_tokens",
+            )
+        loose = (prefix > 0) & (group == NO_PREFIX)
+        if loose.any():
+            row = int(np.argmax(loose))
+            raise ConfigError(
+                f"row {row + 1} has prefix_tokens but no prefix_group; give the group "
+                "(>= 0) or set prefix_tokens to 0",
+                file=file,
+                field="prefix_group",
+            )
+        # A repeated whole prompt still recomputes its last token (kv_cache_manager.py).
+        prefix = np.minimum(prefix, input_tokens - 1)
+        group[prefix == 0] = NO_PREFIX
+    else:
+        group = np.full(len(arrival), NO_PREFIX, dtype=np.int64)
+        prefix = np.zeros(len(arrival), dtype=np.int64)
+    order = np.argsort(arrival, kind="stable")
+    return _Trace(
+        arrival[order],
+        input_tokens[order],
+        output_tokens[order],
+        group[order],
+        prefix[order],
+        bool(present),
+        file,
+    )
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _period_s(trace: _Trace) -> float:
+    """Trace span in trace time: last - first arrival plus one mean gap, so that a looped
+    trace keeps its rate and rows/span is the offered rate."""
+    n = len(trace.arrival_s)
+    span = float(trace.arrival_s[-1] - trace.arrival_s[0])
+    if n < 2 or span <= 0:
+        raise ConfigError(
+            "a replay trace needs at least two distinct arrival times to define a rate",
+            file=trace.file,
+            field="arrival_s",
+        )
+    return span * n / (n - 1)
+
+
+def _replay(
+    workload: Workload,
+    index: int,
+    duration_s: float,
+    rng: np.random.Generator,
+    base_dir: Path | None,
+) -> RequestBatch:
+    arr = workload.arrival
+    assert isinstance(arr, ReplayArrival)
+    trace = _read_trace(workload, base_dir)
+    arrival = trace.arrival_s / arr.time_scale
+    reps = 1
+    if arr.loop:
+        period = _period_s(trace) / arr.time_scale
+        reps = max(1, math.ceil((duration_s - float(arrival[0])) / period))
+        arrival = (arrival[None, :] + period * np.arange(reps)[:, None]).ravel()
+    keep = arrival < duration_s
+
+    def tile(x: np.ndarray) -> np.ndarray:
+        return np.tile(x, reps)[keep]
+
+    input_tokens = tile(trace.input_tokens)
+    # Recorded prompt lengths are what vLLM reports, image placeholder tokens included.
+    image = np.full(len(input_tokens), _image_tokens(workload), dtype=np.int64)
+    if (image >= input_tokens).any():
+        raise ConfigError(
+            f"workload {workload.name!r} has {image[0]} image tokens per request but some "
+            "recorded prompts are not longer; input_tokens must include image tokens",
+            file=trace.file,
+            field="input_tokens",
+        )
+    if trace.has_prefix or workload.prefix is None:
+        group, prefix = tile(trace.prefix_group), tile(trace.prefix_tokens)
+    else:  # no recorded structure: the workload's prefix spec supplies it
+        group, prefix = _structure(workload, input_tokens, rng)
+    return RequestBatch(
+        arrival[keep], input_tokens, tile(trace.output_tokens), group, prefix, image, index
+    )
+
+
+# --- analytic companions -------------------------------------------------------------------
+
+
+def offered_rate_rps(workload: Workload, *, base_dir: Path | None = None) -> float | None:
+    """Mean request rate offered by an open-loop workload (peak hour for daily); None for
+    closed loop, whose rate depends on the latency it meets."""
+    arr = workload.arrival
+    if isinstance(arr, ClosedLoop):
+        return None
+    if isinstance(arr, PoissonArrival | GammaArrival):
+        return arr.rate_rps
+    if isinstance(arr, DailyArrival):
+        return arr.peak_rate_rps
+    return _trace_rate_rps(_read_trace(workload, base_dir), arr.time_scale)
+
+
+def _trace_rate_rps(trace: _Trace, time_scale: float) -> float:
+    return len(trace.arrival_s) / _period_s(trace) * time_scale
+
+
+def offered_tokens_per_s(
+    workload: Workload, *, base_dir: Path | None = None
+) -> tuple[float, float] | None:
+    """(input, output) tokens/s offered: rate x mean lengths (images included); None for
+    closed loop."""
+    arr = workload.arrival
+    if isinstance(arr, ReplayArrival):
+        trace = _read_trace(workload, base_dir)
+        rate = _trace_rate_rps(trace, arr.time_scale)
+        return rate * float(trace.input_tokens.mean()), rate * float(trace.output_tokens.mean())
+    open_rate = offered_rate_rps(workload)
+    if open_rate is None:
+        return None
+    return (open_rate * workload.mean_input_tokens, rate * workload.mean_output_tokens)
