@@ -58,9 +58,20 @@ class ModelSpec(BaseModel):
         return q + kv + o + mlp
 
     @cached_property
+    def global_layer_params(self) -> int:
+        """Linear parameters of one global (full-attention) layer, whose heads may be wider."""
+        g_heads = self.num_global_kv_heads or self.num_kv_heads
+        g_dim = self.global_head_dim or self.head_dim
+        q = o = self.hidden_size * self.num_attention_heads * g_dim
+        kv = 2 * self.hidden_size * g_heads * g_dim  # counts V even where K doubles as V
+        return q + kv + o + 3 * self.hidden_size * self.intermediate_size
+
+    @cached_property
     def linear_params(self) -> int:
         """Parameters that quantisation shrinks: every decoder layer's linears."""
-        return self.num_layers * self.layer_params
+        global_layers = self.num_layers - self.sliding_window_layers
+        local = self.sliding_window_layers * self.layer_params
+        return local + global_layers * self.global_layer_params
 
     @cached_property
     def embedding_params(self) -> int:
@@ -101,7 +112,7 @@ def load_model_spec(name_or_path: str | Path) -> ModelSpec:
     p = Path(name_or_path)
     if p.is_dir():
         p = p / "spec.yaml"
-    elif not p.suffix:
+    elif p.suffix not in (".yaml", ".yml", ".json"):  # a bare name; "llama-3.1-8b" has a "suffix"
         p = MODELS_DIR / str(name_or_path) / "spec.yaml"
     if not p.exists():
         known = sorted(d.name for d in MODELS_DIR.iterdir() if (d / "spec.yaml").exists())
