@@ -468,4 +468,4 @@ def offered_tokens_per_s(
     open_rate = offered_rate_rps(workload)
     if open_rate is None:
         return None
-    return (open_rate * workload.mean_input_tokens, rate * workload.mean_output_tokens)
+    return open_rate * workload.mean_input_tokens, open_rate * workload.mean_output_tokens
