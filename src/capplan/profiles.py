@@ -1,0 +1,115 @@
+"""Finding the profile a pool runs on: the measured one when calibration has it, else analytic.
+
+Measured profiles live at `calibration/<gpu>/vllm-<version>/<model>/<key>/profile.json`, the key
+in `Profile.key` style (`bf16`, `fp8-kvfp8`, `bf16-mtp4`, ...). A profile matches a pool only if
+every field that changes step times agrees: GPU, vLLM version, model, precision, KV cache dtype,
+speculative method and k, and tensor-parallel size. The folder name is a convenience; the
+fields inside the file decide.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from capplan.analytic import analytic_profile
+from capplan.errors import ConfigError
+from capplan.hardware import GPUS, Precision
+from capplan.modelspec import ModelSpec, load_model_spec
+from capplan.pool import Pool
+from capplan.profile import Profile
+
+VLLM_VERSION = "0.26.0"
+DEFAULT_DRAFT = "llama-3.2-1b"
+"""The draft model capplan ships, for Llama 3.x targets (same tokenizer)."""
+CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "calibration"
+
+
+def list_profiles(calibration_dir: Path = CALIBRATION_DIR) -> list[Profile]:
+    """Every measured profile under `calibration_dir`, in path order; none if it is missing."""
+    root = Path(calibration_dir)
+    if not root.is_dir():
+        return []
+    return [Profile.load(p) for p in sorted(root.rglob("profile.json"))]
+
+
+def _wanted(pool: Pool) -> tuple[Precision, str, str | None, int]:
+    """(precision, kv dtype, spec method, spec k) the pool asks for."""
+    if pool.precision == "auto":
+        raise ConfigError(
+            f"pool {pool.name!r} has precision 'auto'; pick one (bf16, fp8, nvfp4, awq) "
+            "before resolving its profile"
+        )
+    sc = pool.engine.speculative
+    method = sc.method if sc else None
+    k = sc.num_speculative_tokens if sc else 0
+    return Precision(pool.precision), pool.engine.kv_cache_dtype, method, k
+
+
+def _matches(
+    p: Profile,
+    pool: Pool,
+    spec: ModelSpec,
+    precision: Precision,
+    kv_dtype: str,
+    method: str | None,
+    k: int,
+) -> bool:
+    return (
+        p.source == "measured"
+        and p.gpu == pool.gpu
+        and p.vllm_version == VLLM_VERSION
+        and p.model == spec.name
+        and p.precision == precision.value
+        and p.kv_cache_dtype == kv_dtype
+        and p.spec_k == k
+        and (k == 0 or p.spec_method == method)
+        and p.tp == pool.tp
+    )
+
+
+def resolve_profile(
+    pool: Pool,
+    spec: ModelSpec,
+    *,
+    calibration_dir: Path = CALIBRATION_DIR,
+    draft: ModelSpec | None = None,
+) -> Profile:
+    """The measured profile matching the pool, else the analytic one; `.source` says which.
+
+    `pool.profile`, when set, names a profile folder (relative to `calibration_dir` or absolute)
+    that is used as is. A draft_model pool needs `draft` for the analytic fallback.
+    """
+    if spec.name != pool.model:
+        raise ConfigError(
+            f"pool {pool.name!r} serves {pool.model!r} but the spec given is {spec.name!r}"
+        )
+    if pool.profile is not None:
+        folder = Path(pool.profile)
+        if not folder.is_absolute():
+            folder = Path(calibration_dir) / folder
+        return Profile.load(folder)
+    precision, kv_dtype, method, k = _wanted(pool)
+    model_dir = Path(calibration_dir) / pool.gpu / f"vllm-{VLLM_VERSION}" / spec.name
+    if model_dir.is_dir():
+        for path in sorted(model_dir.rglob("profile.json")):
+            p = Profile.load(path)
+            if _matches(p, pool, spec, precision, kv_dtype, method, k):
+                return p
+    if method == "draft_model" and draft is None:
+        draft = load_model_spec(DEFAULT_DRAFT)
+        if draft.vocab_size != spec.vocab_size:
+            raise ConfigError(
+                f"pool {pool.name!r}: the default draft {DEFAULT_DRAFT!r} does not share "
+                f"{spec.name}'s vocabulary; pass draft= a spec that does"
+            )
+    return analytic_profile(
+        spec,
+        GPUS[pool.gpu],
+        precision,
+        tp=pool.tp,
+        kv_cache_dtype=kv_dtype,
+        spec_method=method,
+        spec_k=k,
+        engine=pool.engine,
+        draft=draft,
+    )
