@@ -1,0 +1,135 @@
+"""A traffic file: pools, the workloads they serve, and how long to simulate.
+
+`load_mix(path)` reads and checks one YAML file; every error names the file, the field
+and the fix, and cross-references (a workload's pool, a pool's model, lengths against
+max_model_len) are checked here, before anything runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+from capplan._yaml import load_model, read_mapping
+from capplan.errors import ConfigError
+from capplan.modelspec import ModelSpec, load_model_spec
+from capplan.pool import Pool
+from capplan.traffic import ReplayArrival, Workload
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class SimulationSettings(BaseModel):
+    """Horizon and steady-state window: requests arriving in [warmup_s, duration_s) are
+    measured; traffic keeps flowing after duration_s until they finish (or drain_s ends)."""
+
+    model_config = _FROZEN
+    duration_s: float = Field(default=300.0, gt=0)
+    warmup_s: float | None = Field(default=None, ge=0, description="default: 10 % of duration")
+    drain_s: float = Field(default=120.0, gt=0)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _window(self) -> SimulationSettings:
+        if self.warmup_s is not None and self.warmup_s >= self.duration_s:
+            raise ValueError(f"warmup_s ({self.warmup_s}) must be below duration_s")
+        return self
+
+    @property
+    def warmup(self) -> float:
+        return self.duration_s * 0.1 if self.warmup_s is None else self.warmup_s
+
+
+class TrafficMix(BaseModel):
+    """The whole input of a plan."""
+
+    model_config = _FROZEN
+    schema_version: Literal[1]
+    name: str = "mix"
+    description: str = ""
+    pools: list[Pool] = Field(min_length=1)
+    workloads: list[Workload] = Field(min_length=1)
+    simulation: SimulationSettings = Field(default_factory=SimulationSettings)
+    _base_dir: Path = PrivateAttr(default=Path("."))
+    _source: str = PrivateAttr(default="<memory>")
+
+    @model_validator(mode="after")
+    def _refs(self) -> TrafficMix:
+        pools = [p.name for p in self.pools]
+        for names, what in ((pools, "pool"), ([w.name for w in self.workloads], "workload")):
+            dup = {n for n in names if names.count(n) > 1}
+            if dup:
+                raise ValueError(f"duplicate {what} name {sorted(dup)[0]!r}")
+        for i, w in enumerate(self.workloads):
+            if w.pool not in pools:
+                raise ValueError(
+                    f"workloads.{i}.pool: unknown pool {w.pool!r}; pools: {', '.join(pools)}"
+                )
+        return self
+
+    @property
+    def base_dir(self) -> Path:
+        return self._base_dir
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    def pool(self, name: str) -> Pool:
+        for p in self.pools:
+            if p.name == name:
+                return p
+        raise ConfigError(
+            f"unknown pool {name!r}; pools: {', '.join(p.name for p in self.pools)}",
+            file=self._source,
+            field="pools",
+        )
+
+    def workloads_of(self, pool: str) -> list[Workload]:
+        return [w for w in self.workloads if w.pool == pool]
+
+    def with_source(self, source: str, base_dir: Path) -> TrafficMix:
+        self._source = source
+        self._base_dir = base_dir
+        return self
+
+
+def max_model_len(pool: Pool, spec: ModelSpec) -> int:
+    """vLLM's default max_model_len is the model's context length."""
+    return pool.engine.max_model_len or spec.max_position_embeddings
+
+
+def check_lengths(mix: TrafficMix, specs: dict[str, ModelSpec]) -> None:
+    """Every request must fit max_model_len (vLLM rejects longer prompts outright)."""
+    for i, w in enumerate(mix.workloads):
+        pool = mix.pool(w.pool)
+        limit = max_model_len(pool, specs[pool.model])
+        if isinstance(w.arrival, ReplayArrival) or w.input_tokens is None:
+            continue
+        assert w.output_tokens is not None
+        image = w.image.images_per_request * w.image.tokens_per_image if w.image else 0
+        longest = w.input_tokens.max + image + w.output_tokens.max
+        if longest > limit:
+            raise ConfigError(
+                f"longest request ({longest} tokens: input + image + output) exceeds pool "
+                f"{pool.name!r} max_model_len {limit}; lower the lengths or raise "
+                "engine.max_model_len",
+                file=mix.source,
+                field=f"workloads.{i}.input_tokens",
+            )
+
+
+def load_mix(path: str | Path) -> TrafficMix:
+    """Read, validate and cross-check a traffic YAML file."""
+    p = Path(path)
+    mix = load_model(TrafficMix, read_mapping(p), file=str(p)).with_source(str(p), p.parent)
+    specs = {}
+    for i, pool in enumerate(mix.pools):
+        try:
+            specs[pool.model] = load_model_spec(pool.model)
+        except ConfigError as e:
+            raise ConfigError(str(e), file=str(p), field=f"pools.{i}.model") from e
+    check_lengths(mix, specs)
+    return mix

@@ -1,0 +1,467 @@
+"""One vLLM 0.26.0 engine's scheduler, rule by rule, on simulated requests.
+
+The request counters mirror vLLM's `Request` (vllm/v1/request.py): `computed` is
+num_computed_tokens, `out` the output tokens so far, `spec` len(spec_token_ids) and
+`placeholders` num_output_placeholders (async scheduling). The scheduler follows
+vllm/v1/core/sched/scheduler.py (Scheduler.schedule, _update_after_schedule,
+update_from_output, _preempt_request) and vllm/v1/core/sched/async_scheduler.py; the
+waiting queue follows vllm/v1/core/sched/request_queue.py. Rules for connectors, LoRA,
+structured output, encoder-decoder models, Mamba and pipeline parallelism are left out:
+none of them bears on a dense decoder served from one replica.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from capplan.sim.kvcache import KVCache
+
+WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
+
+_UNIQUE_SHIFT = 22  # block index bits of a request-unique hash (4M blocks = 64M tokens)
+
+
+class SimRequest:
+    """One request's state inside an engine; field names follow vllm/v1/request.py."""
+
+    __slots__ = (
+        "arrival_s",
+        "blocks",
+        "cached_tokens",
+        "computed",
+        "decoding",
+        "first_token_s",
+        "hashes",
+        "in_flight",
+        "last_token_s",
+        "max_tokens",
+        "measured",
+        "n_reg",
+        "out",
+        "pinned_blocks",
+        "placeholders",
+        "preemptions",
+        "prefix_base",
+        "prefix_blocks",
+        "priority",
+        "prompt",
+        "rid",
+        "scheduled_s",
+        "spec",
+        "status",
+        "user",
+        "wl",
+    )
+
+    def __init__(
+        self,
+        rid: int,
+        wl: int,
+        arrival_s: float,
+        prompt: int,
+        max_tokens: int,
+        *,
+        priority: int = 0,
+        prefix_base: int = 0,
+        prefix_blocks: int = 0,
+        pinned_blocks: int = 0,
+        measured: bool = True,
+        user: int = -1,
+    ) -> None:
+        self.rid = rid
+        self.wl = wl
+        self.arrival_s = arrival_s
+        self.prompt = prompt
+        self.max_tokens = max_tokens
+        self.priority = priority
+        self.prefix_base = prefix_base  # hash of shared block 0; block i hashes to base - i
+        self.prefix_blocks = prefix_blocks  # leading blocks shared with other requests
+        self.pinned_blocks = pinned_blocks  # blocks assumed cached (target hit rate)
+        self.measured = measured
+        self.user = user
+        self.status = WAITING
+        self.computed = 0
+        self.out = 0
+        self.spec = 0
+        self.placeholders = 0
+        self.in_flight = 0  # steps scheduled but not yet returned
+        self.decoding = False
+        self.blocks = 0  # physical blocks held
+        self.hashes: list[int] = []  # cached blocks held, in block order
+        self.n_reg = 0  # leading blocks whose caching is settled (vLLM: num_cached_block)
+        self.preemptions = 0
+        self.cached_tokens = -1  # prefix-cache hit at first scheduling
+        self.first_token_s = -1.0
+        self.last_token_s = -1.0
+        self.scheduled_s = -1.0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt + self.out
+
+    def block_hash(self, i: int) -> int:
+        """Chained hash of block i: shared-prefix blocks are negative, the rest unique."""
+        if i < self.prefix_blocks:
+            return self.prefix_base - i
+        return (self.rid << _UNIQUE_SHIFT) | i
+
+    def __lt__(self, other: SimRequest) -> bool:
+        # vllm/v1/request.py Request.__lt__: (priority, arrival_time, request_id)
+        return (self.priority, self.arrival_s, self.rid) < (
+            other.priority,
+            other.arrival_s,
+            other.rid,
+        )
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """What one engine step computes: vLLM's SchedulerOutput, reduced to what costs time."""
+
+    reqs: list[SimRequest] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    spec: list[int] = field(default_factory=list)
+    emits: list[bool] = field(default_factory=list)
+    total_tokens: int = 0
+    prefill_tokens: int = 0
+    prefill_attn: float = 0.0
+    decode_ctx: int = 0
+    drafting: int = 0
+    preempted: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CoreConfig:
+    """The engine settings the scheduler reads."""
+
+    num_blocks: int
+    block_size: int = 16
+    max_num_seqs: int = 1024
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 8192
+    enable_prefix_caching: bool = True
+    policy: str = "fcfs"
+    async_scheduling: bool = True
+    spec_k: int = 0
+    spec_lookahead: bool = True  # model-based drafters reserve KV for their drafts
+    long_prefill_token_threshold: int = 0
+
+
+class EngineCore:
+    """The scheduler and KV manager of one replica (no clock: the replica drives it)."""
+
+    def __init__(self, cfg: CoreConfig, rng: random.Random, acceptance: list[float]) -> None:
+        self.cfg = cfg
+        self.acceptance = acceptance  # P(draft accepted), per workload index
+        self.kv = KVCache(
+            cfg.num_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching
+        )
+        self.rng = rng
+        self.running: list[SimRequest] = []
+        self.priority = cfg.policy == "priority"
+        self._fcfs: deque[SimRequest] = deque()
+        self._heap: list[SimRequest] = []
+        self.lookahead = cfg.spec_k if cfg.spec_lookahead else 0
+        self.preemptions = 0
+        self.now = 0.0  # set by the replica before each schedule()
+        self.prompt_tokens_queried = 0
+        self.prompt_tokens_hit = 0
+
+    # -- waiting queue: vllm/v1/core/sched/request_queue.py -------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self._heap) if self.priority else len(self._fcfs)
+
+    def add_request(self, r: SimRequest) -> None:
+        if self.priority:
+            heapq.heappush(self._heap, r)  # PriorityRequestQueue.add_request
+        else:
+            self._fcfs.append(r)  # FCFSRequestQueue.add_request
+
+    def _prepend(self, r: SimRequest) -> None:
+        if self.priority:
+            heapq.heappush(self._heap, r)  # PriorityRequestQueue.prepend_request == add
+        else:
+            self._fcfs.appendleft(r)
+
+    def _peek(self) -> SimRequest:
+        return self._heap[0] if self.priority else self._fcfs[0]
+
+    def _pop(self) -> SimRequest:
+        return heapq.heappop(self._heap) if self.priority else self._fcfs.popleft()
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running) or self.num_waiting > 0
+
+    # -- KV: vllm/v1/core/kv_cache_manager.py allocate_slots --------------------------------
+    def _cache_blocks(self, r: SimRequest, num_tokens: int) -> None:
+        """Cache r's blocks that are full up to `num_tokens` (KVCacheManager.cache_blocks)."""
+        full = num_tokens // self.cfg.block_size
+        if full <= r.n_reg:
+            return
+        if self.kv.caching:
+            kv = self.kv
+            for i in range(max(r.n_reg, r.pinned_blocks), full):
+                h = r.block_hash(i)
+                if kv.register(h):
+                    r.hashes.append(h)
+        r.n_reg = full
+
+    def _allocate_running(self, r: SimRequest, n: int) -> bool:
+        """allocate_slots for a running request: blocks up to computed + n + lookahead."""
+        bs = self.cfg.block_size
+        need_tokens = min(r.computed + n + self.lookahead, self.cfg.max_model_len)
+        need = -(-need_tokens // bs) - r.blocks - r.pinned_blocks
+        if need > 0:
+            if need > self.kv.num_free:
+                return False
+            self.kv.allocate(need)
+            r.blocks += need
+        self._cache_blocks(r, min(r.computed + n, r.num_tokens))
+        return True
+
+    def _free(self, r: SimRequest) -> None:
+        """_free_request_blocks: release every block, tail first."""
+        self.kv.free(r.hashes, r.blocks - len(r.hashes))
+        r.blocks = 0
+        r.hashes = []
+        r.n_reg = 0
+
+    def _preempt(self, r: SimRequest) -> None:
+        """Scheduler._preempt_request: recompute preemption, back to the waiting front."""
+        self._free(r)
+        r.status = PREEMPTED
+        r.computed = 0
+        r.spec = 0
+        r.decoding = False
+        r.preemptions += 1
+        self.preemptions += 1
+        self._prepend(r)
+
+    # -- Scheduler.schedule ----------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        cfg = self.cfg
+        plan = StepPlan()
+        budget = cfg.max_num_batched_tokens
+        running = self.running
+        max_len = cfg.max_model_len
+        threshold = cfg.long_prefill_token_threshold
+        preempted = False
+        scheduled: dict[int, int] = {}  # rid -> index in plan
+
+        # First, the RUNNING requests, in order.
+        i = 0
+        while i < len(running) and budget > 0:
+            r = running[i]
+            # async_scheduler: no extra step once the last one reached max_tokens
+            if r.placeholders > 0 and r.computed + 2 - r.placeholders >= r.prompt + r.max_tokens:
+                i += 1
+                continue
+            n = r.prompt + r.out + r.spec + r.placeholders - r.computed
+            if 0 < threshold < n:
+                n = threshold
+            n = min(n, budget, max_len - r.computed - 1)
+            if n <= 0:
+                i += 1
+                continue
+            while not self._allocate_running(r, n):
+                # Out of KV: preempt the lowest-priority (priority) or newest (fcfs) request.
+                if self.priority:
+                    victim = max(running, key=lambda q: (q.priority, q.arrival_s))
+                    vi = running.index(victim)
+                    running.pop(vi)
+                    if victim.rid in scheduled:
+                        budget += self._unschedule(plan, scheduled, victim)
+                    if vi < i:
+                        i -= 1
+                else:
+                    victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                plan.preempted += 1
+                if victim is r:
+                    break
+            else:
+                scheduled[r.rid] = len(plan.reqs)
+                self._add(plan, r, n)
+                budget -= n
+                i += 1
+                continue
+            break  # r itself was preempted: nothing more fits
+
+        # Next, the WAITING requests, unless this step preempted one.
+        if not preempted:
+            bs = cfg.block_size
+            kv = self.kv
+            while self.num_waiting and budget > 0:
+                if len(running) >= cfg.max_num_seqs:
+                    break
+                r = self._peek()
+                if r.status == FINISHED:  # finished by an in-flight step after preemption
+                    self._pop()
+                    continue
+                num_tokens = r.num_tokens
+                # KVCacheManager.get_computed_blocks: full blocks only, and never the
+                # last token (it must be recomputed for logits).
+                hit_blocks = evictable = 0
+                hit_hashes: list[int] = []
+                max_hit = (num_tokens - 1) // bs
+                if kv.caching and max_hit > r.pinned_blocks:
+                    hit_hashes = [r.block_hash(j) for j in range(r.pinned_blocks, max_hit)]
+                    hit_blocks, evictable = kv.longest_hit(hit_hashes)
+                    del hit_hashes[hit_blocks:]
+                computed = (r.pinned_blocks + hit_blocks) * bs
+                n = num_tokens - computed
+                if (
+                    cfg.spec_k
+                    and n == 1
+                    and plan.reqs
+                    and not plan.prefill_tokens
+                ):  # pad a 1-token resume to the uniform spec-decode size
+                    n = 1 + cfg.spec_k
+                    if n > budget or computed + n > max_len:
+                        break
+                if 0 < threshold < n:
+                    n = threshold
+                n = min(n, budget)
+                # scheduler_reserve_full_isl (vllm/config/scheduler.py, default True): admit
+                # only if the whole sequence fits; then the chunk itself (+ lookahead).
+                held = r.pinned_blocks + hit_blocks
+                full_need = -(-min(num_tokens, max_len) // bs) - held + evictable
+                chunk_need = -(-min(computed + n + self.lookahead, max_len) // bs) - held
+                if max(full_need, chunk_need + evictable) > kv.num_free:
+                    break
+                self._pop()
+                if hit_hashes:
+                    kv.touch(hit_hashes)
+                    r.hashes = hit_hashes
+                if chunk_need > 0:
+                    kv.allocate(chunk_need)
+                r.blocks = hit_blocks + max(chunk_need, 0)
+                r.n_reg = held
+                r.computed = computed
+                if r.cached_tokens < 0:
+                    r.cached_tokens = computed
+                    r.scheduled_s = self.now
+                    self.prompt_tokens_queried += num_tokens
+                    self.prompt_tokens_hit += computed
+                self._cache_blocks(r, min(computed + n, num_tokens))
+                r.status = RUNNING
+                running.append(r)
+                self._add(plan, r, n)
+                budget -= n
+
+        self._update_after_schedule(plan)
+        return plan
+
+    def _add(self, plan: StepPlan, r: SimRequest, n: int) -> None:
+        """Record r in the plan with its cost features (before counters advance)."""
+        spec = n + r.computed - r.num_tokens - r.placeholders if r.spec else 0
+        spec = max(spec, 0)
+        plan.reqs.append(r)
+        plan.tokens.append(n)
+        plan.spec.append(spec)
+        plan.emits.append(False)
+        plan.total_tokens += n
+        if r.decoding:
+            plan.decode_ctx += r.computed
+        else:
+            plan.prefill_tokens += n
+            plan.prefill_attn += n * (r.computed + n / 2)
+        r.spec = 0  # consumed; new drafts arrive with the output (or as placeholders)
+
+    def _unschedule(self, plan: StepPlan, scheduled: dict[int, int], r: SimRequest) -> int:
+        """Undo r's place in this step's plan (priority preemption of a scheduled request)."""
+        j = scheduled.pop(r.rid)
+        n = plan.tokens[j]
+        plan.total_tokens -= n
+        if r.decoding:
+            plan.decode_ctx -= r.computed
+        else:
+            plan.prefill_tokens -= n
+            plan.prefill_attn -= n * (r.computed + n / 2)
+        for lst in (plan.reqs, plan.tokens, plan.spec, plan.emits):
+            del lst[j]
+        for rid, k in scheduled.items():
+            if k > j:
+                scheduled[rid] = k - 1
+        return n
+
+    def _update_after_schedule(self, plan: StepPlan) -> None:
+        """Scheduler._update_after_schedule (+ AsyncScheduler's placeholders)."""
+        k = self.cfg.spec_k
+        async_ = self.cfg.async_scheduling
+        drafting = 0
+        for j, r in enumerate(plan.reqs):
+            n = plan.tokens[j]
+            r.computed += n
+            r.in_flight += 1
+            prefill_chunk = r.computed < r.num_tokens + r.placeholders
+            if not prefill_chunk:
+                plan.emits[j] = True
+                r.decoding = True
+                drafting += 1
+                if async_:
+                    r.placeholders += 1 + plan.spec[j]
+                    r.spec = k
+        plan.drafting = drafting if k else 0
+
+    # -- Scheduler.update_from_output ------------------------------------------------------
+    def update_from_output(self, plan: StepPlan) -> list[tuple[SimRequest, int, bool]]:
+        """Apply a finished step: returns (request, new tokens, finished) for each request
+        that received tokens."""
+        out: list[tuple[SimRequest, int, bool]] = []
+        k = self.cfg.spec_k
+        async_ = self.cfg.async_scheduling
+        finished_any = False
+        for j, r in enumerate(plan.reqs):
+            r.in_flight -= 1
+            if r.status == FINISHED or not plan.emits[j]:
+                continue
+            spec = plan.spec[j]
+            new = 1
+            if spec:
+                accepted = self._accepted(r, spec)
+                rejected = spec - accepted
+                if r.computed > 0:
+                    r.computed -= rejected
+                if r.placeholders > 0:
+                    r.placeholders -= rejected
+                new += accepted
+            # check_stop (vllm/v1/core/sched/utils.py): max_tokens, then max_model_len
+            new = min(new, r.max_tokens - r.out, self.cfg.max_model_len - r.num_tokens)
+            if new <= 0:
+                continue
+            r.out += new
+            if async_:
+                r.placeholders = max(r.placeholders - new, 0)
+            done = r.out >= r.max_tokens or r.num_tokens >= self.cfg.max_model_len
+            if done:
+                r.status = FINISHED
+                finished_any = True
+                if r.blocks or r.hashes:
+                    self._free(r)
+            else:
+                if r.status == RUNNING:
+                    self._cache_blocks(r, r.computed - r.placeholders)
+                if not async_ and k:
+                    r.spec = k  # the drafter proposes k tokens after each sampled step
+            out.append((r, new, done))
+        if finished_any:
+            self.running = [q for q in self.running if q.status != FINISHED]
+        return out
+
+    def _accepted(self, r: SimRequest, spec: int) -> int:
+        """Draft tokens accepted: each in turn with probability alpha, until one is not."""
+        alpha = self.acceptance[r.wl]
+        if alpha <= 0:
+            return 0
+        u = self.rng.random()
+        if u <= 0:
+            return spec
+        return min(spec, int(math.log(u) / math.log(alpha)))

@@ -1,0 +1,122 @@
+"""What a simulation measures, defined as `vllm bench serve` defines it.
+
+vllm/benchmarks/serve.py (calculate_metrics) and vllm/benchmarks/lib/endpoint_request_func.py:
+TTFT = first streamed chunk - request sent; ITL = gap between consecutive streamed chunks
+(one chunk per engine step, however many tokens it carries); TPOT = (E2E - TTFT) /
+(output tokens - 1); E2E = last chunk - request sent. Percentiles use numpy's default
+(linear) interpolation, as vllm bench does.
+
+Per-request figures are kept in compact arrays; per-token gaps (ITL) go into a fine
+log-spaced histogram, so memory grows with requests, never with tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+
+import numpy as np
+
+# ITL histogram: log bins from 10 us to 1000 s, 0.1 % wide.
+_LO = 1e-5
+_BINS_PER_E = 1000.0
+_NBINS = int(math.log(1e3 / _LO) * _BINS_PER_E) + 2
+_LOG_LO = math.log(_LO)
+
+
+class GapHistogram:
+    """Streaming histogram of positive durations with 0.1 % relative resolution."""
+
+    __slots__ = ("_buf", "counts", "n")
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(_NBINS, dtype=np.int64)
+        self._buf = array("d")
+        self.n = 0
+
+    def add(self, x: float) -> None:
+        self._buf.append(x)
+        if len(self._buf) >= 65536:
+            self._flush()
+
+    def add_repeated(self, x: float, count: int) -> None:
+        self._flush()
+        self.counts[_bin(x)] += count
+        self.n += count
+
+    def _flush(self) -> None:
+        if not self._buf:
+            return
+        x = np.frombuffer(self._buf, dtype=np.float64)
+        idx = np.clip(((np.log(np.maximum(x, _LO)) - _LOG_LO) * _BINS_PER_E).astype(np.int64),
+                      0, _NBINS - 1)
+        self.counts += np.bincount(idx, minlength=_NBINS)
+        self.n += len(x)
+        self._buf = array("d")
+
+    def merge(self, other: GapHistogram) -> None:
+        self._flush()
+        other._flush()
+        self.counts += other.counts
+        self.n += other.n
+
+    def percentile(self, q: float) -> float:
+        """The q-th percentile (0-100), at the geometric centre of its bin; NaN if empty."""
+        self._flush()
+        if self.n == 0:
+            return float("nan")
+        rank = q / 100 * (self.n - 1)
+        i = int(np.searchsorted(np.cumsum(self.counts), rank, side="right"))
+        return math.exp(_LOG_LO + (i + 0.5) / _BINS_PER_E)
+
+    def mean(self) -> float:
+        self._flush()
+        if self.n == 0:
+            return float("nan")
+        centres = np.exp(_LOG_LO + (np.arange(_NBINS) + 0.5) / _BINS_PER_E)
+        return float(np.dot(self.counts, centres) / self.n)
+
+
+def _bin(x: float) -> int:
+    return min(max(int((math.log(max(x, _LO)) - _LOG_LO) * _BINS_PER_E), 0), _NBINS - 1)
+
+
+REQUEST_FIELDS = (
+    "arrival_s",
+    "ttft_s",
+    "e2e_s",
+    "queue_s",
+    "input_tokens",
+    "output_tokens",
+    "cached_tokens",
+    "preemptions",
+    "replica",
+)
+
+
+class WorkloadRecorder:
+    """Measured requests of one workload, and token counts in the measurement window."""
+
+    __slots__ = ("cols", "itl", "output_tokens_in_window", "input_tokens_in_window")
+
+    def __init__(self) -> None:
+        self.cols = {f: array("d") for f in REQUEST_FIELDS}
+        self.itl = GapHistogram()
+        self.output_tokens_in_window = 0
+        self.input_tokens_in_window = 0
+
+    def add_request(self, *values: float) -> None:
+        for col, v in zip(self.cols.values(), values, strict=True):
+            col.append(v)
+
+    def column(self, name: str) -> np.ndarray:
+        return np.frombuffer(self.cols[name], dtype=np.float64) if self.cols[name] else np.zeros(0)
+
+    @property
+    def completed(self) -> int:
+        return len(self.cols["arrival_s"])
+
+
+def pct(x: np.ndarray, q: float) -> float:
+    """numpy's linear-interpolation percentile, NaN when empty (vllm bench's convention)."""
+    return float(np.percentile(x, q)) if len(x) else float("nan")

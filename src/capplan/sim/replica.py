@@ -1,0 +1,132 @@
+"""One replica in simulated time: the engine-core loop of vLLM 0.26.0 around `EngineCore`.
+
+vllm/v1/engine/core.py (EngineCore.step_with_batch_queue): with async scheduling the core
+keeps two steps in flight: it schedules step n+1 while step n runs on the GPU, and
+processes step n's output when n ends, before scheduling n+2. So a request that arrives
+while step n runs joins step n+2, tokens stream out at the end of the step that made them,
+and the CPU's scheduling time hides under the GPU's. Without async scheduling (EngineCore.step)
+the core schedules, runs and processes one step at a time.
+
+Step durations come from the profile's step-time model (`StepTimer`), which was fitted to
+completion-to-completion gaps of the real engine in exactly this mode.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Generator
+from typing import Any
+
+import simpy
+
+from capplan.profile import StepTimer
+from capplan.sim.core import EngineCore, SimRequest, StepPlan
+from capplan.sim.metrics import WorkloadRecorder
+
+
+class Window:
+    """The measurement window [start_s, end_s) and where measured figures go."""
+
+    __slots__ = ("end_s", "recorders", "start_s")
+
+    def __init__(self, start_s: float, end_s: float, recorders: list[WorkloadRecorder]) -> None:
+        self.start_s = start_s
+        self.end_s = end_s
+        self.recorders = recorders
+
+
+class Replica:
+    """A vLLM engine in a simpy environment."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        index: int,
+        core: EngineCore,
+        timer: StepTimer,
+        window: Window,
+        on_finish: Callable[[SimRequest, Replica], None],
+    ) -> None:
+        self.env = env
+        self.index = index
+        self.core = core
+        self.timer = timer
+        self.window = window
+        self.on_finish = on_finish
+        self.outstanding = 0
+        self.steps = 0
+        self.busy_s = 0.0
+        self.kv_used_block_s = 0.0  # integral of used blocks over time
+        self.kv_peak_blocks = 0
+        self._wake: simpy.Event | None = None
+        self.process = env.process(self._loop())
+
+    def add_request(self, r: SimRequest) -> None:
+        self.outstanding += 1
+        self.core.add_request(r)
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _loop(self) -> Generator[simpy.Event, Any, None]:
+        env, core, timer = self.env, self.core, self.timer
+        async_ = core.cfg.async_scheduling
+        inflight: deque[StepPlan] = deque()
+        while True:
+            core.now = env.now
+            if not inflight:
+                plan = core.schedule() if core.has_work else None
+                if plan is None or not plan.reqs:
+                    self._wake = env.event()
+                    yield self._wake
+                    self._wake = None
+                    continue
+                inflight.append(plan)
+            if async_ and len(inflight) < 2 and core.has_work:
+                ahead = core.schedule()
+                if ahead.reqs:
+                    inflight.append(ahead)
+            cur = inflight[0]
+            dt = timer.step_time_s(
+                cur.total_tokens, len(cur.reqs), cur.prefill_attn, cur.decode_ctx, cur.drafting
+            )
+            used = core.kv.num_used
+            yield env.timeout(dt)
+            self.steps += 1
+            self.busy_s += dt
+            self.kv_used_block_s += used * dt
+            if used > self.kv_peak_blocks:
+                self.kv_peak_blocks = used
+            inflight.popleft()
+            self._emit(core.update_from_output(cur), env.now)
+
+    def _emit(self, emitted: list[tuple[SimRequest, int, bool]], now: float) -> None:
+        """Stream tokens to clients: TTFT, ITL and completion, as vllm bench sees them."""
+        window = self.window
+        in_window = window.start_s <= now < window.end_s
+        recorders = window.recorders
+        for r, new, done in emitted:
+            rec = recorders[r.wl]
+            if in_window:
+                rec.output_tokens_in_window += new
+            if r.first_token_s < 0:
+                r.first_token_s = now
+                if in_window:
+                    rec.input_tokens_in_window += r.prompt
+            elif r.measured:
+                rec.itl.add(now - r.last_token_s)
+            r.last_token_s = now
+            if done:
+                self.outstanding -= 1
+                if r.measured:
+                    rec.add_request(
+                        r.arrival_s,
+                        r.first_token_s - r.arrival_s,
+                        now - r.arrival_s,
+                        max(r.scheduled_s, r.arrival_s) - r.arrival_s,
+                        r.prompt,
+                        r.out,
+                        r.cached_tokens,
+                        r.preemptions,
+                        self.index,
+                    )
+                self.on_finish(r, self)

@@ -1,0 +1,194 @@
+"""Simulation results: per-workload percentiles and SLO verdicts, per-pool engine figures."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+from pydantic import BaseModel, ConfigDict, field_serializer
+
+from capplan.sim.metrics import REQUEST_FIELDS, WorkloadRecorder, pct
+from capplan.traffic import SloTarget, Workload
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class SloCheck(BaseModel):
+    """One SLO target against what the simulation measured."""
+
+    model_config = _FROZEN
+    key: str
+    limit_s: float
+    value_s: float
+    met: bool
+
+    @property
+    def margin(self) -> float:
+        """Headroom as a fraction of the limit (negative: missed by that much)."""
+        return 1.0 - self.value_s / self.limit_s if math.isfinite(self.value_s) else -math.inf
+
+    @field_serializer("value_s")
+    def _finite(self, v: float) -> float | None:
+        return v if math.isfinite(v) else None
+
+
+class WorkloadResult(BaseModel):
+    """Steady-state figures of one workload (requests that arrived in the window)."""
+
+    model_config = _FROZEN
+    name: str
+    requests: int
+    completed: int
+    ttft_p50_s: float
+    ttft_p90_s: float
+    ttft_p99_s: float
+    itl_p50_s: float
+    itl_p90_s: float
+    itl_p99_s: float
+    tpot_p50_s: float
+    tpot_p99_s: float
+    e2e_p50_s: float
+    e2e_p90_s: float
+    e2e_p99_s: float
+    queue_p99_s: float
+    output_tokens_per_s: float
+    input_tokens_per_s: float
+    prefix_hit_rate: float
+    preempted_requests: int
+    slo: list[SloCheck]
+
+    @property
+    def slo_met(self) -> bool:
+        return all(c.met for c in self.slo)
+
+    @field_serializer(
+        "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "itl_p50_s", "itl_p90_s", "itl_p99_s",
+        "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p90_s", "e2e_p99_s", "queue_p99_s",
+        "prefix_hit_rate",
+    )
+    def _finite(self, v: float) -> float | None:
+        return round(v, 6) if math.isfinite(v) else None
+
+
+class PoolRunResult(BaseModel):
+    """Engine-level figures of one simulated pool."""
+
+    model_config = _FROZEN
+    pool: str
+    replicas: int
+    gpus: int
+    profile: str
+    profile_source: str
+    kv_tokens_per_replica: int
+    duration_s: float
+    warmup_s: float
+    simulated_s: float
+    steps: int
+    utilisation: float
+    kv_usage_mean: float
+    kv_usage_peak: float
+    prefix_hit_rate: float
+    preemptions: int
+    extrapolated_steps: int
+    output_tokens_per_s: float
+    seed: int
+
+
+class SimResult(BaseModel):
+    """What `capplan simulate` reports."""
+
+    model_config = _FROZEN
+    pool: PoolRunResult
+    workloads: list[WorkloadResult]
+    _requests: pl.DataFrame | None = None
+
+    @property
+    def slo_met(self) -> bool:
+        return all(w.slo_met for w in self.workloads)
+
+    def workload(self, name: str) -> WorkloadResult:
+        return next(w for w in self.workloads if w.name == name)
+
+    def requests(self) -> pl.DataFrame:
+        """Per-request figures of the measured requests, one row each."""
+        return self._requests if self._requests is not None else pl.DataFrame()
+
+    def to_polars(self) -> pl.DataFrame:
+        """Per-workload summary, one row each."""
+        rows = []
+        for w in self.workloads:
+            d = w.model_dump(exclude={"slo"})
+            d["slo_met"] = w.slo_met
+            rows.append(d)
+        return pl.DataFrame(rows)
+
+
+def metric_values(rec: WorkloadRecorder, metric: str) -> np.ndarray:
+    """Per-request values of ttft/e2e/tpot (ITL lives in the histogram)."""
+    ttft = rec.column("ttft_s")
+    if metric == "ttft":
+        return ttft
+    e2e = rec.column("e2e_s")
+    if metric == "e2e":
+        return e2e
+    out = rec.column("output_tokens")
+    ok = out > 1
+    return (e2e[ok] - ttft[ok]) / (out[ok] - 1)
+
+
+def summarise(
+    w: Workload, rec: WorkloadRecorder, created: int, window_s: float
+) -> WorkloadResult:
+    """Percentiles and SLO checks; requests still unfinished at the end count as infinitely
+    late (so an overloaded pool fails its tail SLOs instead of looking fast)."""
+    missing = max(created - rec.completed, 0)
+    pad = np.full(missing, np.inf)
+
+    def value(metric: str, q: float) -> float:
+        if metric == "itl":
+            if missing and q >= 100 * (1 - missing / max(created, 1)):
+                return math.inf
+            return rec.itl.percentile(q)
+        x = np.concatenate([metric_values(rec, metric), pad])
+        return pct(x, q)
+
+    checks = []
+    for t in w.slo.targets:
+        v = value(t.metric, t.percentile)
+        checks.append(SloCheck(key=t.key, limit_s=t.limit_s, value_s=v, met=v <= t.limit_s))
+    inp = rec.column("input_tokens")
+    cached = rec.column("cached_tokens")
+    return WorkloadResult(
+        name=w.name,
+        requests=created,
+        completed=rec.completed,
+        ttft_p50_s=value("ttft", 50),
+        ttft_p90_s=value("ttft", 90),
+        ttft_p99_s=value("ttft", 99),
+        itl_p50_s=value("itl", 50),
+        itl_p90_s=value("itl", 90),
+        itl_p99_s=value("itl", 99),
+        tpot_p50_s=value("tpot", 50),
+        tpot_p99_s=value("tpot", 99),
+        e2e_p50_s=value("e2e", 50),
+        e2e_p90_s=value("e2e", 90),
+        e2e_p99_s=value("e2e", 99),
+        queue_p99_s=pct(np.concatenate([rec.column("queue_s"), pad]), 99),
+        output_tokens_per_s=rec.output_tokens_in_window / window_s,
+        input_tokens_per_s=rec.input_tokens_in_window / window_s,
+        prefix_hit_rate=float(cached.sum() / inp.sum()) if inp.sum() else 0.0,
+        preempted_requests=int((rec.column("preemptions") > 0).sum()),
+        slo=checks,
+    )
+
+
+def requests_frame(names: list[str], recs: list[WorkloadRecorder]) -> pl.DataFrame:
+    frames = []
+    for name, rec in zip(names, recs, strict=True):
+        if rec.completed:
+            d = {f: rec.column(f) for f in REQUEST_FIELDS}
+            frames.append(pl.DataFrame(d).with_columns(pl.lit(name).alias("workload")))
+    return pl.concat(frames) if frames else pl.DataFrame()
+
+

@@ -1,0 +1,42 @@
+"""Spreading a pool's requests over its replicas.
+
+- round_robin: replica i, i+1, ... in turn (what a plain Kubernetes Service gives).
+- least_outstanding: the replica with the fewest unfinished requests (ties: lowest index),
+  what vLLM's production-stack router and most load balancers call least-request.
+- prefix_affinity: requests sharing a prompt prefix go to the same replica, so its prefix
+  cache keeps the prefix (consistent hashing on the prefix group); others least-outstanding.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from capplan.sim.core import SimRequest
+    from capplan.sim.replica import Replica
+
+
+class Router:
+    """Picks a replica for each new request."""
+
+    def __init__(self, policy: str, replicas: list[Replica]) -> None:
+        if policy not in ("round_robin", "least_outstanding", "prefix_affinity"):
+            raise ValueError(f"unknown router policy {policy!r}")
+        self.policy = policy
+        self.replicas = replicas
+        self._next = 0
+
+    def route(self, r: SimRequest) -> Replica:
+        reps = self.replicas
+        if len(reps) == 1:
+            return reps[0]
+        if self.policy == "round_robin":
+            rep = reps[self._next]
+            self._next = (self._next + 1) % len(reps)
+            return rep
+        if self.policy == "prefix_affinity" and r.prefix_blocks:
+            return reps[(-r.prefix_base * 2654435761 >> 7) % len(reps)]
+        return min(reps, key=lambda x: x.outstanding)
+
+    def finished(self, r: SimRequest, replica: Replica) -> None:
+        """Hook for policies that track completions (outstanding counts live on replicas)."""

@@ -1,0 +1,311 @@
+"""Simulate one pool of a traffic mix: N replicas behind a router, replaying its workloads.
+
+Open-loop workloads arrive as generated up front; closed-loop users send their next request
+when the last one ends. Requests arriving in [warmup, duration) are measured; traffic keeps
+flowing after `duration` until every measured request has finished (or `drain_s` runs out,
+and the unfinished ones count as infinitely late).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import simpy
+
+from capplan.errors import ConfigError
+from capplan.mix import TrafficMix, max_model_len
+from capplan.modelspec import ModelSpec, load_model_spec
+from capplan.pool import Pool
+from capplan.profile import Profile, StepTimer
+from capplan.sim.core import CoreConfig, EngineCore, SimRequest
+from capplan.sim.metrics import WorkloadRecorder
+from capplan.sim.replica import Replica, Window
+from capplan.sim.results import PoolRunResult, SimResult, requests_frame, summarise
+from capplan.sim.router import Router
+from capplan.sim.workload import TARGET_HIT_RATE, ClosedLoopSampler, generate
+from capplan.traffic import ClosedLoop, Workload
+
+_GROUP_SHIFT = 22  # block-index bits of a shared-prefix hash
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSetup:
+    """A pool resolved for simulation: its profile and the engine limits derived from it."""
+
+    pool: Pool
+    spec: ModelSpec
+    profile: Profile
+    num_blocks: int
+    max_model_len: int
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.num_blocks * self.pool.engine.block_size
+
+
+def setup_pool(pool: Pool, *, profile: Profile | None = None, source: str = "") -> PoolSetup:
+    """Resolve a pool's profile and KV blocks; refuse what vLLM would refuse to start."""
+    from capplan.profiles import resolve_profile
+
+    if pool.precision == "auto":
+        raise ConfigError(
+            f"pool {pool.name!r} has precision: auto; `capplan size` chooses it, simulate "
+            "needs bf16, fp8, nvfp4 or awq",
+            file=source or None,
+            field="precision",
+        )
+    spec = load_model_spec(pool.model)
+    prof = profile or resolve_profile(pool, spec)
+    eng = pool.engine
+    kv_tokens = prof.kv.tokens(eng.gpu_memory_utilization, text_only=eng.text_only)
+    num_blocks = kv_tokens // eng.block_size - 1  # block_pool.py: one null block
+    limit = max_model_len(pool, spec)
+    if num_blocks * eng.block_size < limit:
+        raise ConfigError(
+            f"pool {pool.name!r}: KV cache holds {num_blocks * eng.block_size} tokens, fewer "
+            f"than max_model_len {limit} (vLLM refuses to start); lower engine.max_model_len "
+            "or raise gpu_memory_utilization",
+            file=source or None,
+            field="engine.max_model_len",
+        )
+    return PoolSetup(pool, spec, prof, num_blocks, limit)
+
+
+def simulate(
+    mix: TrafficMix,
+    pool: str,
+    replicas: int,
+    *,
+    duration_s: float | None = None,
+    warmup_s: float | None = None,
+    seed: int | None = None,
+    rate_scale: float = 1.0,
+    profile: Profile | None = None,
+    setup: PoolSetup | None = None,
+) -> SimResult:
+    """Simulate `replicas` replicas of `pool` serving its workloads (rates x rate_scale)."""
+    if replicas < 1:
+        raise ConfigError(f"replicas must be >= 1, got {replicas}", field="replicas")
+    p = mix.pool(pool)
+    workloads = mix.workloads_of(pool)
+    if not workloads:
+        raise ConfigError(f"pool {pool!r} serves no workload", file=mix.source, field="workloads")
+    st = setup or setup_pool(p, profile=profile, source=mix.source)
+    sim = mix.simulation
+    duration = duration_s if duration_s is not None else sim.duration_s
+    warmup = warmup_s if warmup_s is not None else (
+        sim.warmup if duration_s is None else 0.1 * duration
+    )
+    seed = sim.seed if seed is None else seed
+    return _Run(mix, st, workloads, replicas, duration, warmup, sim.drain_s, seed,
+                rate_scale).run()
+
+
+class _Run:
+    def __init__(
+        self,
+        mix: TrafficMix,
+        st: PoolSetup,
+        workloads: list[Workload],
+        replicas: int,
+        duration: float,
+        warmup: float,
+        drain: float,
+        seed: int,
+        rate_scale: float,
+    ) -> None:
+        self.mix, self.st, self.workloads = mix, st, workloads
+        self.duration, self.warmup, self.drain, self.seed = duration, warmup, drain, seed
+        self.rate_scale = rate_scale
+        self.env = simpy.Environment()
+        self.recorders = [WorkloadRecorder() for _ in workloads]
+        self.window = Window(warmup, duration, self.recorders)
+        self.created = [0] * len(workloads)  # measured requests created, per workload
+        self.pending = 0  # measured requests not yet finished
+        self.arrivals_done = False
+        self.done = self.env.event()
+        self.rid = 0
+        self.bs = st.pool.engine.block_size
+        rng = np.random.default_rng(seed)
+        self.rng = rng
+        eng = st.pool.engine
+        spec = eng.speculative
+        k = st.profile.spec_k if spec else 0
+        acceptance = [
+            (w.spec_acceptance if w.spec_acceptance is not None else spec.acceptance)
+            if spec else 0.0
+            for w in workloads
+        ]
+        cfg = CoreConfig(
+            num_blocks=st.num_blocks,
+            block_size=eng.block_size,
+            max_num_seqs=eng.max_num_seqs,
+            max_num_batched_tokens=eng.max_num_batched_tokens,
+            max_model_len=st.max_model_len,
+            enable_prefix_caching=eng.enable_prefix_caching,
+            policy=eng.scheduling_policy,
+            async_scheduling=eng.async_scheduling,
+            spec_k=k,
+            spec_lookahead=spec is not None and spec.method != "ngram",
+            long_prefill_token_threshold=eng.long_prefill_token_threshold,
+        )
+        self.timers = []
+        self.replicas = []
+        for i in range(replicas):
+            core = EngineCore(cfg, random.Random(int(rng.integers(2**63))), acceptance)
+            timer = StepTimer(
+                st.profile,
+                max_num_seqs=eng.max_num_seqs,
+                max_num_batched_tokens=eng.max_num_batched_tokens,
+            )
+            self.timers.append(timer)
+            self.replicas.append(Replica(self.env, i, core, timer, self.window, self._finished))
+        self.router = Router(st.pool.router, self.replicas)
+        self.samplers: dict[int, ClosedLoopSampler] = {}
+
+    # -- request making ---------------------------------------------------------------------
+    def _request(
+        self, wl: int, t: float, prompt: int, out: int, group: int, prefix_tokens: int,
+        user: int = -1,
+    ) -> SimRequest:
+        w = self.workloads[wl]
+        bs = self.bs
+        measured = self.warmup <= t < self.duration
+        prefix_base = prefix_blocks = pinned = 0
+        if group >= 0:
+            prefix_blocks = prefix_tokens // bs
+            prefix_base = -(((wl << 20) | group) << _GROUP_SHIFT) - 1
+        elif group == TARGET_HIT_RATE:
+            pinned = prefix_tokens // bs
+        out = min(out, self.st.max_model_len - prompt)
+        r = SimRequest(
+            self.rid, wl, t, prompt, out, priority=w.priority, prefix_base=prefix_base,
+            prefix_blocks=prefix_blocks, pinned_blocks=pinned, measured=measured, user=user,
+        )
+        self.rid += 1
+        if measured:
+            self.created[wl] += 1
+            self.pending += 1
+        return r
+
+    def _submit(self, r: SimRequest) -> None:
+        self.router.route(r).add_request(r)
+
+    def _finished(self, r: SimRequest, replica: Replica) -> None:
+        self.router.finished(r, replica)
+        if r.measured:
+            self.pending -= 1
+            self._check_done()
+        if r.user >= 0:
+            sampler = self.samplers[r.wl]
+            think = sampler.think_time_s
+            if think:
+                self.env.process(self._think(r.wl, r.user, think))
+            else:
+                self._next_closed(r.wl, r.user)
+
+    def _check_done(self) -> None:
+        if self.arrivals_done and self.pending == 0 and not self.done.triggered:
+            self.done.succeed()
+
+    def _next_closed(self, wl: int, user: int) -> None:
+        now = self.env.now
+        if now >= self.duration:
+            return  # the benchmark's last requests have been sent
+        inp, out, group, ptoks, _img = self.samplers[wl].next(self.rng)
+        self._submit(self._request(wl, now, int(inp), int(out), int(group), int(ptoks), user))
+
+    def _think(self, wl: int, user: int, think: float) -> Generator[simpy.Event, Any, None]:
+        yield self.env.timeout(think)
+        self._next_closed(wl, user)
+
+    # -- arrival processes ------------------------------------------------------------------
+    def _open_loop(self) -> Generator[simpy.Event, Any, None]:
+        horizon = self.duration + self.drain
+        batches = []
+        for i, w in enumerate(self.workloads):
+            if isinstance(w.arrival, ClosedLoop):
+                continue
+            b = generate(w, i, horizon * self.rate_scale, self.rng, base_dir=self.mix.base_dir)
+            batches.append((b.arrival_s / self.rate_scale, i, b))
+        if batches:
+            t = np.concatenate([a for a, _, _ in batches])
+            wl = np.concatenate([np.full(len(a), i) for a, i, _ in batches])
+            cols = [
+                np.concatenate([getattr(b, c) for _, _, b in batches])
+                for c in ("input_tokens", "output_tokens", "prefix_group", "prefix_tokens")
+            ]
+            order = np.argsort(t, kind="stable")
+            env = self.env
+            for j in order.tolist():
+                at = float(t[j])
+                if at >= self.duration and not self.arrivals_done:
+                    self.arrivals_done = True
+                    self._check_done()
+                    if self.done.triggered:
+                        return
+                if at > env.now:
+                    yield env.timeout(at - env.now)
+                if self.done.triggered:
+                    return
+                self._submit(self._request(
+                    int(wl[j]), at, int(cols[0][j]), int(cols[1][j]), int(cols[2][j]),
+                    int(cols[3][j]),
+                ))
+        if self.env.now < self.duration:
+            yield self.env.timeout(self.duration - self.env.now)
+        self.arrivals_done = True
+        self._check_done()
+
+    def run(self) -> SimResult:
+        env = self.env
+        user = 0
+        for i, w in enumerate(self.workloads):
+            if isinstance(w.arrival, ClosedLoop):
+                self.samplers[i] = ClosedLoopSampler(w, i)
+                for _ in range(w.arrival.concurrency):
+                    self._next_closed(i, user)
+                    user += 1
+        env.process(self._open_loop())
+        env.run(until=simpy.AnyOf(env, [self.done, env.timeout(self.duration + self.drain)]))
+        return self._result()
+
+    def _result(self) -> SimResult:
+        st, env = self.st, self.env
+        window = self.duration - self.warmup
+        results = [
+            summarise(w, rec, self.created[i], window)
+            for i, (w, rec) in enumerate(zip(self.workloads, self.recorders, strict=True))
+        ]
+        n = len(self.replicas)
+        elapsed = max(env.now, 1e-9)
+        queried = sum(r.core.prompt_tokens_queried for r in self.replicas)
+        hit = sum(r.core.prompt_tokens_hit for r in self.replicas)
+        blocks = st.num_blocks
+        pool = PoolRunResult(
+            pool=st.pool.name,
+            replicas=n,
+            gpus=n * st.pool.tp,
+            profile=f"{st.profile.gpu}/{st.profile.model}/{st.profile.key}",
+            profile_source=st.profile.source,
+            kv_tokens_per_replica=st.kv_tokens,
+            duration_s=self.duration,
+            warmup_s=self.warmup,
+            simulated_s=round(env.now, 6),
+            steps=sum(r.steps for r in self.replicas),
+            utilisation=sum(r.busy_s for r in self.replicas) / (n * elapsed),
+            kv_usage_mean=sum(r.kv_used_block_s for r in self.replicas) / (n * elapsed * blocks),
+            kv_usage_peak=max(r.kv_peak_blocks for r in self.replicas) / blocks,
+            prefix_hit_rate=hit / queried if queried else 0.0,
+            preemptions=sum(r.core.preemptions for r in self.replicas),
+            extrapolated_steps=sum(t.extrapolated_steps for t in self.timers),
+            output_tokens_per_s=sum(w.output_tokens_per_s for w in results),
+            seed=self.seed,
+        )
+        res = SimResult(pool=pool, workloads=results)
+        res._requests = requests_frame([w.name for w in self.workloads], self.recorders)
+        return res
