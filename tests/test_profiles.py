@@ -1,0 +1,121 @@
+"""Profile resolution: the measured profile when calibration has an exact match, else analytic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from capplan.analytic import analytic_profile
+from capplan.errors import ConfigError
+from capplan.hardware import GPUS, Precision
+from capplan.modelspec import load_model_spec
+from capplan.pool import EngineConfig, Pool, SpeculativeConfig
+from capplan.profile import Profile, Provenance
+from capplan.profiles import list_profiles, resolve_profile
+
+LLAMA8 = load_model_spec("llama-3.1-8b")
+
+
+def _measured(tmp: Path, key: str = "bf16", **fields: object) -> Profile:
+    """Write a 'measured' profile (analytic numbers relabelled) under the calibration layout."""
+    base = analytic_profile(LLAMA8, GPUS["h200"], Precision.BF16)
+    p = base.model_copy(
+        update={"provenance": Provenance(source="measured", note="test fixture"), **fields}
+    )
+    folder = tmp / "h200" / "vllm-0.26.0" / "llama-3.1-8b" / key
+    folder.mkdir(parents=True)
+    p.save(folder / "profile.json")
+    return p
+
+
+def _pool(**kw: object) -> Pool:
+    return Pool.model_validate({"name": "chat", "model": "llama-3.1-8b", **kw})
+
+
+@pytest.mark.parametrize("sub", ["missing", "empty"])
+def test_no_calibration_falls_back_to_analytic(tmp_path: Path, sub: str) -> None:
+    """A missing or empty calibration dir is tolerated: the analytic profile comes back."""
+    cal = tmp_path / "cal"
+    if sub == "empty":
+        cal.mkdir()
+    p = resolve_profile(_pool(), LLAMA8, calibration_dir=cal)
+    assert p.source == "analytic"
+    assert list_profiles(cal) == []
+
+
+def test_exact_match_returns_the_measured_profile(tmp_path: Path) -> None:
+    """When calibration holds the pool's (gpu, version, model, precision, kv, spec, tp), use it."""
+    _measured(tmp_path)
+    p = resolve_profile(_pool(), LLAMA8, calibration_dir=tmp_path)
+    assert p.source == "measured"
+    assert p.provenance.note == "test fixture"
+    assert [q.key for q in list_profiles(tmp_path)] == ["bf16"]
+
+
+@pytest.mark.parametrize(
+    "pool_kw",
+    [
+        {"precision": "fp8"},
+        {"tp": 2},
+        {"engine": {"kv_cache_dtype": "fp8"}},
+        {"engine": {"speculative": {"method": "ngram", "num_speculative_tokens": 4}}},
+    ],
+)
+def test_any_mismatch_falls_back_to_analytic(tmp_path: Path, pool_kw: dict[str, object]) -> None:
+    """A measured profile for another precision, TP, KV dtype or spec config is never borrowed."""
+    _measured(tmp_path)
+    p = resolve_profile(_pool(**pool_kw), LLAMA8, calibration_dir=tmp_path)
+    assert p.source == "analytic"
+
+
+def test_spec_decode_profile_matches_method_and_k(tmp_path: Path) -> None:
+    """A measured `bf16-ngram4` profile serves a pool with ngram k=4, not one with k=2."""
+    _measured(tmp_path, key="bf16-ngram4", spec_method="ngram", spec_k=4)
+    four = _pool(engine=EngineConfig(speculative=SpeculativeConfig(method="ngram",
+                                                                    num_speculative_tokens=4)))
+    two = _pool(engine=EngineConfig(speculative=SpeculativeConfig(method="ngram",
+                                                                   num_speculative_tokens=2)))
+    assert resolve_profile(four, LLAMA8, calibration_dir=tmp_path).source == "measured"
+    other = resolve_profile(two, LLAMA8, calibration_dir=tmp_path)
+    assert other.source == "analytic" and other.spec_k == 2
+
+
+def test_pool_profile_folder_is_used_as_given(tmp_path: Path) -> None:
+    """`pool.profile` names a folder relative to the calibration dir; it wins over matching."""
+    _measured(tmp_path, key="bf16-custom")
+    pool = _pool(profile="h200/vllm-0.26.0/llama-3.1-8b/bf16-custom")
+    assert resolve_profile(pool, LLAMA8, calibration_dir=tmp_path).source == "measured"
+
+
+def test_auto_precision_must_be_chosen_first(tmp_path: Path) -> None:
+    """precision 'auto' is the solver's to pick; resolving it directly is a ConfigError."""
+    with pytest.raises(ConfigError, match="auto"):
+        resolve_profile(_pool(precision="auto"), LLAMA8, calibration_dir=tmp_path)
+
+
+def test_spec_must_be_the_pools_model(tmp_path: Path) -> None:
+    """Passing another model's spec for a pool is a ConfigError naming both."""
+    with pytest.raises(ConfigError, match="qwen3-32b"):
+        resolve_profile(_pool(), load_model_spec("qwen3-32b"), calibration_dir=tmp_path)
+
+
+def test_broken_profile_file_names_the_file(tmp_path: Path) -> None:
+    """A corrupt profile.json is an error that names the file, never silently skipped."""
+    bad = tmp_path / "h200" / "vllm-0.26.0" / "llama-3.1-8b" / "bf16"
+    bad.mkdir(parents=True)
+    (bad / "profile.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"profile\.json"):
+        resolve_profile(_pool(), LLAMA8, calibration_dir=tmp_path)
+
+
+def test_draft_model_pool_defaults_to_the_shipped_draft(tmp_path: Path) -> None:
+    """A Llama draft_model pool without a measured profile gets analytic costs from
+    llama-3.2-1b; a model with another vocabulary must name its draft."""
+    eng = EngineConfig(speculative=SpeculativeConfig(method="draft_model",
+                                                     num_speculative_tokens=3))
+    p = resolve_profile(_pool(engine=eng), LLAMA8, calibration_dir=tmp_path)
+    assert p.source == "analytic" and "llama-3.2-1b" in p.provenance.note
+    gemma_pool = Pool(name="g", model="gemma-4-31b", engine=eng)
+    with pytest.raises(ConfigError, match="draft"):
+        resolve_profile(gemma_pool, load_model_spec("gemma-4-31b"), calibration_dir=tmp_path)
