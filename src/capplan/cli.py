@@ -1,0 +1,301 @@
+"""The `capplan` command line: a thin shell over the library.
+
+Every `CapplanError` (bad input, no feasible plan, missing calibration) becomes one red line on
+stderr and the error's exit code; anything else is a bug and keeps its traceback.
+Commands owned by later stages (`calibrate`, `size`, `sweep`) are resolved lazily, so a stage
+that is missing or cannot import fails only when its command is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from capplan.errors import CapplanError, ConfigError
+
+LAZY_COMMANDS: dict[str, str] = {
+    "calibrate": "capplan.calibrate.cli:calibrate",
+    "size": "capplan.solve.cli:size",
+    "sweep": "capplan.solve.cli:sweep",
+}
+"""Subcommands living in later stages, as `module:attribute`, imported on first use."""
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def _fail(message: str, exit_code: int) -> None:
+    click.secho(f"error: {_one_line(message)}", fg="red", err=True)
+    raise click.exceptions.Exit(exit_code)
+
+
+def _unavailable(name: str, target: str, reason: str) -> click.Command:
+    """A stand-in for a lazy command whose module cannot be imported: fails only when used."""
+
+    def run() -> None:
+        _fail(f"`capplan {name}` is unavailable: cannot load {target} ({reason})", 1)
+
+    return click.Command(
+        name,
+        callback=run,
+        help=f"(unavailable: {target} cannot be loaded)",
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+        add_help_option=False,
+    )
+
+
+class CapplanGroup(click.Group):
+    """A click group that resolves `lazy` subcommands on demand and turns CapplanError into
+    one line plus its exit code."""
+
+    def __init__(self, *args: Any, lazy: dict[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is not None or cmd_name not in self.lazy:
+            return cmd
+        target = self.lazy[cmd_name]
+        module_name, _, attr = target.partition(":")
+        try:
+            obj = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as e:
+            return _unavailable(cmd_name, target, _one_line(str(e)) or type(e).__name__)
+        if not isinstance(obj, click.Command):
+            return _unavailable(cmd_name, target, f"{attr} is not a click command")
+        return obj
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CapplanError as e:
+            _fail(str(e), e.exit_code)
+
+
+@click.group(cls=CapplanGroup, lazy=LAZY_COMMANDS)
+@click.version_option(package_name="capplan", prog_name="capplan")
+def main() -> None:
+    """Plan GPU capacity for vLLM 0.26.0 serving: calibrate, simulate, size."""
+
+
+# -- formatting --------------------------------------------------------------------------------
+
+
+def _console() -> Console:
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)  # pipes and logs: do not wrap the table at 80 columns
+    return console
+
+
+def _fmt_s(v: float) -> str:
+    """Seconds, in ms below one second; infinite means requests never finished."""
+    if not math.isfinite(v):
+        return "unfinished"
+    return f"{v * 1e3:.1f} ms" if v < 1 else f"{v:.2f} s"
+
+
+def _finite(obj: Any) -> Any:
+    """JSON-safe copy: non-finite floats become null (JSON has no inf/nan)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def result_document(res: Any) -> dict[str, Any]:
+    """The `--format json` document: pool figures and one entry per workload, with
+    `slo_met` as {slo key: bool} and `slo` as the checks (limit, value, met)."""
+    workloads = []
+    for w in res.workloads:
+        d = w.model_dump(mode="json")
+        d["slo_met"] = {c.key: c.met for c in w.slo}
+        d["all_slo_met"] = w.slo_met
+        workloads.append(d)
+    doc = {"pool": res.pool.model_dump(mode="json"), "workloads": workloads,
+           "slo_met": res.slo_met}
+    return dict(_finite(doc))
+
+
+def _print_table(res: Any, console: Console) -> None:
+    p = res.pool
+    table = Table(
+        title=f"pool {p.pool}: {p.replicas} replica(s), {p.gpus} GPU(s), seed {p.seed}",
+        title_justify="left",
+    )
+    for col in ("workload", "requests", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99",
+                "E2E p99", "out tok/s", "hit rate", "SLO"):
+        table.add_column(col, justify="left" if col in ("workload", "SLO") else "right")
+    for w in res.workloads:
+        checks = [
+            f"[{'green' if c.met else 'red'}]{'✓' if c.met else '✗'} {c.key} "
+            f"{_fmt_s(c.value_s)} ≤ {_fmt_s(c.limit_s)}[/]"
+            for c in w.slo
+        ]
+        table.add_row(
+            w.name,
+            f"{w.requests}" + (f" ({w.requests - w.completed} unfinished)"
+                               if w.completed < w.requests else ""),
+            _fmt_s(w.ttft_p50_s), _fmt_s(w.ttft_p99_s),
+            _fmt_s(w.itl_p50_s), _fmt_s(w.itl_p99_s), _fmt_s(w.e2e_p99_s),
+            f"{w.output_tokens_per_s:,.0f}", f"{w.prefix_hit_rate:.1%}",
+            "\n".join(checks) or "(no SLO)",
+        )
+    console.print(table)
+    if p.profile_source == "analytic":
+        console.print(
+            f"[bold yellow]profile {p.profile}: ANALYTIC (datasheet roofline estimate, not "
+            "measured) — calibrate on the GPU for measured step times[/]"
+        )
+    else:
+        console.print(f"profile {p.profile}: {p.profile_source}")
+    console.print(
+        f"KV cache {p.kv_tokens_per_replica:,} tokens/replica · utilisation {p.utilisation:.1%}"
+        f" · KV usage mean {p.kv_usage_mean:.1%} peak {p.kv_usage_peak:.1%}"
+        f" · prefix hit rate {p.prefix_hit_rate:.1%} · preemptions {p.preemptions:,}"
+        f" · {p.steps:,} steps · {p.output_tokens_per_s:,.0f} out tok/s"
+    )
+    console.print(
+        f"window [{p.warmup_s:g}, {p.duration_s:g}) s measured; simulated {p.simulated_s:.1f} s"
+    )
+    if p.extrapolated_steps:
+        console.print(
+            f"[bold red]extrapolated steps: {p.extrapolated_steps:,} of {p.steps:,} fell outside "
+            "the profile's calibrated box[/]"
+        )
+    else:
+        console.print("extrapolated steps: 0")
+    verdict = "[green]all SLOs met[/]" if res.slo_met else "[red]SLOs missed[/]"
+    console.print(verdict)
+
+
+def _write_requests(res: Any, path: Path) -> None:
+    frame = res.requests()
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".csv":
+            frame.write_csv(path)
+        elif suffix == ".parquet":
+            frame.write_parquet(path)
+        else:
+            raise ConfigError(
+                f"unknown suffix {suffix or '(none)'!r}; use .csv or .parquet",
+                file=str(path), field="--requests-out",
+            )
+    except OSError as e:
+        raise ConfigError(f"cannot write file ({e.strerror})", file=str(path)) from e
+
+
+# -- commands ----------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--traffic", "traffic", required=True, type=click.Path(path_type=Path),
+              help="traffic mix YAML")
+@click.option("--pool", "pool", required=True, help="pool of the mix to simulate")
+@click.option("--replicas", type=click.IntRange(min=1), required=True,
+              help="vLLM replicas in the pool")
+@click.option("--duration-s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="simulated seconds of arrivals (default: the mix's simulation.duration_s)")
+@click.option("--seed", type=int, default=None, help="random seed (default: the mix's)")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+              show_default=True)
+@click.option("--requests-out", type=click.Path(path_type=Path), default=None,
+              help="write per-request figures to a .csv or .parquet file")
+def simulate(
+    traffic: Path,
+    pool: str,
+    replicas: int,
+    duration_s: float | None,
+    seed: int | None,
+    fmt: str,
+    requests_out: Path | None,
+) -> None:
+    """Simulate REPLICAS vLLM replicas of one pool serving its workloads."""
+    from capplan.mix import load_mix
+    from capplan.sim.run import simulate as run_simulation
+
+    mix = load_mix(traffic)
+    res = run_simulation(mix, pool, replicas, duration_s=duration_s, seed=seed)
+    if requests_out is not None:
+        _write_requests(res, requests_out)
+    if fmt == "json":
+        click.echo(json.dumps(result_document(res), sort_keys=True, indent=2, allow_nan=False))
+    else:
+        _print_table(res, _console())
+
+
+@main.command()
+def profiles() -> None:
+    """List measured profiles under calibration/; other pools use the analytic roofline."""
+    from capplan.profiles import CALIBRATION_DIR, list_profiles
+
+    found = list_profiles()
+    console = _console()
+    if not found:
+        console.print(
+            f"no measured profiles under {CALIBRATION_DIR}; every pool uses the ANALYTIC "
+            "roofline profile (source: analytic) until calibrated"
+        )
+        return
+    table = Table(title=f"measured profiles under {CALIBRATION_DIR}", title_justify="left")
+    for col in ("gpu", "vllm", "model", "profile", "tp", "source", "fit median/p95 APE",
+                "box tokens/seqs/context"):
+        table.add_column(col)
+    for p in found:
+        fit = f"{p.fit.median_ape:.1%} / {p.fit.p95_ape:.1%}" if p.fit else "-"
+        box = f"{p.box.max_tokens:,} / {p.box.max_seqs:,} / {p.box.max_context_tokens:,}"
+        table.add_row(p.gpu, p.vllm_version, p.model, p.key, str(p.tp), p.source, fit, box)
+    console.print(table)
+    console.print("pools matching none of these use the ANALYTIC roofline profile")
+
+
+@main.command()
+def models() -> None:
+    """List model specs under models/: parameters, weight GB per precision, KV bytes/token."""
+    from capplan.hardware import Precision
+    from capplan.modelspec import MODELS_DIR, load_model_spec
+
+    names = sorted(d.name for d in MODELS_DIR.iterdir() if (d / "spec.yaml").is_file())
+    precisions = list(Precision)
+    table = Table(title=f"model specs under {MODELS_DIR}", title_justify="left")
+    table.add_column("model")
+    table.add_column("params", justify="right")
+    for pr in precisions:
+        table.add_column(f"{pr.value} GB", justify="right")
+    table.add_column("KV B/token (bf16 / fp8)", justify="right")
+    table.add_column("context", justify="right")
+    table.add_column("vision", justify="right")
+    for name in names:
+        s = load_model_spec(name)
+        params = s.linear_params + s.embedding_params + s.vision_encoder_params
+        table.add_row(
+            s.name,
+            f"{params / 1e9:.2f} B",
+            *(f"{s.weight_bytes(pr) / 1e9:.1f}" for pr in precisions),
+            f"{s.kv_bytes_per_token(2):,} / {s.kv_bytes_per_token(1):,}",
+            f"{s.max_position_embeddings:,}",
+            f"{s.vision_encoder_params / 1e6:.0f} M" if s.vision_encoder_params else "-",
+        )
+    console = _console()
+    console.print(table)
+    console.print("weights at TP=1; embeddings, LM head and vision encoder stay in BF16")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
