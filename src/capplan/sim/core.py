@@ -36,7 +36,6 @@ class SimRequest:
         "decoding",
         "first_token_s",
         "hashes",
-        "in_flight",
         "last_token_s",
         "max_tokens",
         "measured",
@@ -88,7 +87,6 @@ class SimRequest:
         self.out = 0
         self.spec = 0
         self.placeholders = 0
-        self.in_flight = 0  # steps scheduled but not yet returned
         self.decoding = False
         self.blocks = 0  # physical blocks held
         self.hashes: list[int] = []  # cached blocks held, in block order
@@ -251,48 +249,74 @@ class EngineCore:
         running = self.running
         max_len = cfg.max_model_len
         threshold = cfg.long_prefill_token_threshold
+        bs = cfg.block_size
+        la = self.lookahead
+        prio = self.priority
         preempted = False
-        scheduled: dict[int, int] = {}  # rid -> index in plan
+        scheduled: dict[int, int] = {}  # rid -> index in plan (priority preemption undoes)
+        reqs, toks, specs = plan.reqs, plan.tokens, plan.spec
 
         # First, the RUNNING requests, in order.
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
+            computed = r.computed
+            ph = r.placeholders
             # async_scheduler: no extra step once the last one reached max_tokens
-            if r.placeholders > 0 and r.computed + 2 - r.placeholders >= r.prompt + r.max_tokens:
+            if ph and computed + 2 - ph >= r.prompt + r.max_tokens:
                 i += 1
                 continue
-            n = r.prompt + r.out + r.spec + r.placeholders - r.computed
+            num_tokens = r.prompt + r.out
+            n = num_tokens + r.spec + ph - computed
             if 0 < threshold < n:
                 n = threshold
-            n = min(n, budget, max_len - r.computed - 1)
+            if n > budget:
+                n = budget
+            if n > max_len - computed - 1:
+                n = max_len - computed - 1
             if n <= 0:
                 i += 1
                 continue
-            while not self._allocate_running(r, n):
-                # Out of KV: preempt the lowest-priority (priority) or newest (fcfs) request.
-                if self.priority:
-                    victim = max(running, key=lambda q: (q.priority, q.arrival_s))
-                    vi = running.index(victim)
-                    running.pop(vi)
-                    if victim.rid in scheduled:
-                        budget += self._unschedule(plan, scheduled, victim)
-                    if vi < i:
-                        i -= 1
-                else:
-                    victim = running.pop()
-                self._preempt(victim)
-                preempted = True
-                plan.preempted += 1
-                if victim is r:
-                    break
+            end = computed + n + la
+            if end > (r.blocks + r.pinned_blocks) * bs or (
+                (computed + n if computed + n < num_tokens else num_tokens) // bs > r.n_reg
+            ):
+                ok = self._allocate_running(r, n)
+                while not ok:
+                    # Out of KV: preempt the lowest-priority (priority) or newest (fcfs).
+                    if prio:
+                        victim = max(running, key=lambda q: (q.priority, q.arrival_s))
+                        vi = running.index(victim)
+                        running.pop(vi)
+                        if victim.rid in scheduled:
+                            budget += self._unschedule(plan, scheduled, victim)
+                        if vi < i:
+                            i -= 1
+                    else:
+                        victim = running.pop()
+                    self._preempt(victim)
+                    preempted = True
+                    plan.preempted += 1
+                    if victim is r:
+                        break
+                    ok = self._allocate_running(r, n)
+                if not ok:
+                    break  # r itself was preempted: nothing more fits
+            if prio:
+                scheduled[r.rid] = len(reqs)
+            spec = n + computed - num_tokens - ph if r.spec else 0
+            reqs.append(r)
+            toks.append(n)
+            specs.append(spec if spec > 0 else 0)
+            plan.total_tokens += n
+            if r.decoding:
+                plan.decode_ctx += computed
             else:
-                scheduled[r.rid] = len(plan.reqs)
-                self._add(plan, r, n)
-                budget -= n
-                i += 1
-                continue
-            break  # r itself was preempted: nothing more fits
+                plan.prefill_tokens += n
+                plan.prefill_attn += n * (computed + n / 2)
+            r.spec = 0  # consumed; new drafts arrive with the output (or as placeholders)
+            budget -= n
+            i += 1
 
         # Next, the WAITING requests, unless this step preempted one.
         if not preempted:
@@ -362,11 +386,9 @@ class EngineCore:
     def _add(self, plan: StepPlan, r: SimRequest, n: int) -> None:
         """Record r in the plan with its cost features (before counters advance)."""
         spec = n + r.computed - r.num_tokens - r.placeholders if r.spec else 0
-        spec = max(spec, 0)
         plan.reqs.append(r)
         plan.tokens.append(n)
-        plan.spec.append(spec)
-        plan.emits.append(False)
+        plan.spec.append(spec if spec > 0 else 0)
         plan.total_tokens += n
         if r.decoding:
             plan.decode_ctx += r.computed
@@ -385,7 +407,7 @@ class EngineCore:
         else:
             plan.prefill_tokens -= n
             plan.prefill_attn -= n * (r.computed + n / 2)
-        for lst in (plan.reqs, plan.tokens, plan.spec, plan.emits):
+        for lst in (plan.reqs, plan.tokens, plan.spec):
             del lst[j]
         for rid, k in scheduled.items():
             if k > j:
@@ -396,19 +418,21 @@ class EngineCore:
         """Scheduler._update_after_schedule (+ AsyncScheduler's placeholders)."""
         k = self.cfg.spec_k
         async_ = self.cfg.async_scheduling
+        emits = plan.emits
         drafting = 0
-        for j, r in enumerate(plan.reqs):
-            n = plan.tokens[j]
-            r.computed += n
-            r.in_flight += 1
-            prefill_chunk = r.computed < r.num_tokens + r.placeholders
-            if not prefill_chunk:
-                plan.emits[j] = True
-                r.decoding = True
-                drafting += 1
-                if async_:
-                    r.placeholders += 1 + plan.spec[j]
-                    r.spec = k
+        for r, n, spec in zip(plan.reqs, plan.tokens, plan.spec, strict=True):
+            computed = r.computed + n
+            r.computed = computed
+            # is_prefill_chunk: the prompt (or the recompute after preemption) is not done
+            if computed < r.prompt + r.out + r.placeholders:
+                emits.append(False)
+                continue
+            emits.append(True)
+            r.decoding = True
+            drafting += 1
+            if async_:
+                r.placeholders += 1 + spec
+                r.spec = k
         plan.drafting = drafting if k else 0
 
     # -- Scheduler.update_from_output ------------------------------------------------------
@@ -418,12 +442,12 @@ class EngineCore:
         out: list[tuple[SimRequest, int, bool]] = []
         k = self.cfg.spec_k
         async_ = self.cfg.async_scheduling
+        max_len = self.cfg.max_model_len
+        bs = self.cfg.block_size
         finished_any = False
-        for j, r in enumerate(plan.reqs):
-            r.in_flight -= 1
-            if r.status == FINISHED or not plan.emits[j]:
+        for r, emits, spec in zip(plan.reqs, plan.emits, plan.spec, strict=True):
+            if not emits or r.status == FINISHED:
                 continue
-            spec = plan.spec[j]
             new = 1
             if spec:
                 accepted = self._accepted(r, spec)
@@ -434,24 +458,31 @@ class EngineCore:
                     r.placeholders -= rejected
                 new += accepted
             # check_stop (vllm/v1/core/sched/utils.py): max_tokens, then max_model_len
-            new = min(new, r.max_tokens - r.out, self.cfg.max_model_len - r.num_tokens)
+            o = r.out
+            if new > r.max_tokens - o:
+                new = r.max_tokens - o
+            if new > max_len - r.prompt - o:
+                new = max_len - r.prompt - o
             if new <= 0:
                 continue
-            r.out += new
+            o += new
+            r.out = o
             if async_:
-                r.placeholders = max(r.placeholders - new, 0)
-            done = r.out >= r.max_tokens or r.num_tokens >= self.cfg.max_model_len
-            if done:
+                ph = r.placeholders - new
+                r.placeholders = ph if ph > 0 else 0
+            if o >= r.max_tokens or r.prompt + o >= max_len:
                 r.status = FINISHED
                 finished_any = True
                 if r.blocks or r.hashes:
                     self._free(r)
-            else:
-                if r.status == RUNNING:
-                    self._cache_blocks(r, r.computed - r.placeholders)
-                if not async_ and k:
-                    r.spec = k  # the drafter proposes k tokens after each sampled step
-            out.append((r, new, done))
+                out.append((r, new, True))
+                continue
+            # AsyncScheduler._update_request_with_output caches blocks the new tokens filled
+            if r.status == RUNNING and (r.computed - r.placeholders) // bs > r.n_reg:
+                self._cache_blocks(r, r.computed - r.placeholders)
+            if k and not async_:
+                r.spec = k  # the drafter proposes k tokens after each sampled step
+            out.append((r, new, False))
         if finished_any:
             self.running = [q for q in self.running if q.status != FINISHED]
         return out

@@ -14,10 +14,12 @@ Rules followed (vLLM 0.26.0):
   hash is an int: shared-prefix blocks share it, every other block is unique to its request.
 
 The free queue is always [blocks without hash..., blocks with hash in LRU order]: the
-first part is kept as a count, the second as an insertion-ordered dict.
+first part is kept as a count, the second as an OrderedDict.
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 
 class KVCache:
@@ -32,7 +34,8 @@ class KVCache:
         self.block_size = block_size
         self.caching = enable_prefix_caching
         self.free_unhashed = num_blocks
-        self.free_hashed: dict[int, None] = {}  # evictable cached blocks, LRU first
+        # evictable cached blocks, LRU first (OrderedDict: O(1) pops from the front)
+        self.free_hashed: OrderedDict[int, None] = OrderedDict()
         self.ref: dict[int, int] = {}  # cached blocks in use -> number of requests holding them
 
     @property
@@ -79,9 +82,9 @@ class KVCache:
         if n:
             if n > len(self.free_hashed):
                 raise RuntimeError("allocate called without enough free blocks")
-            free = self.free_hashed
+            pop = self.free_hashed.popitem
             for _ in range(n):
-                del free[next(iter(free))]
+                pop(last=False)
 
     def register(self, h: int) -> bool:
         """Cache a block that just became full. False if another request cached the same

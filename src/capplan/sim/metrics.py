@@ -118,5 +118,11 @@ class WorkloadRecorder:
 
 
 def pct(x: np.ndarray, q: float) -> float:
-    """numpy's linear-interpolation percentile, NaN when empty (vllm bench's convention)."""
-    return float(np.percentile(x, q)) if len(x) else float("nan")
+    """numpy's linear-interpolation percentile (vllm bench's convention); NaN when empty,
+    inf when the rank reaches requests that never finished (stored as inf)."""
+    if not len(x):
+        return float("nan")
+    hi = math.ceil(q / 100 * (len(x) - 1))
+    if np.partition(x, hi)[hi] == math.inf:
+        return math.inf
+    return float(np.percentile(x, q))
