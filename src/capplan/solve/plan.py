@@ -1,0 +1,299 @@
+"""The plan: per pool, the GPUs that hold every SLO, the configuration chosen, cost, and why.
+
+JSON schema (`Plan.model_dump_json`), one object per pool under `pools`:
+`pool, model, gpu, tp, precision, engine, replicas, replicas_for_slo, spare, gpus,
+binding_workload, binding_slo, binding_margin, workloads[].slo[] (key, limit_s, value_s,
+margin, met), workloads[] predicted percentiles, utilisation, prefix_hit_rate, kv_usage_peak,
+kv_headroom, profile, profile_source, cost, confidence, runners_up, advice, bracket`.
+Margins are fractions of the limit (0.2: 20 % below it). `value_s` null: requests unfinished.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import polars as pl
+from pydantic import BaseModel, ConfigDict, Field, field_serializer
+
+from capplan.sim.results import SimResult
+from capplan.solve.search import PoolSizing, worst_check
+from capplan.traffic import DailyArrival, Workload
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+HOURS_PER_MONTH = 730.0
+
+
+def _finite(v: float | None) -> float | None:
+    return None if v is None or not math.isfinite(v) else round(v, 6)
+
+
+class SloLine(BaseModel):
+    """One SLO target of one workload at the planned replica count."""
+
+    model_config = _FROZEN
+    key: str
+    limit_s: float
+    value_s: float | None
+    margin: float | None
+    met: bool
+
+
+class WorkloadLine(BaseModel):
+    """A workload's predicted percentiles at the planned replica count (base seed)."""
+
+    model_config = _FROZEN
+    name: str
+    requests: int
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    itl_p50_s: float | None
+    itl_p99_s: float | None
+    tpot_p99_s: float | None
+    e2e_p50_s: float | None
+    e2e_p99_s: float | None
+    output_tokens_per_s: float
+    prefix_hit_rate: float | None
+    slo: list[SloLine]
+
+
+class Cost(BaseModel):
+    """Per month at the plan's GPU count; tokens at the average (not peak) traffic."""
+
+    model_config = _FROZEN
+    gpu_hours_per_month: float
+    usd_per_month: float
+    tokens_per_usd: float | None
+
+    @field_serializer("tokens_per_usd")
+    def _f(self, v: float | None) -> float | None:
+        return _finite(v)
+
+
+class Confidence(BaseModel):
+    """How sure: seeds run at the answer, whether all passed, the smallest margin among them,
+    and whether one replica fewer fails."""
+
+    model_config = _FROZEN
+    seeds: list[int]
+    all_seeds_pass: bool
+    worst_margin: float | None
+    duration_s: float
+    one_fewer_fails: bool | None
+    simulations: int
+
+
+class Candidate(BaseModel):
+    """A configuration searched but not chosen (`precision: auto`)."""
+
+    model_config = _FROZEN
+    precision: str
+    replicas: int | None
+    gpus: int | None
+    usd_per_month: float | None
+    profile_source: str | None
+    note: str
+
+
+class Advice(BaseModel):
+    """A computed suggestion: what to change, and the GPUs or KV it saves (negative: costs)."""
+
+    model_config = _FROZEN
+    kind: Literal["split", "text_only"]
+    message: str
+    gpus_saved: int | None = None
+    kv_gain: float | None = None
+
+
+class BracketLine(BaseModel):
+    """The analytic bracket the search started from."""
+
+    model_config = _FROZEN
+    lower: int
+    estimate: int
+    work_replicas: float
+    kv_replicas: float
+
+
+class PoolPlan(BaseModel):
+    """One pool's answer."""
+
+    model_config = _FROZEN
+    pool: str
+    model: str
+    gpu: str
+    tp: int
+    precision: str
+    engine: dict[str, Any]
+    replicas_for_slo: int
+    spare: int
+    replicas: int
+    gpus: int
+    binding_workload: str
+    binding_slo: str
+    binding_margin: float | None
+    workloads: list[WorkloadLine]
+    utilisation: float
+    prefix_hit_rate: float
+    kv_usage_peak: float
+    kv_headroom: float
+    kv_tokens_per_replica: int
+    extrapolated_steps: int
+    profile: str
+    profile_source: str
+    cost: Cost
+    confidence: Confidence
+    bracket: BracketLine
+    runners_up: list[Candidate] = Field(default_factory=list)
+    advice: list[Advice] = Field(default_factory=list)
+
+
+class Plan(BaseModel):
+    """The answer to `capplan size`."""
+
+    model_config = _FROZEN
+    schema_version: Literal[1] = 1
+    mix: str
+    source: str
+    growth: float
+    spare: int
+    seed: int
+    quick: bool
+    pools: list[PoolPlan]
+
+    @property
+    def gpus(self) -> int:
+        return sum(p.gpus for p in self.pools)
+
+    @property
+    def usd_per_month(self) -> float:
+        return sum(p.cost.usd_per_month for p in self.pools)
+
+    def pool(self, name: str) -> PoolPlan:
+        return next(p for p in self.pools if p.pool == name)
+
+    def to_polars(self) -> pl.DataFrame:
+        """One row per (pool, workload, SLO)."""
+        rows = []
+        for p in self.pools:
+            for w in p.workloads:
+                for s in w.slo:
+                    rows.append({
+                        "pool": p.pool, "gpus": p.gpus, "replicas": p.replicas,
+                        "precision": p.precision, "binding_workload": p.binding_workload,
+                        "binding_slo": p.binding_slo, "utilisation": p.utilisation,
+                        "usd_per_month": p.cost.usd_per_month, "profile_source": p.profile_source,
+                        "workload": w.name, "slo": s.key, "limit_s": s.limit_s,
+                        "value_s": s.value_s, "margin": s.margin, "met": s.met,
+                    })
+        return pl.DataFrame(rows)
+
+    def to_csv(self, path: str | Path | None = None) -> str:
+        """The `to_polars` rows as CSV; written to `path` when given."""
+        df = self.to_polars()
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(df.columns)
+        for row in df.iter_rows():
+            w.writerow(["" if v is None else v for v in row])
+        text = buf.getvalue()
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        return cls.model_validate_json(text)
+
+
+def average_fraction(w: Workload) -> float:
+    """Average over the day of a workload's rate as a fraction of the peak the plan sizes for."""
+    if isinstance(w.arrival, DailyArrival):
+        return sum(w.arrival.hourly_fraction) / 24
+    return 1.0
+
+
+def workload_lines(res: SimResult) -> list[WorkloadLine]:
+    out = []
+    for w in res.workloads:
+        out.append(WorkloadLine(
+            name=w.name, requests=w.requests,
+            ttft_p50_s=_finite(w.ttft_p50_s), ttft_p99_s=_finite(w.ttft_p99_s),
+            itl_p50_s=_finite(w.itl_p50_s), itl_p99_s=_finite(w.itl_p99_s),
+            tpot_p99_s=_finite(w.tpot_p99_s), e2e_p50_s=_finite(w.e2e_p50_s),
+            e2e_p99_s=_finite(w.e2e_p99_s), output_tokens_per_s=round(w.output_tokens_per_s, 3),
+            prefix_hit_rate=_finite(w.prefix_hit_rate),
+            slo=[
+                SloLine(key=c.key, limit_s=c.limit_s, value_s=_finite(c.value_s),
+                        margin=_finite(c.margin), met=c.met)
+                for c in w.slo
+            ],
+        ))
+    return out
+
+
+def pool_plan(
+    sz: PoolSizing,
+    workloads: list[Workload],
+    *,
+    spare: int = 0,
+    runners_up: list[Candidate] | None = None,
+    advice: list[Advice] | None = None,
+) -> PoolPlan:
+    """A PoolPlan from a search's answer (figures from the base-seed run at the answer)."""
+    pool, res = sz.setup.pool, sz.result
+    found = worst_check(res)
+    wl, check = found if found else ("", None)
+    replicas = sz.replicas + spare
+    gpus = replicas * pool.tp
+    usd = gpus * HOURS_PER_MONTH * pool.price_per_gpu_hour
+    avg = {w.name: average_fraction(w) for w in workloads}
+    tokens_per_s = sum(
+        (w.output_tokens_per_s + w.input_tokens_per_s) * avg.get(w.name, 1.0)
+        for w in res.workloads
+    )
+    margins = [
+        c.margin for r in sz.seed_results for w in r.workloads for c in w.slo
+    ]
+    return PoolPlan(
+        pool=pool.name, model=pool.model, gpu=pool.gpu, tp=pool.tp,
+        precision=str(getattr(pool.precision, "value", pool.precision)),
+        engine=pool.engine.model_dump(mode="json"),
+        replicas_for_slo=sz.replicas, spare=spare, replicas=replicas, gpus=gpus,
+        binding_workload=wl, binding_slo=check.key if check else "",
+        binding_margin=_finite(check.margin) if check else None,
+        workloads=workload_lines(res),
+        utilisation=round(res.pool.utilisation, 6),
+        prefix_hit_rate=round(res.pool.prefix_hit_rate, 6),
+        kv_usage_peak=round(res.pool.kv_usage_peak, 6),
+        kv_headroom=round(1 - res.pool.kv_usage_peak, 6),
+        kv_tokens_per_replica=res.pool.kv_tokens_per_replica,
+        extrapolated_steps=res.pool.extrapolated_steps,
+        profile=res.pool.profile, profile_source=res.pool.profile_source,
+        cost=Cost(
+            gpu_hours_per_month=gpus * HOURS_PER_MONTH,
+            usd_per_month=round(usd, 2),
+            tokens_per_usd=(
+                tokens_per_s * 3600 * HOURS_PER_MONTH / usd if usd > 0 else None
+            ),
+        ),
+        confidence=Confidence(
+            seeds=sz.seeds, all_seeds_pass=sz.stable,
+            worst_margin=_finite(min(margins)) if margins else None,
+            duration_s=round(sz.duration_s, 3), one_fewer_fails=sz.below_fails,
+            simulations=sz.simulations,
+        ),
+        bracket=BracketLine(
+            lower=sz.bracket.lower, estimate=sz.bracket.estimate,
+            work_replicas=round(sz.bracket.busy_replicas, 4),
+            kv_replicas=round(sz.bracket.kv_replicas, 4),
+        ),
+        runners_up=runners_up or [],
+        advice=advice or [],
+    )

@@ -1,0 +1,276 @@
+"""The fewest replicas of one pool that hold every SLO of every workload it serves.
+
+The simulator is the judge, and it is expensive, so the search is frugal: an analytic
+bracket (`bounds.bracket`) says where to start, short probe runs gallop up and then bisect
+(pass/fail is monotone in replicas: more replicas only take load off each one), and only the
+answer is re-run at the full duration with independent seeds. The answer is the smallest
+count at which every seed passes, and the count below it is checked to fail.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from capplan.errors import InfeasibleError
+from capplan.mix import TrafficMix
+from capplan.sim.results import SimResult, SloCheck
+from capplan.sim.run import PoolSetup, setup_pool, simulate
+from capplan.solve.bounds import Bracket, bracket, infeasible_reason, longest_e2e_s, rate_of
+
+GROWTH_FACTOR = 1.5
+"""Galloping step above a failing count: n -> ceil(1.5 n)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SearchSettings:
+    """How hard to look. `quick` shortens probes and confirms at probe length."""
+
+    seed: int | None = None
+    rate_scale: float = 1.0
+    extra_seeds: int = 2
+    quick: bool = False
+    probe_requests: int = 300
+    """Probe long enough for this many requests of the pool's slowest workload ..."""
+    probe_cap_requests: int = 4000
+    """... but no more than this many requests in all."""
+
+    def scaled(self) -> SearchSettings:
+        if not self.quick:
+            return self
+        return SearchSettings(self.seed, self.rate_scale, self.extra_seeds, True, 60, 600)
+
+
+@dataclass(slots=True)
+class PoolSizing:
+    """The search's answer for one pool configuration, with the runs that back it."""
+
+    setup: PoolSetup
+    replicas: int
+    bracket: Bracket
+    result: SimResult
+    """At `replicas`, the base seed, the confirmation duration."""
+    seed_results: list[SimResult]
+    below: SimResult | None
+    """At replicas - 1 (None when replicas is 1): expected to miss an SLO."""
+    probes: list[tuple[int, bool]]
+    confirmed: bool
+    duration_s: float
+    simulations: int = 0
+    wall_s: float = 0.0
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.setup.pool.tp
+
+    @property
+    def stable(self) -> bool:
+        return all(r.slo_met for r in self.seed_results)
+
+    @property
+    def seeds(self) -> list[int]:
+        return [r.pool.seed for r in self.seed_results]
+
+    @property
+    def below_fails(self) -> bool | None:
+        return None if self.below is None else not self.below.slo_met
+
+
+def worst_check(res: SimResult) -> tuple[str, SloCheck] | None:
+    """(workload, check) with the smallest margin: the binding SLO."""
+    worst: tuple[str, SloCheck] | None = None
+    for w in res.workloads:
+        for c in w.slo:
+            if worst is None or c.margin < worst[1].margin:
+                worst = (w.name, c)
+    return worst
+
+
+def _fmt(v: float) -> str:
+    return "never (requests unfinished)" if not math.isfinite(v) else f"{v:.3g} s"
+
+
+class Sizer:
+    """Searches one pool of a mix; keeps every run so later questions reuse them."""
+
+    def __init__(
+        self,
+        mix: TrafficMix,
+        pool_name: str,
+        settings: SearchSettings | None = None,
+        *,
+        setup: PoolSetup | None = None,
+    ) -> None:
+        self.settings = (settings or SearchSettings()).scaled()
+        self.pool = mix.pool(pool_name)
+        self.workloads = mix.workloads_of(pool_name)
+        self.setup = setup or setup_pool(self.pool, source=mix.source)
+        self.seed = mix.simulation.seed if self.settings.seed is None else self.settings.seed
+        st, scale = self.setup, self.settings.rate_scale
+        self.bracket = bracket(st, self.workloads, rate_scale=scale, base_dir=mix.base_dir)
+        drain = min(mix.simulation.drain_s, max(15.0, 2 * longest_e2e_s(st, self.workloads)))
+        self.mix = mix.model_copy(
+            update={"simulation": mix.simulation.model_copy(update={"drain_s": drain})}
+        )
+        self.probe_s, self.confirm_s = self._durations(mix)
+        self.probes: list[tuple[int, bool]] = []
+        self._cache: dict[tuple[int, float, int], SimResult] = {}
+        self.wall_s = 0.0
+
+    def _durations(self, mix: TrafficMix) -> tuple[float, float]:
+        s = self.settings
+        full = mix.simulation.duration_s
+        rates = [rate_of(w, self.setup, s.rate_scale, mix.base_dir) for w in self.workloads]
+        r_min, r_all = max(min(rates), 1e-6), max(sum(rates), 1e-6)
+        unloaded = longest_e2e_s(self.setup, self.workloads)
+        probe = min(s.probe_requests / r_min, s.probe_cap_requests / r_all)
+        probe = min(full, max(probe, 10.0, 2 * unloaded))
+        return probe, probe if s.quick else full
+
+    def run(self, replicas: int, duration_s: float, seed: int) -> SimResult:
+        """One simulation, memoised (same inputs, same result)."""
+        key = (replicas, duration_s, seed)
+        if key not in self._cache:
+            t0 = time.perf_counter()
+            self._cache[key] = simulate(
+                self.mix, self.pool.name, replicas, duration_s=duration_s, seed=seed,
+                rate_scale=self.settings.rate_scale, setup=self.setup,
+            )
+            self.wall_s += time.perf_counter() - t0
+        return self._cache[key]
+
+    def _probe(self, n: int) -> bool:
+        ok = self.run(n, self.probe_s, self.seed).slo_met
+        self.probes.append((n, ok))
+        return ok
+
+    def check_feasible(self) -> None:
+        """Refuse, before any simulation, SLOs the step model alone rules out."""
+        cap = self.pool.max_replicas
+        for w in self.workloads:
+            for t in w.slo.targets:
+                why = infeasible_reason(self.setup, w, t)
+                if why:
+                    raise InfeasibleError(
+                        f"no replica count ≤ {cap} meets {t.key} ≤ {t.limit_s:g} s for workload "
+                        f"{w.name} in pool {self.pool.name} ({self.setup.pool.precision}): "
+                        f"{why}"
+                    )
+        if self.bracket.lower > cap:
+            raise InfeasibleError(
+                f"no replica count ≤ {cap} can carry pool {self.pool.name}'s traffic "
+                f"({self.setup.pool.precision}): the work alone needs ≥ {self.bracket.lower} "
+                f"replicas ({self.bracket.describe()})"
+            )
+
+    def _infeasible(self, n: int) -> InfeasibleError:
+        res = self.run(n, self.probe_s, self.seed)
+        found = worst_check(res)
+        assert found is not None
+        wl, c = found
+        return InfeasibleError(
+            f"no replica count ≤ {n} meets {c.key} ≤ {c.limit_s:g} s for workload {wl} in pool "
+            f"{self.pool.name} ({self.setup.pool.precision}): best {_fmt(c.value_s)} at {n} "
+            "replicas"
+        )
+
+    def search(self) -> int:
+        """Probe-level answer: gallop up from the analytic estimate, then bisect."""
+        self.check_feasible()
+        cap = self.pool.max_replicas
+        lo = self.bracket.lower - 1  # below the work/KV floor: fails without simulating
+        n = min(self.bracket.estimate, cap)
+        if self._probe(n):
+            hi = n
+        else:
+            lo = n
+            while True:
+                if n >= cap:
+                    raise self._infeasible(cap)
+                n = min(cap, max(n + 1, math.ceil(n * GROWTH_FACTOR)))
+                if self._probe(n):
+                    hi = n
+                    break
+                lo = n
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self._probe(mid):
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+    def _all_seeds(self, n: int) -> list[SimResult]:
+        seeds = [self.seed + 1000 * i for i in range(self.settings.extra_seeds + 1)]
+        out = []
+        for s in seeds:
+            out.append(self.run(n, self.confirm_s, s))
+            if not out[-1].slo_met:
+                break  # one failing seed settles it
+        return out
+
+    def confirm(self, n: int) -> PoolSizing:
+        """Smallest count from `n` where every seed passes at full duration; then check one
+        fewer fails (walking down while it does not)."""
+        cap = self.pool.max_replicas
+        results = self._all_seeds(n)
+        while not all(r.slo_met for r in results) and n < cap:
+            n += 1
+            results = self._all_seeds(n)
+        confirmed = all(r.slo_met for r in results)
+        below = None
+        while confirmed and n > 1:
+            below = self.run(n - 1, self.confirm_s, self.seed)
+            if not below.slo_met:
+                break
+            lower = self._all_seeds(n - 1)
+            if not all(r.slo_met for r in lower):
+                break
+            n, results, below = n - 1, lower, None
+        if below is None and n > 1:
+            below = self.run(n - 1, self.confirm_s, self.seed)
+        sizing = self.sizing(n, results, below, confirmed=confirmed)
+        sizing.duration_s = self.confirm_s
+        return sizing
+
+    def sizing(
+        self,
+        n: int,
+        results: list[SimResult] | None = None,
+        below: SimResult | None = None,
+        *,
+        confirmed: bool = False,
+    ) -> PoolSizing:
+        """The answer as a record; unconfirmed ones carry the probe run only."""
+        results = results or [self.run(n, self.probe_s, self.seed)]
+        return PoolSizing(
+            setup=self.setup,
+            replicas=n,
+            bracket=self.bracket,
+            result=results[0],
+            seed_results=results,
+            below=below,
+            probes=list(self.probes),
+            confirmed=confirmed,
+            duration_s=self.probe_s,
+            simulations=len(self._cache),
+            wall_s=self.wall_s,
+        )
+
+
+def size_pool(
+    mix: TrafficMix,
+    pool_name: str,
+    settings: SearchSettings | None = None,
+    *,
+    setup: PoolSetup | None = None,
+    confirm: bool = True,
+) -> PoolSizing:
+    """Fewest replicas of `pool_name` meeting every SLO; raises InfeasibleError with the reason."""
+    sizer = Sizer(mix, pool_name, settings, setup=setup)
+    n = sizer.search()
+    return sizer.confirm(n) if confirm else sizer.sizing(n)
+
+
+__all__ = ["PoolSizing", "SearchSettings", "Sizer", "size_pool", "worst_check"]
