@@ -1,0 +1,136 @@
+"""Analytic checks: where queueing arithmetic gives the answer, `simulate` must give it too.
+
+A hand-made profile where every engine step costs exactly C seconds makes the pipeline of
+vllm/v1/engine/core.py countable in steps. With async scheduling, step k+1 is scheduled while
+k runs, but a request whose in-flight steps already reach max_tokens is skipped
+(vllm/v1/core/sched/scheduler.py), so no wasted step trails the last token: a lone request
+with a one-block prompt gets its first token after one step and its n-th after n steps.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from capplan.mix import TrafficMix
+from capplan.profile import Box, KvCapacity, Profile, Provenance, StepModel
+from capplan.sim.run import simulate
+
+C = 0.01  # seconds per engine step
+
+
+def constant_profile(step_s: float = C) -> Profile:
+    """Every step costs step_s whatever the batch; KV is plentiful."""
+    return Profile(
+        gpu="h200",
+        model="llama-3.1-8b",
+        precision="bf16",
+        step=StepModel(fixed_s=step_s, per_token_s=0.0, knee_tokens=0.0, prefill_attn_s=0.0,
+                       decode_ctx_s=0.0, per_seq_s=0.0),
+        kv=KvCapacity(bytes_per_token=1, slope_tokens=1 << 20, intercept_tokens=0.0),
+        box=Box(max_tokens=1 << 20, max_seqs=1 << 16, max_context_tokens=1 << 24),
+        provenance=Provenance(source="analytic", note="test: constant step time"),
+    )
+
+
+def mix(arrival: dict[str, Any], *, prompt: Any = 16, out: Any = 10,
+        duration_s: float = 5.0, **engine: Any) -> TrafficMix:
+    def dist(v: Any) -> dict[str, Any]:
+        return v if isinstance(v, dict) else {"kind": "constant", "value": v}
+
+    return TrafficMix.model_validate({
+        "schema_version": 1,
+        "pools": [{"name": "p", "model": "llama-3.1-8b",
+                   "engine": {"max_model_len": 8192, **engine}}],
+        "workloads": [{"name": "w", "pool": "p", "arrival": arrival,
+                       "input_tokens": dist(prompt), "output_tokens": dist(out)}],
+        "simulation": {"duration_s": duration_s, "warmup_s": 0.5, "drain_s": 30.0},
+    })
+
+
+CLOSED1 = {"kind": "closed", "concurrency": 1}
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_lone_request_takes_one_step_per_token(async_scheduling: bool) -> None:
+    """One request at a time, one-block prompt, n outputs: TTFT = C, ITL = C, E2E = n*C
+    exactly, in both engine loops (core.py step and step_with_batch_queue)."""
+    n = 10
+    res = simulate(mix(CLOSED1, out=n, async_scheduling=async_scheduling), "p", 1, seed=0,
+                   profile=constant_profile())
+    req = res.requests()
+    assert len(req) > 10
+    assert req["ttft_s"].to_numpy() == pytest.approx(C, rel=1e-9)
+    assert req["e2e_s"].to_numpy() == pytest.approx(n * C, rel=1e-9)
+    w = res.workload("w")
+    assert w.itl_p50_s == pytest.approx(C, rel=2e-3)  # ITL histogram: 0.1 % bins
+    assert w.itl_p99_s == pytest.approx(C, rel=2e-3)
+    assert w.output_tokens_per_s == pytest.approx(1 / C, rel=0.01)
+
+
+def test_chunked_prompt_costs_one_step_per_chunk() -> None:
+    """Chunked prefill: a P-token prompt under budget B takes ceil(P/B) steps to its first
+    token, then one step per further token: E2E = (ceil(P/B) + n - 1) * C."""
+    p, b, n = 1000, 256, 5
+    res = simulate(mix(CLOSED1, prompt=p, out=n, max_num_batched_tokens=b), "p", 1, seed=0,
+                   profile=constant_profile())
+    req = res.requests()
+    chunks = math.ceil(p / b)
+    assert req["ttft_s"].to_numpy() == pytest.approx(chunks * C, rel=1e-9)
+    assert req["e2e_s"].to_numpy() == pytest.approx((chunks + n - 1) * C, rel=1e-9)
+
+
+@pytest.mark.parametrize(("users", "max_num_seqs"), [(8, 16), (8, 8), (8, 4), (8, 2)])
+def test_closed_loop_throughput_is_min_of_users_and_seqs_per_step(
+    users: int, max_num_seqs: int
+) -> None:
+    """Every step costs C whatever its batch, so output tokens/s = min(users, max_num_seqs)/C:
+    max_num_seqs is a cap on the batch, not a speed knob."""
+    res = simulate(mix({"kind": "closed", "concurrency": users}, max_num_seqs=max_num_seqs),
+                   "p", 1, seed=0, profile=constant_profile())
+    assert res.workload("w").output_tokens_per_s == pytest.approx(
+        min(users, max_num_seqs) / C, rel=0.01
+    )
+
+
+def test_littles_law_closed_loop() -> None:
+    """Little's law for a closed system without think time: users = throughput x mean E2E
+    (analytic H200 profile, variable lengths)."""
+    users = 12
+    m = mix({"kind": "closed", "concurrency": users},
+            prompt={"kind": "uniform", "low": 100, "high": 2000},
+            out={"kind": "uniform", "low": 20, "high": 200}, duration_s=40.0)
+    res = simulate(m, "p", 1, seed=3)
+    req = res.requests()
+    window = res.pool.duration_s - res.pool.warmup_s
+    throughput_rps = len(req) / window
+    assert users == pytest.approx(throughput_rps * req["e2e_s"].mean(), rel=0.05)
+
+
+def test_offered_load_below_capacity_is_carried() -> None:
+    """Below saturation nothing accumulates: output and input tokens/s equal what the
+    arrivals offered (measured requests x lengths / window), and all of them complete."""
+    n, p, rate = 50, 500, 10.0
+    m = mix({"kind": "poisson", "rate_rps": rate}, prompt=p, out=n, duration_s=40.0)
+    res = simulate(m, "p", 1, seed=5)
+    w = res.workload("w")
+    window = res.pool.duration_s - res.pool.warmup_s
+    assert w.completed == w.requests
+    assert w.queue_p99_s < 0.1  # admitted at once: below capacity
+    assert w.output_tokens_per_s == pytest.approx(w.requests * n / window, rel=0.02)
+    assert w.input_tokens_per_s == pytest.approx(w.requests * p / window, rel=0.02)
+    assert w.requests / window == pytest.approx(rate, rel=0.1)  # Poisson count, fixed seed
+
+
+def test_light_load_latency_is_the_isolated_service_time() -> None:
+    """At vanishing load (mean gap >> service time) almost every request runs alone, so the
+    median E2E is the lone-request figure n*C plus at most the step it waits to join."""
+    n = 10
+    m = mix({"kind": "poisson", "rate_rps": 1.0}, out=n, duration_s=60.0)
+    res = simulate(m, "p", 1, seed=2, profile=constant_profile())
+    e2e = res.requests()["e2e_s"].to_numpy()
+    assert e2e.min() == pytest.approx(n * C, rel=1e-9)
+    assert sorted(e2e)[len(e2e) // 2] == pytest.approx(n * C, rel=1e-9)
+    assert e2e.max() <= (n + 2) * C + 1e-9
