@@ -18,6 +18,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
+from capplan.sim.cohort import LEAVE_MARGIN, DecodeCohort
 from capplan.sim.kvcache import KVCache
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
@@ -36,7 +37,9 @@ class SimRequest:
         "decoding",
         "first_token_s",
         "hashes",
+        "event",
         "last_token_s",
+        "lazy",
         "max_tokens",
         "measured",
         "n_reg",
@@ -49,9 +52,12 @@ class SimRequest:
         "priority",
         "prompt",
         "rid",
+        "s0",
         "scheduled_s",
         "spec",
         "status",
+        "trail_until",
+        "u0",
         "user",
         "wl",
     )
@@ -96,6 +102,8 @@ class SimRequest:
         self.first_token_s = -1.0
         self.last_token_s = -1.0
         self.scheduled_s = -1.0
+        self.lazy = False  # advanced implicitly by the decode cohort (sim/cohort.py)
+        self.s0 = self.u0 = self.event = self.trail_until = 0
 
     @property
     def num_tokens(self) -> int:
@@ -130,6 +138,14 @@ class StepPlan:
     decode_ctx: int = 0
     drafting: int = 0
     preempted: int = 0
+    idx: int = 0
+    cohort_size: int = 0  # decode-cohort members advanced implicitly in this step
+    cohort_all: tuple[int, ...] = ()  # ... per workload
+    cohort_meas: tuple[int, ...] = ()  # ... measured ones, per workload
+
+    @property
+    def empty(self) -> bool:
+        return not self.reqs and not self.cohort_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +163,8 @@ class CoreConfig:
     spec_k: int = 0
     spec_lookahead: bool = True  # model-based drafters reserve KV for their drafts
     long_prefill_token_threshold: int = 0
+    decode_cohort: bool = False  # evaluate steady decoders lazily (sim/cohort.py)
+    workloads: int = 1
 
 
 class EngineCore:
@@ -168,6 +186,10 @@ class EngineCore:
         self.now = 0.0  # set by the replica before each schedule()
         self.prompt_tokens_queried = 0
         self.prompt_tokens_hit = 0
+        self.step_idx = 0
+        self.cohort = (
+            DecodeCohort(cfg.workloads) if cfg.decode_cohort and cfg.spec_k == 0 else None
+        )
 
     # -- waiting queue: vllm/v1/core/sched/request_queue.py -------------------------------
     @property
@@ -243,10 +265,100 @@ class EngineCore:
 
     # -- Scheduler.schedule ----------------------------------------------------------------
     def schedule(self) -> StepPlan:
+        """Scheduler.schedule: running requests first, in order, then waiting ones."""
+        self.step_idx += 1
+        plan = StepPlan(idx=self.step_idx)
+        budget = self.cfg.max_num_batched_tokens
+        cohort = self.cohort
+        if cohort is not None and cohort.members:
+            budget, preempted = self._schedule_with_cohort(plan, budget, cohort)
+        else:
+            budget, preempted = self._schedule_running(plan, self.running, budget)
+        # Next, the WAITING requests, unless this step preempted one.
+        if not preempted:
+            self._schedule_waiting(plan, budget)
+        self._update_after_schedule(plan)
+        if cohort is not None:
+            self._join_cohort(plan, cohort)
+            cohort.sched_done = plan.idx
+        return plan
+
+    def _schedule_with_cohort(
+        self, plan: StepPlan, budget: int, cohort: DecodeCohort
+    ) -> tuple[int, bool]:
+        """The cohort's shortcut when every running request gets all it asks for; else
+        dissolve the cohort and walk the running list in order."""
         cfg = self.cfg
-        plan = StepPlan()
-        budget = cfg.max_num_batched_tokens
-        running = self.running
+        bs, max_len = cfg.block_size, cfg.max_model_len
+        allocs = []
+        for r in cohort.due(plan.idx):
+            if r.computed >= min(r.prompt + r.max_tokens, max_len) - LEAVE_MARGIN:
+                cohort.leave(r)
+            else:
+                allocs.append(r)  # crosses into a new block at this step
+        others = [r for r in self.running if not r.lazy]
+        size = cohort.size
+        if not self._fits(others, budget - size, self.kv.num_free - len(allocs)):
+            cohort.dissolve()
+            return self._schedule_running(plan, self.running, budget)
+        for r in allocs:
+            self.kv.allocate(1)
+            r.blocks += 1
+            self._cache_blocks(r, min(r.computed + 1, r.prompt + r.out))
+            cohort.rearm(r, self.lookahead, bs, max_len)
+        plan.total_tokens += size
+        plan.decode_ctx += cohort.ctx
+        plan.cohort_size = size
+        plan.cohort_all = tuple(cohort.all_w)
+        plan.cohort_meas = tuple(cohort.meas_w)
+        cohort.ctx += size
+        budget, preempted = self._schedule_running(plan, others, budget - size)
+        if preempted:  # _fits guaranteed every allocation; a preemption here is a bug
+            raise RuntimeError("decode cohort: preemption in a step that fits")
+        return budget, False
+
+    def _fits(self, others: list[SimRequest], budget: int, free_blocks: int) -> bool:
+        """Would the ordered walk give each of `others` all it asks for?"""
+        cfg = self.cfg
+        bs, max_len, threshold, la = (
+            cfg.block_size, cfg.max_model_len, cfg.long_prefill_token_threshold, self.lookahead
+        )
+        if budget < 0 or free_blocks < 0:
+            return False
+        for r in others:
+            computed, ph = r.computed, r.placeholders
+            if ph and computed + 2 - ph >= r.prompt + r.max_tokens:
+                continue
+            n = r.prompt + r.out + r.spec + ph - computed
+            if 0 < threshold < n:
+                n = threshold
+            if n > max_len - computed - 1:
+                n = max_len - computed - 1
+            if n <= 0:
+                continue
+            budget -= n
+            end = min(computed + n + la, max_len)
+            need = -(-end // bs) - r.blocks - r.pinned_blocks
+            if need > 0:
+                free_blocks -= need
+            if budget < 0 or free_blocks < 0:
+                return False
+        return True
+
+    def _join_cohort(self, plan: StepPlan, cohort: DecodeCohort) -> None:
+        """Explicit requests that just took one decode token join the cohort."""
+        cfg = self.cfg
+        s0 = plan.idx + 1
+        for r, n, emits in zip(plan.reqs, plan.tokens, plan.emits, strict=True):
+            if n == 1 and emits and not r.lazy and r.status == RUNNING:
+                cohort.join(r, s0, self.lookahead, cfg.block_size, cfg.max_model_len)
+
+    def _schedule_running(
+        self, plan: StepPlan, running: list[SimRequest], budget: int
+    ) -> tuple[int, bool]:
+        """The RUNNING walk of Scheduler.schedule over `running`, in order; preemption
+        takes victims from self.running. Returns (budget left, whether it preempted)."""
+        cfg = self.cfg
         max_len = cfg.max_model_len
         threshold = cfg.long_prefill_token_threshold
         bs = cfg.block_size
@@ -255,6 +367,7 @@ class EngineCore:
         preempted = False
         scheduled: dict[int, int] = {}  # rid -> index in plan (priority preemption undoes)
         reqs, toks, specs = plan.reqs, plan.tokens, plan.spec
+        all_running = self.running
 
         # First, the RUNNING requests, in order.
         i = 0
@@ -285,15 +398,15 @@ class EngineCore:
                 while not ok:
                     # Out of KV: preempt the lowest-priority (priority) or newest (fcfs).
                     if prio:
-                        victim = max(running, key=lambda q: (q.priority, q.arrival_s))
-                        vi = running.index(victim)
-                        running.pop(vi)
+                        victim = max(all_running, key=lambda q: (q.priority, q.arrival_s))
+                        vi = all_running.index(victim)
+                        all_running.pop(vi)
                         if victim.rid in scheduled:
                             budget += self._unschedule(plan, scheduled, victim)
                         if vi < i:
                             i -= 1
                     else:
-                        victim = running.pop()
+                        victim = all_running.pop()
                     self._preempt(victim)
                     preempted = True
                     plan.preempted += 1
@@ -318,70 +431,74 @@ class EngineCore:
             budget -= n
             i += 1
 
-        # Next, the WAITING requests, unless this step preempted one.
-        if not preempted:
-            bs = cfg.block_size
-            kv = self.kv
-            while self.num_waiting and budget > 0:
-                if len(running) >= cfg.max_num_seqs:
-                    break
-                r = self._peek()
-                if r.status == FINISHED:  # finished by an in-flight step after preemption
-                    self._pop()
-                    continue
-                num_tokens = r.num_tokens
-                # KVCacheManager.get_computed_blocks: full blocks only, and never the
-                # last token (it must be recomputed for logits).
-                hit_blocks = evictable = 0
-                hit_hashes: list[int] = []
-                max_hit = (num_tokens - 1) // bs
-                if kv.caching and max_hit > r.pinned_blocks:
-                    hit_hashes = [r.block_hash(j) for j in range(r.pinned_blocks, max_hit)]
-                    hit_blocks, evictable = kv.longest_hit(hit_hashes)
-                    del hit_hashes[hit_blocks:]
-                computed = (r.pinned_blocks + hit_blocks) * bs
-                n = num_tokens - computed
-                if (
-                    cfg.spec_k
-                    and n == 1
-                    and plan.reqs
-                    and not plan.prefill_tokens
-                ):  # pad a 1-token resume to the uniform spec-decode size
-                    n = 1 + cfg.spec_k
-                    if n > budget or computed + n > max_len:
-                        break
-                if 0 < threshold < n:
-                    n = threshold
-                n = min(n, budget)
-                # scheduler_reserve_full_isl (vllm/config/scheduler.py, default True): admit
-                # only if the whole sequence fits; then the chunk itself (+ lookahead).
-                held = r.pinned_blocks + hit_blocks
-                full_need = -(-min(num_tokens, max_len) // bs) - held + evictable
-                chunk_need = -(-min(computed + n + self.lookahead, max_len) // bs) - held
-                if max(full_need, chunk_need + evictable) > kv.num_free:
-                    break
-                self._pop()
-                if hit_hashes:
-                    kv.touch(hit_hashes)
-                    r.hashes = hit_hashes
-                if chunk_need > 0:
-                    kv.allocate(chunk_need)
-                r.blocks = hit_blocks + max(chunk_need, 0)
-                r.n_reg = held
-                r.computed = computed
-                if r.cached_tokens < 0:
-                    r.cached_tokens = computed
-                    r.scheduled_s = self.now
-                    self.prompt_tokens_queried += num_tokens
-                    self.prompt_tokens_hit += computed
-                self._cache_blocks(r, min(computed + n, num_tokens))
-                r.status = RUNNING
-                running.append(r)
-                self._add(plan, r, n)
-                budget -= n
+        return budget, preempted
 
-        self._update_after_schedule(plan)
-        return plan
+    def _schedule_waiting(self, plan: StepPlan, budget: int) -> None:
+        """The WAITING part of Scheduler.schedule: admit in queue order while budget,
+        max_num_seqs and KV blocks allow; stop at the first that does not fit."""
+        cfg = self.cfg
+        running = self.running
+        max_len = cfg.max_model_len
+        threshold = cfg.long_prefill_token_threshold
+        bs = cfg.block_size
+        kv = self.kv
+        while self.num_waiting and budget > 0:
+            if len(running) >= cfg.max_num_seqs:
+                break
+            r = self._peek()
+            if r.status == FINISHED:  # finished by an in-flight step after preemption
+                self._pop()
+                continue
+            num_tokens = r.num_tokens
+            # KVCacheManager.get_computed_blocks: full blocks only, and never the
+            # last token (it must be recomputed for logits).
+            hit_blocks = evictable = 0
+            hit_hashes: list[int] = []
+            max_hit = (num_tokens - 1) // bs
+            if kv.caching and max_hit > r.pinned_blocks:
+                hit_hashes = [r.block_hash(j) for j in range(r.pinned_blocks, max_hit)]
+                hit_blocks, evictable = kv.longest_hit(hit_hashes)
+                del hit_hashes[hit_blocks:]
+            computed = (r.pinned_blocks + hit_blocks) * bs
+            n = num_tokens - computed
+            if (
+                cfg.spec_k
+                and n == 1
+                and plan.reqs
+                and not plan.prefill_tokens
+            ):  # pad a 1-token resume to the uniform spec-decode size
+                n = 1 + cfg.spec_k
+                if n > budget or computed + n > max_len:
+                    break
+            if 0 < threshold < n:
+                n = threshold
+            n = min(n, budget)
+            # scheduler_reserve_full_isl (vllm/config/scheduler.py, default True): admit
+            # only if the whole sequence fits; then the chunk itself (+ lookahead).
+            held = r.pinned_blocks + hit_blocks
+            full_need = -(-min(num_tokens, max_len) // bs) - held + evictable
+            chunk_need = -(-min(computed + n + self.lookahead, max_len) // bs) - held
+            if max(full_need, chunk_need + evictable) > kv.num_free:
+                break
+            self._pop()
+            if hit_hashes:
+                kv.touch(hit_hashes)
+                r.hashes = hit_hashes
+            if chunk_need > 0:
+                kv.allocate(chunk_need)
+            r.blocks = hit_blocks + max(chunk_need, 0)
+            r.n_reg = held
+            r.computed = computed
+            if r.cached_tokens < 0:
+                r.cached_tokens = computed
+                r.scheduled_s = self.now
+                self.prompt_tokens_queried += num_tokens
+                self.prompt_tokens_hit += computed
+            self._cache_blocks(r, min(computed + n, num_tokens))
+            r.status = RUNNING
+            running.append(r)
+            self._add(plan, r, n)
+            budget -= n
 
     def _add(self, plan: StepPlan, r: SimRequest, n: int) -> None:
         """Record r in the plan with its cost features (before counters advance)."""
@@ -444,6 +561,12 @@ class EngineCore:
         async_ = self.cfg.async_scheduling
         max_len = self.cfg.max_model_len
         bs = self.cfg.block_size
+        cohort = self.cohort
+        if cohort is not None:
+            if cohort.trailing:
+                cohort.advance_trailing(plan.idx, self.now)
+            cohort.upd_done = plan.idx
+            cohort.last_update_s = self.now
         finished_any = False
         for r, emits, spec in zip(plan.reqs, plan.emits, plan.spec, strict=True):
             if not emits or r.status == FINISHED:

@@ -27,11 +27,13 @@ _LOG_LO = math.log(_LO)
 class GapHistogram:
     """Streaming histogram of positive durations with 0.1 % relative resolution."""
 
-    __slots__ = ("_buf", "counts", "n")
+    __slots__ = ("_buf", "_rep", "_rep_n", "counts", "n")
 
     def __init__(self) -> None:
         self.counts = np.zeros(_NBINS, dtype=np.int64)
-        self._buf = array("d")
+        self._buf = array("d")  # single observations
+        self._rep = array("d")  # observations seen `_rep_n[i]` times each
+        self._rep_n = array("d")
         self.n = 0
 
     def add(self, x: float) -> None:
@@ -40,19 +42,27 @@ class GapHistogram:
             self._flush()
 
     def add_repeated(self, x: float, count: int) -> None:
-        self._flush()
-        self.counts[_bin(x)] += count
-        self.n += count
+        """`count` observations of x (one step's gap, seen by `count` requests)."""
+        self._rep.append(x)
+        self._rep_n.append(count)
+        if len(self._rep) >= 65536:
+            self._flush()
 
     def _flush(self) -> None:
-        if not self._buf:
-            return
-        x = np.frombuffer(self._buf, dtype=np.float64)
-        idx = np.clip(((np.log(np.maximum(x, _LO)) - _LOG_LO) * _BINS_PER_E).astype(np.int64),
-                      0, _NBINS - 1)
-        self.counts += np.bincount(idx, minlength=_NBINS)
-        self.n += len(x)
-        self._buf = array("d")
+        if self._buf:
+            x = np.frombuffer(self._buf, dtype=np.float64)
+            self.counts += np.bincount(_bins(x), minlength=_NBINS)
+            self.n += len(x)
+            self._buf = array("d")
+        if self._rep:
+            x = np.frombuffer(self._rep, dtype=np.float64)
+            w = np.frombuffer(self._rep_n, dtype=np.float64)
+            self.counts += np.rint(np.bincount(_bins(x), weights=w, minlength=_NBINS)).astype(
+                np.int64
+            )
+            self.n += int(w.sum())
+            self._rep = array("d")
+            self._rep_n = array("d")
 
     def merge(self, other: GapHistogram) -> None:
         self._flush()
@@ -77,8 +87,9 @@ class GapHistogram:
         return float(np.dot(self.counts, centres) / self.n)
 
 
-def _bin(x: float) -> int:
-    return min(max(int((math.log(max(x, _LO)) - _LOG_LO) * _BINS_PER_E), 0), _NBINS - 1)
+def _bins(x: np.ndarray) -> np.ndarray:
+    idx = ((np.log(np.maximum(x, _LO)) - _LOG_LO) * _BINS_PER_E).astype(np.int64)
+    return np.clip(idx, 0, _NBINS - 1)
 
 
 REQUEST_FIELDS = (

@@ -75,7 +75,7 @@ class Replica:
             core.now = env.now
             if not inflight:
                 plan = core.schedule() if core.has_work else None
-                if plan is None or not plan.reqs:
+                if plan is None or plan.empty:
                     self._wake = env.event()
                     yield self._wake
                     self._wake = None
@@ -83,11 +83,11 @@ class Replica:
                 inflight.append(plan)
             if async_ and len(inflight) < 2 and core.has_work:
                 ahead = core.schedule()
-                if ahead.reqs:
+                if not ahead.empty:
                     inflight.append(ahead)
             cur = inflight[0]
             dt = timer.step_time_s(
-                cur.total_tokens, len(cur.reqs), cur.prefill_attn, cur.decode_ctx, cur.drafting
+                cur.total_tokens, len(cur.reqs) + cur.cohort_size, cur.prefill_attn, cur.decode_ctx, cur.drafting
             )
             used = core.kv.num_used
             yield env.timeout(dt)
@@ -97,7 +97,23 @@ class Replica:
             if used > self.kv_peak_blocks:
                 self.kv_peak_blocks = used
             inflight.popleft()
+            core.now = env.now
             self._emit(core.update_from_output(cur), env.now)
+            if cur.cohort_size:
+                self._emit_cohort(cur, dt, env.now)
+
+    def _emit_cohort(self, plan: StepPlan, dt: float, now: float) -> None:
+        """Tokens of the decode cohort's implicit members: one each, all after a gap of
+        exactly this step (every member also received a token at the end of the last)."""
+        window = self.window
+        in_window = window.start_s <= now < window.end_s
+        for rec, n_all, n_meas in zip(
+            window.recorders, plan.cohort_all, plan.cohort_meas, strict=True
+        ):
+            if n_all and in_window:
+                rec.output_tokens_in_window += n_all
+            if n_meas:
+                rec.itl.add_repeated(dt, n_meas)
 
     def _emit(self, emitted: list[tuple[SimRequest, int, bool]], now: float) -> None:
         """Stream tokens to clients: TTFT, ITL and completion, as vllm bench sees them."""

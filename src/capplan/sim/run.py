@@ -86,8 +86,12 @@ def simulate(
     rate_scale: float = 1.0,
     profile: Profile | None = None,
     setup: PoolSetup | None = None,
+    decode_cohort: bool = True,
 ) -> SimResult:
-    """Simulate `replicas` replicas of `pool` serving its workloads (rates x rate_scale)."""
+    """Simulate `replicas` replicas of `pool` serving its workloads (rates x rate_scale).
+
+    `decode_cohort=False` walks every request every step (the reference path the cohort's
+    shortcut is tested against)."""
     if replicas < 1:
         raise ConfigError(f"replicas must be >= 1, got {replicas}", field="replicas")
     p = mix.pool(pool)
@@ -102,7 +106,7 @@ def simulate(
     )
     seed = sim.seed if seed is None else seed
     return _Run(mix, st, workloads, replicas, duration, warmup, sim.drain_s, seed,
-                rate_scale).run()
+                rate_scale, decode_cohort).run()
 
 
 class _Run:
@@ -117,6 +121,7 @@ class _Run:
         drain: float,
         seed: int,
         rate_scale: float,
+        decode_cohort: bool = True,
     ) -> None:
         self.mix, self.st, self.workloads = mix, st, workloads
         self.duration, self.warmup, self.drain, self.seed = duration, warmup, drain, seed
@@ -152,6 +157,8 @@ class _Run:
             spec_k=k,
             spec_lookahead=spec is not None and spec.method != "ngram",
             long_prefill_token_threshold=eng.long_prefill_token_threshold,
+            decode_cohort=decode_cohort,
+            workloads=len(workloads),
         )
         self.timers = []
         self.replicas = []

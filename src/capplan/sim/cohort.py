@@ -1,0 +1,149 @@
+"""The decode cohort: thinking in steps, not tokens.
+
+Most running requests in a busy engine are in steady decode: every step schedules one token
+for each, and nothing about them changes but two counters. The cohort holds such requests
+*lazily*: it advances them all by one token per step through two step counters instead of
+touching each one, and turns a request back into an explicit one (`materialize`) only when
+something can happen to it: it needs a new KV block, it nears its last token, or the
+scheduler must walk the whole running list (a full token budget, a KV shortage, preemption).
+
+This is an evaluation strategy, not a model: the engine takes the cohort's shortcut only in
+steps where vLLM's ordered walk over the running list would give every request what it
+asks for (budget and free blocks suffice for all), so the order of the walk cannot matter,
+and the results equal the request-by-request path (tests/test_cohort.py holds them equal).
+
+A member's counters hold its values as of two step indices: `s0`, the first schedule and
+`u0`, the first output update it has not yet been advanced by. After `sc` implicit
+schedules and `uc` implicit updates, computed += sc, out += uc, placeholders += sc - uc.
+A member that turns explicit while steps it was implicit in are still in flight (async
+scheduling keeps one) is "trailing": those steps' outputs still advance it, one by one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from capplan.sim.core import SimRequest
+
+LEAVE_MARGIN = 4  # tokens before the last at which a member turns explicit again
+
+
+class DecodeCohort:
+    """Requests advanced implicitly, one decode token per step."""
+
+    __slots__ = (
+        "all_w",
+        "ctx",
+        "events",
+        "last_update_s",
+        "meas_w",
+        "members",
+        "sched_done",
+        "trailing",
+        "upd_done",
+    )
+
+    def __init__(self, workloads: int) -> None:
+        self.members: dict[int, SimRequest] = {}
+        self.ctx = 0  # sum of members' computed tokens at the next schedule
+        self.all_w = [0] * workloads  # members per workload
+        self.meas_w = [0] * workloads  # measured members per workload
+        self.events: dict[int, list[SimRequest]] = {}  # step index -> members to look at
+        self.sched_done = 0  # index of the last schedule
+        self.upd_done = 0  # index of the last plan whose output was processed
+        self.last_update_s = 0.0
+        self.trailing: list[SimRequest] = []
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    def join(self, r: SimRequest, s0: int, lookahead: int, bs: int, max_len: int) -> bool:
+        """Make r implicit from step s0 on (its counters are as of step s0's schedule).
+        False when r is too close to an event to be worth it."""
+        leave = min(r.prompt + r.max_tokens, max_len) - LEAVE_MARGIN - r.computed
+        if leave <= 0:
+            return False
+        r.lazy = True
+        r.s0 = r.u0 = s0
+        self.members[r.rid] = r
+        self.ctx += r.computed
+        self.all_w[r.wl] += 1
+        if r.measured:
+            self.meas_w[r.wl] += 1
+        self._next_event(r, lookahead, bs, max_len)
+        return True
+
+    def _next_event(self, r: SimRequest, lookahead: int, bs: int, max_len: int) -> None:
+        """Index of the schedule at which r next needs a block or nears its end."""
+        alloc = (r.blocks + r.pinned_blocks) * bs - lookahead - r.computed
+        leave = min(r.prompt + r.max_tokens, max_len) - LEAVE_MARGIN - r.computed
+        ev = r.s0 + (alloc if alloc < leave else leave)
+        r.event = ev
+        bucket = self.events.get(ev)
+        if bucket is None:
+            self.events[ev] = [r]
+        else:
+            bucket.append(r)
+
+    def materialize(self, r: SimRequest) -> None:
+        """Bring r's counters up to date with the schedules and updates done so far."""
+        sc = self.sched_done - r.s0 + 1
+        if sc > 0:
+            r.computed += sc
+            r.placeholders += sc
+            r.s0 = self.sched_done + 1
+        uc = self.upd_done - r.u0 + 1
+        if uc > 0:
+            r.out += uc
+            r.placeholders -= uc
+            r.last_token_s = self.last_update_s
+            r.u0 = self.upd_done + 1
+
+    def leave(self, r: SimRequest) -> None:
+        """Make r explicit again, counters up to date; steps in flight trail it."""
+        self.materialize(r)
+        r.lazy = False
+        del self.members[r.rid]
+        self.ctx -= r.computed
+        self.all_w[r.wl] -= 1
+        if r.measured:
+            self.meas_w[r.wl] -= 1
+        r.trail_until = self.sched_done
+        if r.u0 <= r.trail_until:
+            self.trailing.append(r)
+
+    def advance_trailing(self, step: int, now: float) -> None:
+        """Apply the output of implicit step `step` to members that have since left."""
+        keep = []
+        for r in self.trailing:
+            if r.u0 <= step <= r.trail_until:
+                r.out += 1
+                r.placeholders -= 1
+                r.last_token_s = now
+                r.u0 = step + 1
+            if r.u0 <= r.trail_until:
+                keep.append(r)
+        self.trailing = keep
+
+    def dissolve(self) -> None:
+        """Make every member explicit (before a step that needs the ordered walk)."""
+        for r in list(self.members.values()):
+            self.leave(r)
+        self.events.clear()
+        self.ctx = 0
+
+    def due(self, step: int) -> list[SimRequest]:
+        """Members whose event falls on this schedule, materialized."""
+        bucket = self.events.pop(step, None)
+        if not bucket:
+            return []
+        due = [r for r in bucket if r.lazy and r.event == step]
+        for r in due:
+            self.materialize(r)
+        return due
+
+    def rearm(self, r: SimRequest, lookahead: int, bs: int, max_len: int) -> None:
+        """Schedule r's next event after it was served explicitly at its current one."""
+        self._next_event(r, lookahead, bs, max_len)
