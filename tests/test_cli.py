@@ -1,0 +1,215 @@
+"""CLI layer: bad input ends in one line on stderr and the error's exit code; good input prints
+a table or one deterministic JSON document."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import polars as pl
+import pytest
+import yaml
+from click.testing import CliRunner, Result
+
+from capplan.cli import CapplanGroup, main
+from capplan.errors import ConfigError
+
+MIX = {
+    "schema_version": 1,
+    "name": "cli-test",
+    "pools": [
+        {"name": "chat", "model": "llama-3.1-8b", "engine": {"max_model_len": 8192}},
+        {"name": "other", "model": "llama-3.2-1b", "engine": {"max_model_len": 8192}},
+    ],
+    "workloads": [
+        {
+            "name": "chat",
+            "pool": "chat",
+            "arrival": {"kind": "poisson", "rate_rps": 2},
+            "input_tokens": {"kind": "constant", "value": 256},
+            "output_tokens": {"kind": "constant", "value": 32},
+            "slo": {"ttft_p99_s": 0.5, "itl_p99_s": 0.05},
+        },
+        {
+            "name": "bg",
+            "pool": "other",
+            "arrival": {"kind": "poisson", "rate_rps": 1},
+            "input_tokens": {"kind": "constant", "value": 128},
+            "output_tokens": {"kind": "constant", "value": 16},
+        },
+    ],
+    "simulation": {"duration_s": 30},
+}
+
+
+def write_mix(tmp_path: Path, mix: dict | None = None, name: str = "mix.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(mix or MIX, sort_keys=False))
+    return path
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args))
+
+
+def sim(path: Path, *extra: str, pool: str = "chat") -> Result:
+    return run("simulate", "--traffic", str(path), "--pool", pool, "--replicas", "1",
+               "--duration-s", "20", "--seed", "3", *extra)
+
+
+def assert_one_line_error(res: Result, code: int, *fragments: str) -> str:
+    """The error contract: exit code, exactly one `error:` line on stderr, no traceback."""
+    assert res.exit_code == code, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in res.output
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    return lines[0]
+
+
+def test_unknown_yaml_key_names_key_and_file(tmp_path: Path) -> None:
+    """A typo in a YAML key is a ConfigError (exit 2) naming the key and the file."""
+    bad = json.loads(json.dumps(MIX))
+    bad["workloads"][0]["rate_rsp"] = 3
+    path = write_mix(tmp_path, bad)
+    assert_one_line_error(sim(path), ConfigError.exit_code, "rate_rsp", str(path), "unknown key")
+
+
+def test_negative_rate_is_rejected(tmp_path: Path) -> None:
+    """A negative arrival rate is a ConfigError naming the field."""
+    bad = json.loads(json.dumps(MIX))
+    bad["workloads"][0]["arrival"]["rate_rps"] = -1
+    path = write_mix(tmp_path, bad)
+    assert_one_line_error(sim(path), ConfigError.exit_code, "rate_rps", str(path))
+
+
+def test_missing_pool_lists_the_pools(tmp_path: Path) -> None:
+    """--pool naming no pool of the mix fails with the list of pools."""
+    path = write_mix(tmp_path)
+    line = assert_one_line_error(sim(path, pool="nope"), ConfigError.exit_code, "'nope'")
+    assert "chat" in line and "other" in line
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    """A traffic file that cannot be read fails with its path, not a traceback."""
+    missing = tmp_path / "absent.yaml"
+    assert_one_line_error(sim(missing), ConfigError.exit_code, str(missing), "cannot read")
+
+
+def test_not_yaml(tmp_path: Path) -> None:
+    """A file that is not YAML fails with one line naming it."""
+    path = tmp_path / "broken.yaml"
+    path.write_text("pools: [unclosed\n")
+    assert_one_line_error(sim(path), ConfigError.exit_code, str(path))
+
+
+def test_lengths_over_max_model_len(tmp_path: Path) -> None:
+    """A request longer than the pool's max_model_len is refused before simulating."""
+    bad = json.loads(json.dumps(MIX))
+    bad["workloads"][0]["input_tokens"] = {"kind": "constant", "value": 9000}
+    path = write_mix(tmp_path, bad)
+    assert_one_line_error(sim(path), ConfigError.exit_code, "max_model_len", str(path))
+
+
+def test_replicas_must_be_positive(tmp_path: Path) -> None:
+    """--replicas 0 is a usage error (click's exit code 2), not a crash."""
+    path = write_mix(tmp_path)
+    res = run("simulate", "--traffic", str(path), "--pool", "chat", "--replicas", "0")
+    assert res.exit_code == 2
+    assert "Traceback" not in res.output
+
+
+def test_json_parses_and_is_deterministic(tmp_path: Path) -> None:
+    """--format json prints one JSON document, byte-identical for the same seed."""
+    path = write_mix(tmp_path)
+    a, b = sim(path, "--format", "json"), sim(path, "--format", "json")
+    assert a.exit_code == 0, a.output
+    assert a.stdout == b.stdout
+    doc = json.loads(a.stdout)
+    assert doc["pool"]["pool"] == "chat" and doc["pool"]["seed"] == 3
+    (w,) = doc["workloads"]
+    for key in ("name", "requests", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s",
+                "e2e_p99_s", "output_tokens_per_s", "prefix_hit_rate"):
+        assert key in w, key
+    assert w["name"] == "chat" and w["requests"] > 0
+    assert set(w["slo_met"]) == {"ttft_p99_s", "itl_p99_s"}
+    assert all(isinstance(v, bool) for v in w["slo_met"].values())
+
+
+def test_json_changes_with_seed(tmp_path: Path) -> None:
+    """The seed is the only source of randomness: another seed, another document."""
+    path = write_mix(tmp_path)
+    a = sim(path, "--format", "json")
+    b = run("simulate", "--traffic", str(path), "--pool", "chat", "--replicas", "1",
+            "--duration-s", "20", "--seed", "4", "--format", "json")
+    assert a.exit_code == b.exit_code == 0
+    assert a.stdout != b.stdout
+
+
+def test_table_names_profile_source(tmp_path: Path) -> None:
+    """The table says which profile ran and, loudly, when it is the analytic estimate."""
+    path = write_mix(tmp_path)
+    res = sim(path)
+    assert res.exit_code == 0, res.output
+    assert "h200/llama-3.1-8b/bf16" in res.stdout
+    assert "ANALYTIC" in res.stdout
+    assert "chat" in res.stdout and "ttft_p99_s" in res.stdout
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_requests_out(tmp_path: Path, suffix: str) -> None:
+    """--requests-out writes one row per measured request."""
+    path = write_mix(tmp_path)
+    out = tmp_path / f"req{suffix}"
+    res = sim(path, "--format", "json", "--requests-out", str(out))
+    assert res.exit_code == 0, res.output
+    frame = pl.read_csv(out) if suffix == ".csv" else pl.read_parquet(out)
+    assert frame.height == json.loads(res.stdout)["workloads"][0]["completed"]
+
+
+def test_requests_out_unknown_suffix(tmp_path: Path) -> None:
+    """An unsupported --requests-out suffix is a ConfigError, not a silent default."""
+    path = write_mix(tmp_path)
+    assert_one_line_error(
+        sim(path, "--requests-out", str(tmp_path / "r.xlsx")), ConfigError.exit_code, ".xlsx"
+    )
+
+
+def test_missing_lazy_command_fails_only_when_used() -> None:
+    """A subcommand whose module is missing fails with one line when invoked, and does not
+    break the group's help."""
+
+    @click.group(cls=CapplanGroup, lazy={"ghost": "capplan._no_such_module:ghost"})
+    def grp() -> None:
+        pass
+
+    runner = CliRunner()
+    help_res = runner.invoke(grp, ["--help"])
+    assert help_res.exit_code == 0 and "ghost" in help_res.output
+    res = runner.invoke(grp, ["ghost", "--anything"])
+    assert_one_line_error(res, 1, "capplan._no_such_module")
+
+
+def test_models_lists_every_spec() -> None:
+    """`capplan models` lists each shipped model spec with its KV bytes per token."""
+    res = run("models")
+    assert res.exit_code == 0, res.output
+    for name in ("llama-3.1-8b", "llama-3.3-70b", "qwen3-32b", "gemma-4-31b"):
+        assert name in res.stdout
+    assert "131,072" in res.stdout  # llama-3.1-8b: 32 layers x 8 KV heads x 128 x 2 x 2 B
+
+
+def test_profiles_runs() -> None:
+    """`capplan profiles` always answers, and names the analytic fallback."""
+    res = run("profiles")
+    assert res.exit_code == 0, res.output
+    assert "ANALYTIC" in res.stdout
+
+
+def test_version() -> None:
+    """--version prints the package version."""
+    res = run("--version")
+    assert res.exit_code == 0 and "capplan" in res.stdout
