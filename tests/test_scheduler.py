@@ -500,6 +500,43 @@ def test_async_does_not_schedule_past_max_tokens() -> None:
     assert a.out == 2 and core.kv.num_used == 0
 
 
+
+def _priority_self_preemption(async_scheduling: bool) -> list[SimRequest]:
+    """Low-priority a is admitted first, then b; a is the first to need a new block and is
+    itself the priority victim, so that step schedules nothing (scheduler.py breaks out of
+    the running loop and admits no waiting request after a preemption)."""
+    env = simpy.Environment()
+    core = engine(num_blocks=4, policy="priority", async_scheduling=async_scheduling)
+    timer = StepTimer(constant_profile(1.0), max_num_seqs=1024, max_num_batched_tokens=8192)
+    done: list[SimRequest] = []
+    rep = Replica(env, 0, core, timer, Window(0.0, 1e9, [WorkloadRecorder()]),
+                  lambda r, _rep: done.append(r))
+    a = req(0, 16, 20, priority=1)
+    b = req(1, 16, 100, priority=0)
+
+    def feed() -> Generator[simpy.Event, Any, None]:
+        rep.add_request(a)
+        yield env.timeout(1.5)
+        rep.add_request(b)
+
+    env.process(feed())
+    env.run(until=1000)
+    return done
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "vLLM's busy loop keeps stepping while scheduler.has_requests() "
+    "(vllm/v1/engine/core.py run_busy_loop/step_with_batch_queue); Replica._loop waits for "
+    "a new arrival whenever schedule() returns an empty plan, even one emptied by preemption"
+))
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_step_emptied_by_preemption_does_not_idle_the_engine(async_scheduling: bool) -> None:
+    """A step that only preempted is not idleness: the engine schedules again at once, so
+    both requests finish without any further arrival."""
+    done = _priority_self_preemption(async_scheduling)
+    assert sorted(r.rid for r in done) == [0, 1]
+
+
 # --- known divergences ---------------------------------------------------------------------
 
 
