@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import polars as pl
-from pydantic import BaseModel, ConfigDict, Field, field_serializer
+from pydantic import BaseModel, ConfigDict, Field
 
 from capplan.sim.results import SimResult
 from capplan.solve.search import PoolSizing, worst_check
@@ -67,10 +67,6 @@ class Cost(BaseModel):
     gpu_hours_per_month: float
     usd_per_month: float
     tokens_per_usd: float | None
-
-    @field_serializer("tokens_per_usd")
-    def _f(self, v: float | None) -> float | None:
-        return _finite(v)
 
 
 class Confidence(BaseModel):
@@ -280,7 +276,7 @@ def pool_plan(
             gpu_hours_per_month=gpus * HOURS_PER_MONTH,
             usd_per_month=round(usd, 2),
             tokens_per_usd=(
-                tokens_per_s * 3600 * HOURS_PER_MONTH / usd if usd > 0 else None
+                round(tokens_per_s * 3600 * HOURS_PER_MONTH / usd, 3) if usd > 0 else None
             ),
         ),
         confidence=Confidence(

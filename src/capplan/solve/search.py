@@ -17,7 +17,14 @@ from capplan.errors import InfeasibleError
 from capplan.mix import TrafficMix
 from capplan.sim.results import SimResult, SloCheck
 from capplan.sim.run import PoolSetup, setup_pool, simulate
-from capplan.solve.bounds import Bracket, bracket, infeasible_reason, longest_e2e_s, rate_of
+from capplan.solve.bounds import (
+    Bracket,
+    bracket,
+    infeasible_reason,
+    longest_e2e_s,
+    rate_of,
+    unloaded_e2e_s,
+)
 
 GROWTH_FACTOR = 1.5
 """Galloping step above a failing count: n -> ceil(1.5 n)."""
@@ -109,13 +116,16 @@ class Sizer:
         self.seed = mix.simulation.seed if self.settings.seed is None else self.settings.seed
         st, scale = self.setup, self.settings.rate_scale
         self.bracket = bracket(st, self.workloads, rate_scale=scale, base_dir=mix.base_dir)
+        # probes cut the drain short (an overloaded probe is slow and fails either way);
+        # confirmation runs keep the mix's drain, so `capplan simulate` reproduces them
         drain = min(mix.simulation.drain_s, max(15.0, 2 * longest_e2e_s(st, self.workloads)))
-        self.mix = mix.model_copy(
+        self.mix = mix
+        self.probe_mix = mix.model_copy(
             update={"simulation": mix.simulation.model_copy(update={"drain_s": drain})}
         )
         self.probe_s, self.confirm_s = self._durations(mix)
         self.probes: list[tuple[int, bool]] = []
-        self._cache: dict[tuple[int, float, int], SimResult] = {}
+        self._cache: dict[tuple[int, float, int, bool], SimResult] = {}
         self.wall_s = 0.0
 
     def _durations(self, mix: TrafficMix) -> tuple[float, float]:
@@ -123,27 +133,35 @@ class Sizer:
         full = mix.simulation.duration_s
         rates = [rate_of(w, self.setup, s.rate_scale, mix.base_dir) for w in self.workloads]
         r_min, r_all = max(min(rates), 1e-6), max(sum(rates), 1e-6)
-        unloaded = longest_e2e_s(self.setup, self.workloads)
+        unloaded = max(unloaded_e2e_s(self.setup, w) for w in self.workloads)
         probe = min(s.probe_requests / r_min, s.probe_cap_requests / r_all)
         probe = min(full, max(probe, 10.0, 2 * unloaded))
         return probe, probe if s.quick else full
 
-    def run(self, replicas: int, duration_s: float, seed: int) -> SimResult:
+    def run(
+        self, replicas: int, duration_s: float, seed: int, *, probe: bool = False
+    ) -> SimResult:
         """One simulation, memoised (same inputs, same result)."""
-        key = (replicas, duration_s, seed)
+        key = (replicas, duration_s, seed, probe)
         if key not in self._cache:
             t0 = time.perf_counter()
             self._cache[key] = simulate(
-                self.mix, self.pool.name, replicas, duration_s=duration_s, seed=seed,
-                rate_scale=self.settings.rate_scale, setup=self.setup,
+                self.probe_mix if probe else self.mix, self.pool.name, replicas,
+                duration_s=duration_s, seed=seed, rate_scale=self.settings.rate_scale,
+                setup=self.setup,
             )
             self.wall_s += time.perf_counter() - t0
         return self._cache[key]
 
     def _probe(self, n: int) -> bool:
-        ok = self.run(n, self.probe_s, self.seed).slo_met
+        ok = self.run(n, self.probe_s, self.seed, probe=True).slo_met
         self.probes.append((n, ok))
         return ok
+
+    @property
+    def precision(self) -> str:
+        p = self.setup.pool.precision
+        return str(getattr(p, "value", p))
 
     def check_feasible(self) -> None:
         """Refuse, before any simulation, SLOs the step model alone rules out."""
@@ -154,24 +172,24 @@ class Sizer:
                 if why:
                     raise InfeasibleError(
                         f"no replica count ≤ {cap} meets {t.key} ≤ {t.limit_s:g} s for workload "
-                        f"{w.name} in pool {self.pool.name} ({self.setup.pool.precision}): "
+                        f"{w.name} in pool {self.pool.name} ({self.precision}): "
                         f"{why}"
                     )
         if self.bracket.lower > cap:
             raise InfeasibleError(
                 f"no replica count ≤ {cap} can carry pool {self.pool.name}'s traffic "
-                f"({self.setup.pool.precision}): the work alone needs ≥ {self.bracket.lower} "
+                f"({self.precision}): the work alone needs ≥ {self.bracket.lower} "
                 f"replicas ({self.bracket.describe()})"
             )
 
     def _infeasible(self, n: int) -> InfeasibleError:
-        res = self.run(n, self.probe_s, self.seed)
+        res = self.run(n, self.probe_s, self.seed, probe=True)
         found = worst_check(res)
         assert found is not None
         wl, c = found
         return InfeasibleError(
             f"no replica count ≤ {n} meets {c.key} ≤ {c.limit_s:g} s for workload {wl} in pool "
-            f"{self.pool.name} ({self.setup.pool.precision}): best {_fmt(c.value_s)} at {n} "
+            f"{self.pool.name} ({self.precision}): best {_fmt(c.value_s)} at {n} "
             "replicas"
         )
 
@@ -225,7 +243,8 @@ class Sizer:
             if not below.slo_met:
                 break
             lower = self._all_seeds(n - 1)
-            if not all(r.slo_met for r in lower):
+            if not lower[-1].slo_met:
+                below = lower[-1]  # the seed that fails
                 break
             n, results, below = n - 1, lower, None
         if below is None and n > 1:
@@ -243,7 +262,7 @@ class Sizer:
         confirmed: bool = False,
     ) -> PoolSizing:
         """The answer as a record; unconfirmed ones carry the probe run only."""
-        results = results or [self.run(n, self.probe_s, self.seed)]
+        results = results or [self.run(n, self.probe_s, self.seed, probe=True)]
         return PoolSizing(
             setup=self.setup,
             replicas=n,

@@ -1,0 +1,262 @@
+"""`capplan size` and `capplan sweep`: thin click shells over `size_mix`.
+
+Each command turns a CapplanError into one red line and its exit code itself, so it behaves
+the same run alone (tests, CliRunner) as under the `capplan` group.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from capplan.errors import CapplanError, ConfigError, InfeasibleError
+from capplan.solve.plan import Plan, PoolPlan
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def _errors_as_lines(fn: F) -> F:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except CapplanError as e:
+            click.secho(f"error: {_one_line(str(e))}", fg="red", err=True)
+            raise click.exceptions.Exit(e.exit_code) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _console() -> Console:
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
+def _s(v: float | None) -> str:
+    if v is None:
+        return "unfinished"
+    return f"{v * 1e3:.1f} ms" if v < 1 else f"{v:.2f} s"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
+def print_plan(plan: Plan, console: Console, elapsed_s: float | None = None) -> None:
+    """The plan as a person reads it: one row per pool, then each pool's SLO lines."""
+    title = f"plan for {plan.mix}: {plan.gpus} GPU(s), ${plan.usd_per_month:,.0f}/month"
+    if plan.growth != 1 or plan.spare:
+        title += f" (growth ×{plan.growth:g}, N+{plan.spare})"
+    table = Table(title=title, title_justify="left")
+    for col in ("pool", "GPUs", "replicas", "precision", "binding workload / SLO", "margin",
+                "utilisation", "$/month"):
+        table.add_column(col, justify="left" if col in ("pool", "precision") or "/" in col
+                         else "right")
+    for p in plan.pools:
+        reps = f"{p.replicas}" + (f" ({p.replicas_for_slo}+{p.spare})" if p.spare else "")
+        table.add_row(
+            p.pool, str(p.gpus), reps, p.precision, f"{p.binding_workload} / {p.binding_slo}",
+            _pct(p.binding_margin), _pct(p.utilisation), f"{p.cost.usd_per_month:,.0f}",
+        )
+    console.print(table)
+    for p in plan.pools:
+        _print_pool(p, console)
+    if elapsed_s is not None:
+        console.print(f"sized in {elapsed_s:.1f} s")
+
+
+def _print_pool(p: PoolPlan, console: Console) -> None:
+    console.print(f"\n[bold]pool {p.pool}[/] ({p.model} on {p.gpu}, TP={p.tp}, {p.precision})")
+    for w in p.workloads:
+        for c in w.slo:
+            mark = "[green]✓[/]" if c.met else "[red]✗[/]"
+            bind = "  ← binding" if (w.name, c.key) == (p.binding_workload, p.binding_slo) else ""
+            console.print(
+                f"  {mark} {w.name:<16} {c.key:<11} {_s(c.value_s):>11} ≤ {_s(c.limit_s):<9} "
+                f"margin {_pct(c.margin)}{bind}"
+            )
+    if p.profile_source == "analytic":
+        console.print(
+            f"  [bold yellow]profile {p.profile}: ANALYTIC (datasheet roofline, not measured) — "
+            "calibrate for measured step times[/]"
+        )
+    else:
+        console.print(f"  profile {p.profile}: {p.profile_source}")
+    c = p.confidence
+    console.print(
+        f"  prefix hit {_pct(p.prefix_hit_rate)} · KV headroom {_pct(p.kv_headroom)} · "
+        f"{p.cost.gpu_hours_per_month:,.0f} GPU-h/month · "
+        + (f"{p.cost.tokens_per_usd:,.0f} tokens/$" if p.cost.tokens_per_usd else "free")
+    )
+    fewer = {True: "one fewer fails", False: "one fewer passes too", None: "at the minimum"}
+    console.print(
+        f"  confidence: seeds {c.seeds} {'all pass' if c.all_seeds_pass else 'NOT all pass'}, "
+        f"worst margin {_pct(c.worst_margin)}, {c.duration_s:g} s simulated, "
+        f"{fewer[c.one_fewer_fails]}; analytic floor {p.bracket.lower} replica(s)"
+    )
+    if p.extrapolated_steps:
+        console.print(f"  [bold red]{p.extrapolated_steps:,} steps outside the calibrated box[/]")
+    for r in p.runners_up:
+        gpus = f"{r.gpus} GPUs, ${r.usd_per_month:,.0f}/month" if r.gpus is not None else "—"
+        console.print(f"  runner-up {r.precision}: {gpus} ({_one_line(r.note)})")
+    for a in p.advice:
+        console.print(f"  [cyan]advice[/]: {a.message}")
+
+
+def _write_plan(plan: Plan, out: Path) -> None:
+    try:
+        if out.suffix.lower() == ".csv":
+            plan.to_csv(out)
+        else:
+            out.write_text(plan.to_json() + "\n")
+    except OSError as e:
+        raise ConfigError(f"cannot write file ({e.strerror})", file=str(out), field="--out") from e
+
+
+_traffic = click.option("--traffic", required=True, type=click.Path(path_type=Path),
+                        help="traffic mix YAML")
+_seed = click.option("--seed", type=int, default=None, help="base seed (default: the mix's)")
+_spare = click.option("--spare", type=click.IntRange(min=0), default=0, show_default=True,
+                      help="N+k: extra replicas per pool for failures")
+_quick = click.option("--quick", is_flag=True,
+                      help="short probes, confirm at probe length (rougher, faster)")
+
+
+@click.command()
+@_traffic
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
+              show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="also write the plan: .json (the schema) or .csv")
+@click.option("--growth", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_default=True, help="scale every workload's traffic")
+@_spare
+@_seed
+@_quick
+@_errors_as_lines
+def size(traffic: Path, fmt: str, out: Path | None, growth: float, spare: int,
+         seed: int | None, quick: bool) -> None:
+    """Fewest GPUs per pool that hold every workload's SLOs, with cost and why."""
+    from capplan.mix import load_mix
+    from capplan.solve.options import size_mix
+
+    t0 = time.perf_counter()
+    plan = size_mix(load_mix(traffic), growth=growth, spare=spare, seed=seed, quick=quick)
+    elapsed = time.perf_counter() - t0
+    if out is not None:
+        _write_plan(plan, out)
+    if fmt == "json":
+        click.echo(plan.to_json())
+    elif fmt == "csv":
+        click.echo(plan.to_csv(), nl=False)
+    else:
+        print_plan(plan, _console(), elapsed)
+
+
+def _growths(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(
+            f"expected numbers like 1,1.5,2, got {text!r}", field="--growth"
+        ) from None
+    if not values or min(values) <= 0:
+        raise ConfigError(f"growth factors must be positive, got {text!r}", field="--growth")
+    return values
+
+
+def sweep_rows(plans: list[Plan]) -> list[dict[str, Any]]:
+    """One row per (growth, pool): the capacity curve."""
+    return [
+        {"growth": plan.growth, "pool": p.pool, "gpus": p.gpus, "replicas": p.replicas,
+         "precision": p.precision, "binding_workload": p.binding_workload,
+         "binding_slo": p.binding_slo, "usd_per_month": p.cost.usd_per_month}
+        for plan in plans for p in plan.pools
+    ]
+
+
+def _plot(rows: list[dict[str, Any]], path: Path, console: Console) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        console.print("[yellow]matplotlib is not installed: no plot (pip install capplan[plot])[/]")
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for pool in dict.fromkeys(r["pool"] for r in rows):
+        pts = [(r["growth"], r["gpus"]) for r in rows if r["pool"] == pool]
+        ax.plot(*zip(*pts, strict=True), marker="o", label=pool)
+    totals: dict[float, int] = {}
+    for r in rows:
+        totals[r["growth"]] = totals.get(r["growth"], 0) + r["gpus"]
+    ax.plot(list(totals), list(totals.values()), marker="s", linestyle="--", label="total")
+    ax.set_xlabel("traffic growth (× peak)")
+    ax.set_ylabel("GPUs meeting every SLO")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+@click.command()
+@_traffic
+@click.option("--growth", "growth_text", default="1,1.5,2,3", show_default=True,
+              help="comma-separated traffic growth factors")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="curve as CSV")
+@click.option("--plot", type=click.Path(path_type=Path), default=None, help="curve as PNG")
+@_spare
+@_seed
+@_quick
+@_errors_as_lines
+def sweep(traffic: Path, growth_text: str, out: Path | None, plot: Path | None, spare: int,
+          seed: int | None, quick: bool) -> None:
+    """GPUs per pool as traffic grows: the capacity-planning curve."""
+    import polars as pl
+
+    from capplan.mix import load_mix
+    from capplan.solve.options import size_mix
+
+    mix = load_mix(traffic)
+    console = _console()
+    plans: list[Plan] = []
+    for g in sorted(_growths(growth_text)):
+        try:
+            plans.append(size_mix(mix, growth=g, spare=spare, seed=seed, quick=quick,
+                                  advice=False))
+        except InfeasibleError as e:
+            # more traffic never needs fewer GPUs: every larger growth is infeasible too
+            console.print(f"[red]growth ×{g:g} and above: infeasible: {_one_line(str(e))}[/]")
+            break
+    if not plans:
+        raise InfeasibleError(f"no growth factor in {growth_text!r} is feasible")
+    rows = sweep_rows(plans)
+    if out is not None:
+        pl.DataFrame(rows).write_csv(out)
+    if plot is not None:
+        _plot(rows, plot, console)
+    table = Table(title=f"GPUs vs growth for {mix.name}", title_justify="left")
+    pools = list(dict.fromkeys(r["pool"] for r in rows))
+    table.add_column("growth", justify="right")
+    for p in pools:
+        table.add_column(p, justify="right")
+    table.add_column("total", justify="right")
+    table.add_column("$/month", justify="right")
+    for plan in plans:
+        by = {p.pool: p.gpus for p in plan.pools}
+        table.add_row(f"×{plan.growth:g}", *(str(by.get(p, "-")) for p in pools),
+                      str(plan.gpus), f"{plan.usd_per_month:,.0f}")
+    console.print(table)
