@@ -163,6 +163,7 @@ class CoreConfig:
     spec_k: int = 0
     spec_lookahead: bool = True  # model-based drafters reserve KV for their drafts
     long_prefill_token_threshold: int = 0
+    drop_eagle_block: bool = False  # EAGLE/MTP drafters recompute the last cached block
     decode_cohort: bool = False  # evaluate steady decoders lazily (sim/cohort.py)
     workloads: int = 1
 
@@ -458,6 +459,10 @@ class EngineCore:
             if kv.caching and max_hit > r.pinned_blocks:
                 hit_hashes = [r.block_hash(j) for j in range(r.pinned_blocks, max_hit)]
                 hit_blocks, evictable = kv.longest_hit(hit_hashes)
+                if cfg.drop_eagle_block and hit_blocks:
+                    # single_type_kv_cache_manager.py find_longest_cache_hit: drop_eagle_block
+                    hit_blocks -= 1
+                    evictable = sum(h in kv.free_hashed for h in hit_hashes[:hit_blocks])
                 del hit_hashes[hit_blocks:]
             computed = (r.pinned_blocks + hit_blocks) * bs
             n = num_tokens - computed

@@ -75,6 +75,8 @@ class Replica:
             core.now = env.now
             if not inflight:
                 plan = core.schedule() if core.has_work else None
+                if plan is not None and plan.empty and plan.preempted:
+                    continue  # a step that only preempted: vLLM's busy loop schedules again
                 if plan is None or plan.empty:
                     self._wake = env.event()
                     yield self._wake

@@ -156,6 +156,7 @@ class _Run:
             async_scheduling=eng.async_scheduling,
             spec_k=k,
             spec_lookahead=spec is not None and spec.method != "ngram",
+            drop_eagle_block=spec is not None and spec.method in ("mtp", "eagle", "eagle3"),
             long_prefill_token_threshold=eng.long_prefill_token_threshold,
             decode_cohort=decode_cohort,
             workloads=len(workloads),
