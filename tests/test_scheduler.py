@@ -574,3 +574,59 @@ def test_mtp_prefix_hit_drops_the_last_matched_block() -> None:
     so vLLM recomputes the last cached block: 3 shared blocks hit as 2 (32 tokens)."""
     res = simulate(_prefix_mix("mtp"), "p", 1, seed=1)
     assert res.requests()["cached_tokens"].unique().to_list() == [32.0]
+
+
+def _cached_pair(k: int) -> tuple[EngineCore, SimRequest]:
+    """A decoding request and a cached 2-block prefix: a 33-token prompt on that prefix has
+    exactly one token left to compute when admitted."""
+    core = engine(spec_k=k)
+    core.add_request(shared(0, 32, 2))
+    step(core)
+    core.add_request(req(1, 16, 50))
+    step(core)
+    return core, shared(3, 33, 2, max_tokens=10)
+
+
+def test_one_token_admission_is_padded_to_the_spec_size() -> None:
+    """scheduler.py schedule (waiting loop): with spec decoding, a waiting request with one
+    token left is padded to 1 + k when only decodes were scheduled, so the step keeps a
+    uniform decode shape (full CUDA graph)."""
+    k = 2
+    core, w = _cached_pair(k)
+    core.add_request(w)
+    plan, _ = step(core)
+    assert sched(plan) == {1: 1 + k, 3: 1 + k}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "vLLM marks the padding as k draft tokens (scheduled_spec_decode_tokens = [-1] * k) and "
+    "update_from_output rolls num_computed_tokens back by the rejected ones "
+    "(vllm/v1/core/sched/scheduler.py schedule, pad_spec_decode / update_from_output); the "
+    "simulator records spec=0 for the padded request and never rolls the padding back"
+))
+def test_padded_admission_rolls_its_padding_back() -> None:
+    """After a padded one-token admission the request is an ordinary decoder: it computed
+    its prompt, not prompt + k, and the padding counted as k (rejected) draft tokens."""
+    k = 2
+    core, w = _cached_pair(k)
+    core.add_request(w)
+    plan, _ = step(core)
+    assert plan.spec[plan.reqs.index(w)] == k
+    assert w.computed == w.num_tokens - 1
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "vLLM pads a one-token admission unless a RUNNING request in prefill was scheduled "
+    "(prefill_scheduled is set in the running loop only: vllm/v1/core/sched/scheduler.py "
+    "schedule); the simulator also refuses when an earlier WAITING admission this step is "
+    "a prefill"
+))
+def test_padding_ignores_prefills_admitted_from_waiting() -> None:
+    """A prefill admitted from the waiting queue earlier in the same step does not stop the
+    one-token admission after it from being padded to 1 + k."""
+    k = 2
+    core, w = _cached_pair(k)
+    core.add_request(req(2, 20, 5))
+    core.add_request(w)
+    plan, _ = step(core)
+    assert sched(plan) == {1: 1 + k, 2: 20, 3: 1 + k}
