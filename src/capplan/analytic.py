@@ -218,6 +218,8 @@ def analytic_profile(
         per_seq_s=per_seq_s,
         draft_pass_s=d_pass,
         draft_token_s=d_token,
+        # a ViT runs ~2 FLOPs per parameter per image token, in BF16, unsharded by TP here
+        encoder_token_s=2.0 * spec.vision_encoder_params / (gpu.bf16_flops * MFU[Precision.BF16]),
     )
 
     kv = _kv_capacity(spec, gpu, precision, tp, engine, full_kv, local_kv, d_weights, d_kv)

@@ -14,6 +14,7 @@ Step-time model (one engine step, seconds), physically shaped:
       + decode_ctx_s * sum(context of decode seqs)     # decode attention = KV read
       + per_seq_s * seqs                               # sampling, bookkeeping per sequence
       + k * (draft_pass_s + draft_token_s * seqs)      # k sequential draft passes (spec decode)
+      + encoder_token_s * image tokens encoded         # vision encoder, on an image's first chunk
 
 T = scheduled tokens (decode seqs count 1 + k each). T_pad pads T up to the next CUDA-graph
 capture size (vllm/config/vllm.py: _set_cudagraph_sizes) when T is within the largest one.
@@ -54,6 +55,7 @@ class StepModel(BaseModel):
     per_seq_s: float = Field(ge=0)
     draft_pass_s: float = Field(default=0.0, ge=0)
     draft_token_s: float = Field(default=0.0, ge=0)
+    encoder_token_s: float = Field(default=0.0, ge=0, description="per image token encoded")
 
 
 class KvCapacity(BaseModel):
@@ -165,6 +167,7 @@ class StepTimer:
     __slots__ = (
         "_c",
         "_draft",
+        "_enc",
         "_graph_max",
         "_graphs",
         "box",
@@ -186,6 +189,7 @@ class StepTimer:
                    s.per_seq_s)
         self.k = profile.spec_k
         self._draft = (s.draft_pass_s, s.draft_token_s)
+        self._enc = s.encoder_token_s
         self._graphs = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens, self.k)
         self._graph_max = self._graphs[-1] if self._graphs else 0
         self.box = profile.box
@@ -199,7 +203,13 @@ class StepTimer:
         return self._graphs[bisect.bisect_left(self._graphs, tokens)]
 
     def step_time_s(
-        self, tokens: int, seqs: int, prefill_attn: float, decode_ctx: int, drafting_seqs: int
+        self,
+        tokens: int,
+        seqs: int,
+        prefill_attn: float,
+        decode_ctx: int,
+        drafting_seqs: int,
+        encoder_tokens: int = 0,
     ) -> float:
         """Seconds for one engine step of this composition."""
         fixed, per_tok, knee, p_attn, d_ctx, per_seq = self._c
@@ -218,4 +228,6 @@ class StepTimer:
         t += p_attn * prefill_attn + d_ctx * decode_ctx + per_seq * seqs
         if self.k and drafting_seqs:
             t += self.k * (self._draft[0] + self._draft[1] * drafting_seqs)
+        if encoder_tokens:
+            t += self._enc * encoder_tokens
         return t

@@ -35,7 +35,9 @@ class SimRequest:
         "cached_tokens",
         "computed",
         "decoding",
+        "encoded",
         "first_token_s",
+        "image_tokens",
         "hashes",
         "event",
         "last_token_s",
@@ -76,6 +78,7 @@ class SimRequest:
         pinned_blocks: int = 0,
         measured: bool = True,
         user: int = -1,
+        image_tokens: int = 0,
     ) -> None:
         self.rid = rid
         self.wl = wl
@@ -88,6 +91,8 @@ class SimRequest:
         self.pinned_blocks = pinned_blocks  # blocks assumed cached (target hit rate)
         self.measured = measured
         self.user = user
+        self.image_tokens = image_tokens
+        self.encoded = False  # vision encoder has run (its output lives in the encoder cache)
         self.status = WAITING
         self.computed = 0
         self.out = 0
@@ -138,6 +143,7 @@ class StepPlan:
     decode_ctx: int = 0
     drafting: int = 0
     preempted: int = 0
+    encoder_tokens: int = 0
     idx: int = 0
     cohort_size: int = 0  # decode-cohort members advanced implicitly in this step
     cohort_all: tuple[int, ...] = ()  # ... per workload
@@ -260,6 +266,7 @@ class EngineCore:
         r.computed = 0
         r.spec = 0
         r.decoding = False
+        r.encoded = False  # encoder_cache_manager.free(request): re-encoded on resume
         r.preemptions += 1
         self.preemptions += 1
         self._prepend(r)
@@ -428,6 +435,9 @@ class EngineCore:
             else:
                 plan.prefill_tokens += n
                 plan.prefill_attn += n * (computed + n / 2)
+                if r.image_tokens and not r.encoded:
+                    plan.encoder_tokens += r.image_tokens
+                    r.encoded = True
             r.spec = 0  # consumed; new drafts arrive with the output (or as placeholders)
             budget -= n
             i += 1
@@ -517,6 +527,11 @@ class EngineCore:
         else:
             plan.prefill_tokens += n
             plan.prefill_attn += n * (r.computed + n / 2)
+            if r.image_tokens and not r.encoded:
+                # scheduler.py _try_schedule_encoder_inputs: the image is encoded with the
+                # prompt's first chunk (images sit near the start of chat prompts)
+                plan.encoder_tokens += r.image_tokens
+                r.encoded = True
         r.spec = 0  # consumed; new drafts arrive with the output (or as placeholders)
 
     def _unschedule(self, plan: StepPlan, scheduled: dict[int, int], r: SimRequest) -> int:

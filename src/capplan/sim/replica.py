@@ -89,7 +89,12 @@ class Replica:
                     inflight.append(ahead)
             cur = inflight[0]
             dt = timer.step_time_s(
-                cur.total_tokens, len(cur.reqs) + cur.cohort_size, cur.prefill_attn, cur.decode_ctx, cur.drafting
+                cur.total_tokens,
+                len(cur.reqs) + cur.cohort_size,
+                cur.prefill_attn,
+                cur.decode_ctx,
+                cur.drafting,
+                cur.encoder_tokens,
             )
             used = core.kv.num_used
             yield env.timeout(dt)

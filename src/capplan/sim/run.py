@@ -178,7 +178,7 @@ class _Run:
     # -- request making ---------------------------------------------------------------------
     def _request(
         self, wl: int, t: float, prompt: int, out: int, group: int, prefix_tokens: int,
-        user: int = -1,
+        image: int = 0, user: int = -1,
     ) -> SimRequest:
         w = self.workloads[wl]
         bs = self.bs
@@ -193,6 +193,7 @@ class _Run:
         r = SimRequest(
             self.rid, wl, t, prompt, out, priority=w.priority, prefix_base=prefix_base,
             prefix_blocks=prefix_blocks, pinned_blocks=pinned, measured=measured, user=user,
+            image_tokens=image,
         )
         self.rid += 1
         if measured:
@@ -224,8 +225,10 @@ class _Run:
         now = self.env.now
         if now >= self.duration:
             return  # the benchmark's last requests have been sent
-        inp, out, group, ptoks, _img = self.samplers[wl].next(self.rng)
-        self._submit(self._request(wl, now, int(inp), int(out), int(group), int(ptoks), user))
+        inp, out, group, ptoks, img = self.samplers[wl].next(self.rng)
+        self._submit(self._request(
+            wl, now, int(inp), int(out), int(group), int(ptoks), int(img), user
+        ))
 
     def _think(self, wl: int, user: int, think: float) -> Generator[simpy.Event, Any, None]:
         yield self.env.timeout(think)
@@ -245,7 +248,9 @@ class _Run:
             wl = np.concatenate([np.full(len(a), i) for a, i, _ in batches])
             cols = [
                 np.concatenate([getattr(b, c) for _, _, b in batches])
-                for c in ("input_tokens", "output_tokens", "prefix_group", "prefix_tokens")
+                for c in (
+                    "input_tokens", "output_tokens", "prefix_group", "prefix_tokens", "image_tokens"
+                )
             ]
             order = np.argsort(t, kind="stable")
             env = self.env
@@ -262,7 +267,7 @@ class _Run:
                     return
                 self._submit(self._request(
                     int(wl[j]), at, int(cols[0][j]), int(cols[1][j]), int(cols[2][j]),
-                    int(cols[3][j]),
+                    int(cols[3][j]), int(cols[4][j]),
                 ))
         if self.env.now < self.duration:
             yield self.env.timeout(self.duration - self.env.now)
