@@ -229,10 +229,11 @@ def test_head_of_line_blocking_when_kv_is_short() -> None:
 def _two_decoders(
     policy: str, prio: tuple[int, int] = (0, 0)
 ) -> tuple[EngineCore, list[SimRequest]]:
-    """Two one-block prompts in a 4-block pool: they run out of KV at 32 tokens each."""
-    core = engine(num_blocks=4, policy=policy)
+    """Two one-block prompts in a 4-block pool: they run out of KV at 32 tokens each (each
+    alone fits: max_model_len is the KV capacity, as vLLM requires)."""
+    core = engine(num_blocks=4, policy=policy, max_model_len=64)
     a = req(0, 16, 20, priority=prio[0])
-    b = req(1, 16, 100, priority=prio[1])
+    b = req(1, 16, 40, priority=prio[1])
     core.add_request(a)
     step(core)
     core.add_request(b)
@@ -290,9 +291,9 @@ def test_priority_preempts_the_lowest_priority_request() -> None:
 def test_priority_victim_already_scheduled_gives_its_budget_back() -> None:
     """scheduler.py schedule (PRIORITY): a victim already scheduled this step is taken out of
     the step (its tokens return to the budget) before it is preempted."""
-    core = engine(num_blocks=4, policy="priority")
-    low = req(0, 8, 100, priority=1)
-    high = req(1, 16, 100, priority=0)
+    core = engine(num_blocks=4, policy="priority", max_model_len=64)
+    low = req(0, 8, 50, priority=1)
+    high = req(1, 16, 40, priority=0)
     core.add_request(low)
     step(core)
     core.add_request(high)
@@ -506,13 +507,14 @@ def _priority_self_preemption(async_scheduling: bool) -> list[SimRequest]:
     itself the priority victim, so that step schedules nothing (scheduler.py breaks out of
     the running loop and admits no waiting request after a preemption)."""
     env = simpy.Environment()
-    core = engine(num_blocks=4, policy="priority", async_scheduling=async_scheduling)
+    core = engine(num_blocks=4, policy="priority", async_scheduling=async_scheduling,
+                  max_model_len=64)
     timer = StepTimer(constant_profile(1.0), max_num_seqs=1024, max_num_batched_tokens=8192)
     done: list[SimRequest] = []
     rep = Replica(env, 0, core, timer, Window(0.0, 1e9, [WorkloadRecorder()]),
                   lambda r, _rep: done.append(r))
     a = req(0, 16, 20, priority=1)
-    b = req(1, 16, 100, priority=0)
+    b = req(1, 16, 40, priority=0)
 
     def feed() -> Generator[simpy.Event, Any, None]:
         rep.add_request(a)
@@ -524,20 +526,16 @@ def _priority_self_preemption(async_scheduling: bool) -> list[SimRequest]:
     return done
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "vLLM's busy loop keeps stepping while scheduler.has_requests() "
-    "(vllm/v1/engine/core.py run_busy_loop/step_with_batch_queue); Replica._loop waits for "
-    "a new arrival whenever schedule() returns an empty plan, even one emptied by preemption"
-))
 @pytest.mark.parametrize("async_scheduling", [True, False])
 def test_step_emptied_by_preemption_does_not_idle_the_engine(async_scheduling: bool) -> None:
-    """A step that only preempted is not idleness: the engine schedules again at once, so
-    both requests finish without any further arrival."""
+    """vllm/v1/engine/core.py run_busy_loop: the engine keeps stepping while the scheduler
+    has requests, so a step that only preempted is not idleness: both requests finish
+    without any further arrival."""
     done = _priority_self_preemption(async_scheduling)
     assert sorted(r.rid for r in done) == [0, 1]
 
 
-# --- known divergences ---------------------------------------------------------------------
+# --- spec-decode prefix hits, and known divergences -------------------------------------------
 
 
 def _prefix_mix(method: str | None) -> TrafficMix:
@@ -564,14 +562,10 @@ def test_draft_model_prefix_hit_keeps_every_full_block() -> None:
     assert res.requests()["cached_tokens"].unique().to_list() == [48.0]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "vLLM drops the last matched block for EAGLE/MTP (use_eagle): "
-    "vllm/v1/core/single_type_kv_cache_manager.py FullAttentionManager.find_longest_cache_hit "
-    "(drop_eagle_block); the simulator has no use_eagle and keeps it"
-))
 def test_mtp_prefix_hit_drops_the_last_matched_block() -> None:
-    """EAGLE/MTP drafters need the hidden states of the tokens before the generation point,
-    so vLLM recomputes the last cached block: 3 shared blocks hit as 2 (32 tokens)."""
+    """single_type_kv_cache_manager.py FullAttentionManager.find_longest_cache_hit
+    (drop_eagle_block): EAGLE/MTP drafters need the hidden states before the generation
+    point, so vLLM recomputes the last cached block: 3 shared blocks hit as 2 (32 tokens)."""
     res = simulate(_prefix_mix("mtp"), "p", 1, seed=1)
     assert res.requests()["cached_tokens"].unique().to_list() == [32.0]
 
