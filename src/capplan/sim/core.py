@@ -144,6 +144,8 @@ class StepPlan:
     drafting: int = 0
     preempted: int = 0
     encoder_tokens: int = 0
+    running_scheduled: int = 0  # RUNNING requests scheduled (explicit or in the cohort)
+    running_prefill: bool = False  # one of them is a prefill chunk (prefill_scheduled)
     idx: int = 0
     cohort_size: int = 0  # decode-cohort members advanced implicitly in this step
     cohort_all: tuple[int, ...] = ()  # ... per workload
@@ -317,6 +319,7 @@ class EngineCore:
         plan.total_tokens += size
         plan.decode_ctx += cohort.ctx
         plan.cohort_size = size
+        plan.running_scheduled += size
         plan.cohort_all = tuple(cohort.all_w)
         plan.cohort_meas = tuple(cohort.meas_w)
         cohort.ctx += size
@@ -425,6 +428,9 @@ class EngineCore:
                     break  # r itself was preempted: nothing more fits
             if prio:
                 scheduled[r.rid] = len(reqs)
+            plan.running_scheduled += 1
+            if not r.decoding:
+                plan.running_prefill = True
             spec = n + computed - num_tokens - ph if r.spec else 0
             reqs.append(r)
             toks.append(n)
@@ -476,15 +482,14 @@ class EngineCore:
                 del hit_hashes[hit_blocks:]
             computed = (r.pinned_blocks + hit_blocks) * bs
             n = num_tokens - computed
-            if (
-                cfg.spec_k
-                and n == 1
-                and plan.reqs
-                and not plan.prefill_tokens
-            ):  # pad a 1-token resume to the uniform spec-decode size
+            pad = 0
+            if cfg.spec_k and n == 1 and plan.running_scheduled and not plan.running_prefill:
+                # pad_spec_decode: a 1-token admission joins a decode-only step as 1 + k
+                # tokens, the padding marked as k draft tokens (rolled back on rejection)
                 n = 1 + cfg.spec_k
                 if n > budget or computed + n > max_len:
                     break
+                pad = cfg.spec_k
             if 0 < threshold < n:
                 n = threshold
             n = min(n, budget)
@@ -513,6 +518,8 @@ class EngineCore:
             r.status = RUNNING
             running.append(r)
             self._add(plan, r, n)
+            if pad:
+                plan.spec[-1] = pad
             budget -= n
 
     def _add(self, plan: StepPlan, r: SimRequest, n: int) -> None:
@@ -538,6 +545,7 @@ class EngineCore:
         """Undo r's place in this step's plan (priority preemption of a scheduled request)."""
         j = scheduled.pop(r.rid)
         n = plan.tokens[j]
+        plan.running_scheduled -= 1
         plan.total_tokens -= n
         if r.decoding:
             plan.decode_ctx -= r.computed
