@@ -58,6 +58,8 @@ class Replica:
         self.busy_s = 0.0
         self.kv_used_block_s = 0.0  # integral of used blocks over time
         self.kv_peak_blocks = 0
+        self.kv_series: list[tuple[float, int, int]] = []  # (time, used blocks, running), 1/s
+        self._next_sample_s = 0.0
         self._wake: simpy.Event | None = None
         self.process = env.process(self._loop())
 
@@ -103,6 +105,9 @@ class Replica:
             self.kv_used_block_s += used * dt
             if used > self.kv_peak_blocks:
                 self.kv_peak_blocks = used
+            if env.now >= self._next_sample_s:
+                self.kv_series.append((env.now, used, len(core.running)))
+                self._next_sample_s = env.now + 1.0
             inflight.popleft()
             core.now = env.now
             self._emit(core.update_from_output(cur), env.now)

@@ -102,6 +102,7 @@ class SimResult(BaseModel):
     pool: PoolRunResult
     workloads: list[WorkloadResult]
     _requests: pl.DataFrame | None = None
+    _kv_series: pl.DataFrame | None = None
 
     @property
     def slo_met(self) -> bool:
@@ -113,6 +114,10 @@ class SimResult(BaseModel):
     def requests(self) -> pl.DataFrame:
         """Per-request figures of the measured requests, one row each."""
         return self._requests if self._requests is not None else pl.DataFrame()
+
+    def kv_series(self) -> pl.DataFrame:
+        """KV blocks in use and running requests per replica, sampled once a second."""
+        return self._kv_series if self._kv_series is not None else pl.DataFrame()
 
     def to_polars(self) -> pl.DataFrame:
         """Per-workload summary, one row each."""
@@ -188,7 +193,10 @@ def requests_frame(names: list[str], recs: list[WorkloadRecorder]) -> pl.DataFra
     for name, rec in zip(names, recs, strict=True):
         if rec.completed:
             d = {f: rec.column(f) for f in REQUEST_FIELDS}
-            frames.append(pl.DataFrame(d).with_columns(pl.lit(name).alias("workload")))
+            ints = ("input_tokens", "output_tokens", "cached_tokens", "preemptions", "replica")
+            frames.append(pl.DataFrame(d).with_columns(
+                pl.lit(name).alias("workload"), *(pl.col(c).cast(pl.Int64) for c in ints)
+            ))
     return pl.concat(frames) if frames else pl.DataFrame()
 
 

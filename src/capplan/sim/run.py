@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import polars as pl
 import simpy
 
 from capplan.errors import ConfigError
@@ -321,4 +322,13 @@ class _Run:
         )
         res = SimResult(pool=pool, workloads=results)
         res._requests = requests_frame([w.name for w in self.workloads], self.recorders)
+        res._kv_series = pl.DataFrame(
+            [
+                {"replica": rep.index, "time_s": t, "kv_usage": used / blocks, "running": n}
+                for rep in self.replicas
+                for t, used, n in rep.kv_series
+            ],
+            schema={"replica": pl.Int64, "time_s": pl.Float64, "kv_usage": pl.Float64,
+                    "running": pl.Int64},
+        )
         return res
