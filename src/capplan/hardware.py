@@ -5,12 +5,12 @@ Figures are the vendor's dense (no sparsity) peaks; they bound, they do not pred
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
 
-class Precision(str, Enum):
+class Precision(StrEnum):
     """Weight/activation formats vLLM 0.26.0 runs; `auto` lets the solver choose."""
 
     BF16 = "bf16"

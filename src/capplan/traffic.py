@@ -170,9 +170,9 @@ class Workload(BaseModel):
             self.input_tokens is None or self.output_tokens is None
         ):
             raise ValueError("input_tokens and output_tokens are required unless arrival is replay")
-        if self.prefix and self.prefix.shared_tokens and self.input_tokens:
-            if self.prefix.shared_tokens >= self.input_tokens.max:
-                raise ValueError("prefix.shared_tokens must be below the largest input length")
+        shared = self.prefix.shared_tokens if self.prefix else None
+        if shared and self.input_tokens and shared >= self.input_tokens.max:
+            raise ValueError("prefix.shared_tokens must be below the largest input length")
         return self
 
     @property

@@ -110,29 +110,35 @@ class DecodeCohort:
         self.all_w[r.wl] -= 1
         if r.measured:
             self.meas_w[r.wl] -= 1
+        r.trail_from = r.u0
         r.trail_until = self.sched_done
-        if r.u0 <= r.trail_until:
+        if r.trail_from <= r.trail_until:
             self.trailing.append(r)
 
-    def advance_trailing(self, step: int, now: float) -> None:
-        """Apply the output of implicit step `step` to members that have since left."""
-        keep = []
+    def advance_trailing(self, step: int, now: float) -> list[SimRequest]:
+        """Apply the output of implicit step `step` to members that have since left;
+        returns those it advanced."""
+        keep, advanced = [], []
         for r in self.trailing:
-            if r.u0 <= step <= r.trail_until:
+            if r.trail_from <= step <= r.trail_until:
                 r.out += 1
                 r.placeholders -= 1
                 r.last_token_s = now
-                r.u0 = step + 1
-            if r.u0 <= r.trail_until:
+                r.trail_from = step + 1
+                advanced.append(r)
+            if r.trail_from <= r.trail_until:
                 keep.append(r)
         self.trailing = keep
+        return advanced
 
-    def dissolve(self) -> None:
+    def dissolve(self) -> list[SimRequest]:
         """Make every member explicit (before a step that needs the ordered walk)."""
-        for r in list(self.members.values()):
+        left = list(self.members.values())
+        for r in left:
             self.leave(r)
         self.events.clear()
         self.ctx = 0
+        return left
 
     def due(self, step: int) -> list[SimRequest]:
         """Members whose event falls on this schedule, materialized."""

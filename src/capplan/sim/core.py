@@ -36,10 +36,10 @@ class SimRequest:
         "computed",
         "decoding",
         "encoded",
-        "first_token_s",
-        "image_tokens",
-        "hashes",
         "event",
+        "first_token_s",
+        "hashes",
+        "image_tokens",
         "last_token_s",
         "lazy",
         "max_tokens",
@@ -58,6 +58,7 @@ class SimRequest:
         "scheduled_s",
         "spec",
         "status",
+        "trail_from",
         "trail_until",
         "u0",
         "user",
@@ -108,7 +109,7 @@ class SimRequest:
         self.last_token_s = -1.0
         self.scheduled_s = -1.0
         self.lazy = False  # advanced implicitly by the decode cohort (sim/cohort.py)
-        self.s0 = self.u0 = self.event = self.trail_until = 0
+        self.s0 = self.u0 = self.event = self.trail_from = self.trail_until = 0
 
     @property
     def num_tokens(self) -> int:
@@ -303,13 +304,14 @@ class EngineCore:
         allocs = []
         for r in cohort.due(plan.idx):
             if r.computed >= min(r.prompt + r.max_tokens, max_len) - LEAVE_MARGIN:
-                cohort.leave(r)
+                self._leave(r)
             else:
                 allocs.append(r)  # crosses into a new block at this step
         others = [r for r in self.running if not r.lazy]
         size = cohort.size
         if not self._fits(others, budget - size, self.kv.num_free - len(allocs)):
-            cohort.dissolve()
+            for r in cohort.dissolve():
+                self._register_decoded(r)
             return self._schedule_running(plan, self.running, budget)
         for r in allocs:
             self.kv.allocate(1)
@@ -327,6 +329,17 @@ class EngineCore:
         if preempted:  # _fits guaranteed every allocation; a preemption here is a bug
             raise RuntimeError("decode cohort: preemption in a step that fits")
         return budget, False
+
+    def _leave(self, r: SimRequest) -> None:
+        assert self.cohort is not None
+        self.cohort.leave(r)
+        self._register_decoded(r)
+
+    def _register_decoded(self, r: SimRequest) -> None:
+        """Cache the blocks a just-materialized member filled while implicit: exactly what
+        the per-request path's updates cached (up to computed - placeholders)."""
+        if (r.computed - r.placeholders) // self.cfg.block_size > r.n_reg:
+            self._cache_blocks(r, r.computed - r.placeholders)
 
     def _fits(self, others: list[SimRequest], budget: int, free_blocks: int) -> bool:
         """Would the ordered walk give each of `others` all it asks for?"""
@@ -592,7 +605,9 @@ class EngineCore:
         cohort = self.cohort
         if cohort is not None:
             if cohort.trailing:
-                cohort.advance_trailing(plan.idx, self.now)
+                for r in cohort.advance_trailing(plan.idx, self.now):
+                    if r.status == RUNNING:
+                        self._register_decoded(r)
             cohort.upd_done = plan.idx
             cohort.last_update_s = self.now
         finished_any = False

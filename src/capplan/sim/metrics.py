@@ -108,7 +108,7 @@ REQUEST_FIELDS = (
 class WorkloadRecorder:
     """Measured requests of one workload, and token counts in the measurement window."""
 
-    __slots__ = ("cols", "itl", "output_tokens_in_window", "input_tokens_in_window")
+    __slots__ = ("cols", "input_tokens_in_window", "itl", "output_tokens_in_window")
 
     def __init__(self) -> None:
         self.cols = {f: array("d") for f in REQUEST_FIELDS}

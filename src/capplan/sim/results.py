@@ -9,7 +9,7 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict, field_serializer
 
 from capplan.sim.metrics import REQUEST_FIELDS, WorkloadRecorder, pct
-from capplan.traffic import SloTarget, Workload
+from capplan.traffic import Workload
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 

@@ -35,8 +35,16 @@ class Router:
             self._next = (self._next + 1) % len(reps)
             return rep
         if self.policy == "prefix_affinity" and r.prefix_blocks:
-            return reps[(-r.prefix_base * 2654435761 >> 7) % len(reps)]
+            return reps[_mix(r.prefix_base) % len(reps)]
         return min(reps, key=lambda x: x.outstanding)
 
     def finished(self, r: SimRequest, replica: Replica) -> None:
         """Hook for policies that track completions (outstanding counts live on replicas)."""
+
+
+def _mix(key: int) -> int:
+    """A well-spread hash of a prefix group's key (splitmix64's finaliser)."""
+    z = key & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return z ^ (z >> 31)
