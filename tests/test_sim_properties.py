@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -48,6 +48,8 @@ def scenarios(draw: st.DrawFn) -> tuple[CoreConfig, float, list[Arrival]]:
         spec_k=spec_k,
         spec_lookahead=draw(st.booleans()),
         long_prefill_token_threshold=draw(st.sampled_from([0, 0, 24])),
+        drop_eagle_block=spec_k > 0 and draw(st.booleans()),
+        decode_cohort=draw(st.booleans()),
     )
     acceptance = draw(st.sampled_from([0.0, 0.6, 0.95]))
     arrivals = []
@@ -71,9 +73,12 @@ def check_invariants(core: EngineCore, plan: StepPlan | None, reqs: list[SimRequ
     assert 0 <= kv.num_free <= kv.num_blocks
     assert len(core.running) <= cfg.max_num_seqs
     if plan is not None:
-        assert plan.total_tokens == sum(plan.tokens) <= cfg.max_num_batched_tokens
+        assert plan.total_tokens == sum(plan.tokens) + plan.cohort_size
+        assert plan.total_tokens <= cfg.max_num_batched_tokens
         assert all(n > 0 for n in plan.tokens)
     for r in reqs:
+        if r.lazy:  # a decode-cohort member's counters are brought up to date lazily
+            continue
         assert 0 <= r.out <= r.max_tokens
         assert r.blocks >= 0
         if r.status == RUNNING:  # KV holds every computed token
@@ -84,8 +89,14 @@ def check_invariants(core: EngineCore, plan: StepPlan | None, reqs: list[SimRequ
             assert r.blocks == 0 and not r.hashes
 
 
-def drive(cfg: CoreConfig, acceptance: float, arrivals: list[Arrival]) -> list[SimRequest]:
-    """Run the engine like Replica does (two steps in flight when async) until all finish."""
+Trace = list[tuple[int, int, int, float, int, int]]
+
+
+def drive(
+    cfg: CoreConfig, acceptance: float, arrivals: list[Arrival]
+) -> tuple[list[SimRequest], Trace]:
+    """Run the engine like Replica does (two steps in flight when async) until all finish;
+    return the requests and each executed step's cost features."""
     core = EngineCore(cfg, random.Random(7), [acceptance])
     reqs = [
         SimRequest(i, 0, float(a.step), a.prompt, a.max_tokens, priority=a.priority,
@@ -94,24 +105,31 @@ def drive(cfg: CoreConfig, acceptance: float, arrivals: list[Arrival]) -> list[S
         for i, a in enumerate(arrivals)
     ]
     emitted = [0] * len(reqs)
+    cohort_tokens = 0
+    trace: Trace = []
     todo = deque(zip(arrivals, reqs, strict=True))
     inflight: deque[StepPlan] = deque()
     t = idle = 0
     while todo or core.has_work or inflight:
+        core.now = float(t)
         while todo and todo[0][0].step <= t:
             core.add_request(todo.popleft()[1])
         if not inflight and core.has_work:
             plan = core.schedule()
             check_invariants(core, plan, reqs)
-            if plan.reqs:
+            if not plan.empty:
                 inflight.append(plan)
         if cfg.async_scheduling and inflight and len(inflight) < 2 and core.has_work:
             ahead = core.schedule()
             check_invariants(core, ahead, reqs)
-            if ahead.reqs:
+            if not ahead.empty:
                 inflight.append(ahead)
         if inflight:
-            for r, new, done in core.update_from_output(inflight.popleft()):
+            cur = inflight.popleft()
+            trace.append((cur.total_tokens, len(cur.reqs) + cur.cohort_size,
+                          cur.prefill_tokens, cur.prefill_attn, cur.decode_ctx, cur.drafting))
+            cohort_tokens += sum(cur.cohort_all)
+            for r, new, done in core.update_from_output(cur):
                 assert new > 0
                 emitted[r.rid] += new
                 assert done == (r.out == r.max_tokens)
@@ -125,10 +143,13 @@ def drive(cfg: CoreConfig, acceptance: float, arrivals: list[Arrival]) -> list[S
         t += 1
         assert t < 20_000, "no progress"
     for r, n in zip(reqs, emitted, strict=True):
-        assert r.status == FINISHED
-        assert n == r.out == r.max_tokens
+        assert r.status == FINISHED and r.out == r.max_tokens
+        if not cfg.decode_cohort:
+            assert n == r.max_tokens
+    # every output token reached the client exactly once, explicitly or through the cohort
+    assert sum(emitted) + cohort_tokens == sum(r.max_tokens for r in reqs)
     assert core.kv.num_used == 0  # every block came back
-    return reqs
+    return reqs, trace
 
 
 @given(scenarios())
@@ -148,10 +169,25 @@ def test_engine_loses_nothing_and_keeps_kv_in_bounds(
 @settings(max_examples=30, deadline=None)
 def test_engine_is_deterministic(case: tuple[CoreConfig, float, list[Arrival]]) -> None:
     """Same inputs and RNG seed, same per-request outcome (rule 7: randomness is injected)."""
-    a = drive(*case)
-    b = drive(*case)
+    a, ta = drive(*case)
+    b, tb = drive(*case)
     assert [(r.out, r.preemptions, r.cached_tokens) for r in a] == [
         (r.out, r.preemptions, r.cached_tokens) for r in b
+    ]
+    assert ta == tb
+
+
+@given(scenarios())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_decode_cohort_changes_no_step(case: tuple[CoreConfig, float, list[Arrival]]) -> None:
+    """The decode cohort is an evaluation shortcut, not a model (sim/cohort.py): with it on
+    or off, every step has the same cost features and every request the same outcome."""
+    cfg, acceptance, arrivals = case
+    on, t_on = drive(replace(cfg, decode_cohort=True), acceptance, arrivals)
+    off, t_off = drive(replace(cfg, decode_cohort=False), acceptance, arrivals)
+    assert t_on == t_off
+    assert [(r.preemptions, r.cached_tokens, r.scheduled_s) for r in on] == [
+        (r.preemptions, r.cached_tokens, r.scheduled_s) for r in off
     ]
 
 
