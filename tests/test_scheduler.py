@@ -360,6 +360,19 @@ def test_spec_decode_step_schedules_one_plus_k_tokens() -> None:
     assert plan.total_tokens == 6
 
 
+
+def test_async_spec_decode_schedules_one_plus_k_against_placeholders() -> None:
+    """async_scheduler.py _update_after_schedule: a decode step leaves 1 + k output
+    placeholders and k placeholder drafts, so the step scheduled while it runs already asks
+    for 1 + k tokens, k of them drafts."""
+    k = 2
+    core = engine(spec_k=k, async_scheduling=True)
+    core.add_request(req(0, 16, 10))
+    p1 = core.schedule()
+    p2 = core.schedule()
+    assert sched(p1) == {0: 16} and sched(p2) == {0: 1 + k}
+    assert p2.spec == [k]
+
 def test_spec_decode_drafts_are_cut_by_the_budget() -> None:
     """scheduler.py: when the budget is below 1 + k, only the drafts that fit are scheduled
     (spec_token_ids[:num_scheduled_spec_tokens])."""

@@ -99,3 +99,15 @@ def test_gpu_memory_utilization_only_moves_kv_capacity() -> None:
     assert kv[0] < kv[1] < kv[2]
     assert res[0].pool.kv_usage_peak < 0.5  # not binding
     assert len({r.pool.output_tokens_per_s for r in res}) == 1
+
+
+def test_prefix_hit_rate_falls_once_eviction_starts() -> None:
+    """Seeds: the prefix cache competes with running requests for KV memory, so the hit
+    rate falls once eviction starts. 40 distinct 2.7 K-token prefixes fit a large KV cache
+    but not a small one (gpu_memory_utilization 0.22), where LRU eviction loses them."""
+    wl = workload(concurrency=32, inp=3000, out=100,
+                  prefix={"shared_fraction": 0.9, "groups": 40})
+    small = run([wl], gpu_memory_utilization=0.22)
+    large = run([wl], gpu_memory_utilization=0.92)
+    assert small.pool.prefix_hit_rate < large.pool.prefix_hit_rate - 0.1
+    assert small.pool.output_tokens_per_s < large.pool.output_tokens_per_s
