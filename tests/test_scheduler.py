@@ -548,7 +548,7 @@ def test_step_emptied_by_preemption_does_not_idle_the_engine(async_scheduling: b
     assert sorted(r.rid for r in done) == [0, 1]
 
 
-# --- spec-decode prefix hits, and known divergences -------------------------------------------
+# --- spec-decode prefix hits and padding --------------------------------------------------------
 
 
 def _prefix_mix(method: str | None) -> TrafficMix:
@@ -605,15 +605,10 @@ def test_one_token_admission_is_padded_to_the_spec_size() -> None:
     assert sched(plan) == {1: 1 + k, 3: 1 + k}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "vLLM marks the padding as k draft tokens (scheduled_spec_decode_tokens = [-1] * k) and "
-    "update_from_output rolls num_computed_tokens back by the rejected ones "
-    "(vllm/v1/core/sched/scheduler.py schedule, pad_spec_decode / update_from_output); the "
-    "simulator records spec=0 for the padded request and never rolls the padding back"
-))
 def test_padded_admission_rolls_its_padding_back() -> None:
-    """After a padded one-token admission the request is an ordinary decoder: it computed
-    its prompt, not prompt + k, and the padding counted as k (rejected) draft tokens."""
+    """scheduler.py schedule (pad_spec_decode) / update_from_output: the padding is k draft
+    tokens ([-1] * k), always rejected, so num_computed_tokens rolls back by k and the
+    request is an ordinary decoder after the step."""
     k = 2
     core, w = _cached_pair(k)
     core.add_request(w)
@@ -622,15 +617,10 @@ def test_padded_admission_rolls_its_padding_back() -> None:
     assert w.computed == w.num_tokens - 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "vLLM pads a one-token admission unless a RUNNING request in prefill was scheduled "
-    "(prefill_scheduled is set in the running loop only: vllm/v1/core/sched/scheduler.py "
-    "schedule); the simulator also refuses when an earlier WAITING admission this step is "
-    "a prefill"
-))
 def test_padding_ignores_prefills_admitted_from_waiting() -> None:
-    """A prefill admitted from the waiting queue earlier in the same step does not stop the
-    one-token admission after it from being padded to 1 + k."""
+    """scheduler.py schedule: prefill_scheduled is set in the RUNNING loop only, so a prefill
+    admitted from the waiting queue earlier in the same step does not stop the one-token
+    admission after it from being padded to 1 + k."""
     k = 2
     core, w = _cached_pair(k)
     core.add_request(req(2, 20, 5))
