@@ -232,15 +232,35 @@ class EngineCore:
     def _cache_blocks(self, r: SimRequest, num_tokens: int) -> None:
         """Cache r's blocks that are full up to `num_tokens` (KVCacheManager.cache_blocks)."""
         full = num_tokens // self.cfg.block_size
-        if full <= r.n_reg:
+        start = r.n_reg
+        if full <= start:
             return
-        if self.kv.caching:
-            kv = self.kv
-            for i in range(max(r.n_reg, r.pinned_blocks), full):
-                h = r.block_hash(i)
-                if kv.register(h):
-                    r.hashes.append(h)
         r.n_reg = full
+        kv = self.kv
+        if not kv.caching:
+            return
+        if start < r.pinned_blocks:
+            start = r.pinned_blocks
+        hashes = r.hashes
+        shared_end = min(full, r.prefix_blocks)
+        for i in range(start, shared_end):  # shared prefix: another request may have it
+            h = r.prefix_base - i
+            if kv.register(h):
+                hashes.append(h)
+        if shared_end > start:
+            start = shared_end
+        if start >= full:
+            return
+        if r.preemptions:  # its own blocks may still be cached from before the preemption
+            for i in range(start, full):
+                h = (r.rid << _UNIQUE_SHIFT) | i
+                if kv.register(h):
+                    hashes.append(h)
+        else:  # blocks unique to a request never seen before: none can be cached yet
+            base = r.rid << _UNIQUE_SHIFT
+            new = range(base | start, base | full)
+            kv.ref.update(dict.fromkeys(new, 1))
+            hashes.extend(new)
 
     def _allocate_running(self, r: SimRequest, n: int) -> bool:
         """allocate_slots for a running request: blocks up to computed + n + lookahead."""
