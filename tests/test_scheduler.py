@@ -627,3 +627,30 @@ def test_padding_ignores_prefills_admitted_from_waiting() -> None:
     core.add_request(w)
     plan, _ = step(core)
     assert sched(plan) == {1: 1 + k, 2: 20, 3: 1 + k}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "vLLM decrements req_index only when the priority victim was already scheduled this "
+    "step (vllm/v1/core/sched/scheduler.py schedule: `if preempted_req in "
+    "scheduled_running_reqs: ... req_index -= 1`), so removing an earlier running request "
+    "that was skipped shifts the list under the index and the request after the asker is "
+    "skipped for the step; the simulator re-indexes and schedules it"
+))
+def test_priority_victim_skipped_earlier_shifts_the_running_walk() -> None:
+    """Async + priority: low-priority `low` sits first in the running list, skipped because
+    its in-flight step already yields its last token. `h1` needs a block, `low` is the
+    victim; vLLM's walk then jumps over `h2`, which waits one step."""
+    core = engine(num_blocks=4, block_size=4, policy="priority", async_scheduling=True,
+                  max_model_len=16)
+    low = req(0, 4, 2, priority=1)
+    h1 = req(1, 4, 8, priority=0)
+    h2 = req(2, 4, 8, priority=0)
+    core.add_request(low)
+    p1 = core.schedule()
+    core.add_request(h1)
+    core.add_request(h2)
+    core.schedule()  # low decodes its last token; h1, h2 admitted; KV now full
+    core.update_from_output(p1)
+    p3 = core.schedule()
+    assert p3.preempted == 1 and low.status == PREEMPTED
+    assert sched(p3) == {1: 1}
