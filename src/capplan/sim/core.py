@@ -333,8 +333,9 @@ class EngineCore:
             for r in cohort.dissolve():
                 self._register_decoded(r)
             return self._schedule_running(plan, self.running, budget)
+        if allocs:
+            self.kv.allocate(len(allocs))
         for r in allocs:
-            self.kv.allocate(1)
             r.blocks += 1
             self._cache_blocks(r, min(r.computed + 1, r.prompt + r.out))
             cohort.rearm(r, self.lookahead, bs, max_len)
@@ -505,6 +506,10 @@ class EngineCore:
             hit_blocks = evictable = 0
             hit_hashes: list[int] = []
             max_hit = (num_tokens - 1) // bs
+            if not r.preemptions and max_hit > r.prefix_blocks:
+                # blocks past the shared prefix of a request never scheduled before are
+                # unique to it and not cached yet: the chain of hits stops there
+                max_hit = max(r.prefix_blocks, r.pinned_blocks)
             if kv.caching and max_hit > r.pinned_blocks:
                 hit_hashes = [r.block_hash(j) for j in range(r.pinned_blocks, max_hit)]
                 hit_blocks, evictable = kv.longest_hit(hit_hashes)
