@@ -172,14 +172,18 @@ def bracket(
     return Bracket(lower, estimate, busy, kv_r, seq_r)
 
 
-def longest_e2e_s(st: PoolSetup, workloads: list[Workload]) -> float:
-    """A generous guess of the slowest request's time in a healthy pool (sets the probe drain)."""
+def tail_e2e_s(st: PoolSetup, workloads: list[Workload], q: float = 99.0) -> float:
+    """A healthy pool's time for a request of q-th percentile prompt and output (batch of 64
+    decoding alongside): how long a probe waits past its window for stragglers. Requests
+    longer than that count as late, which moves a p99 by at most their share of the tail."""
     worst = 1.0
+    rng = np.random.default_rng(0)
     for w in workloads:
         if w.input_tokens is None or w.output_tokens is None:
             continue
-        batch = min(st.pool.engine.max_num_seqs, 256)
-        t = prefill_time_s(st, w.input_tokens.max) + w.output_tokens.max * decode_step_s(
+        batch = min(st.pool.engine.max_num_seqs, 64)
+        out = float(np.percentile(w.output_tokens.sample(rng, _SAMPLES), q))
+        t = prefill_time_s(st, _quantile(w, q)) + out * decode_step_s(
             st, batch, w.mean_input_tokens
         ) / _tokens_per_step(st)
         worst = max(worst, t)

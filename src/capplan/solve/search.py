@@ -21,8 +21,8 @@ from capplan.solve.bounds import (
     Bracket,
     bracket,
     infeasible_reason,
-    longest_e2e_s,
     rate_of,
+    tail_e2e_s,
     unloaded_e2e_s,
 )
 
@@ -38,9 +38,9 @@ class SearchSettings:
     rate_scale: float = 1.0
     extra_seeds: int = 2
     quick: bool = False
-    probe_requests: int = 300
+    probe_requests: int = 200
     """Probe long enough for this many requests of the pool's slowest workload ..."""
-    probe_cap_requests: int = 4000
+    probe_cap_requests: int = 2500
     """... but no more than this many requests in all."""
 
     def scaled(self) -> SearchSettings:
@@ -118,7 +118,10 @@ class Sizer:
         self.bracket = bracket(st, self.workloads, rate_scale=scale, base_dir=mix.base_dir)
         # probes cut the drain short (an overloaded probe is slow and fails either way);
         # confirmation runs keep the mix's drain, so `capplan simulate` reproduces them
-        drain = min(mix.simulation.drain_s, max(15.0, 2 * longest_e2e_s(st, self.workloads)))
+        e2e_limits = [t.limit_s for w in self.workloads for t in w.slo.targets
+                      if t.metric == "e2e"]
+        drain = max(10.0, 2 * tail_e2e_s(st, self.workloads), *e2e_limits)
+        drain = min(mix.simulation.drain_s, drain)
         self.mix = mix
         self.probe_mix = mix.model_copy(
             update={"simulation": mix.simulation.model_copy(update={"drain_s": drain})}
