@@ -444,11 +444,11 @@ class EngineCore:
                     # Out of KV: preempt the lowest-priority (priority) or newest (fcfs).
                     if prio:
                         victim = max(all_running, key=lambda q: (q.priority, q.arrival_s))
-                        vi = all_running.index(victim)
-                        all_running.pop(vi)
+                        all_running.remove(victim)
                         if victim.rid in scheduled:
                             budget += self._unschedule(plan, scheduled, victim)
-                        if vi < i:
+                            # only then does vLLM step its index back: an earlier victim that
+                            # was not scheduled makes the walk skip the request after r
                             i -= 1
                     else:
                         victim = all_running.pop()
