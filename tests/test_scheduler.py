@@ -288,6 +288,25 @@ def test_priority_preempts_the_lowest_priority_request() -> None:
     assert a.status == PREEMPTED and b.status != PREEMPTED
 
 
+
+def test_priority_victim_requeues_by_priority() -> None:
+    """request_queue.py PriorityRequestQueue.prepend_request == add_request: a preempted
+    request has no front to go to; it waits in (priority, arrival) order, behind a later
+    higher-priority request and ahead of a later request of its own priority."""
+    core, (a, _b) = _two_decoders("priority", prio=(1, 0))
+    for _ in range(40):
+        plan, _ = step(core)
+        if plan.preempted:
+            break
+    assert a.status == PREEMPTED
+    core.add_request(req(2, 16, 1, priority=0, arrival_s=5.0))
+    core.add_request(req(3, 16, 1, priority=1, arrival_s=6.0))
+    first_seen: list[int] = []
+    for _ in range(80):
+        plan, _ = step(core)
+        first_seen += [rid for rid in sched(plan) if rid != 1 and rid not in first_seen]
+    assert first_seen == [2, 0, 3]
+
 def test_priority_victim_already_scheduled_gives_its_budget_back() -> None:
     """scheduler.py schedule (PRIORITY): a victim already scheduled this step is taken out of
     the step (its tokens return to the budget) before it is preempted."""
