@@ -648,17 +648,11 @@ def test_padding_ignores_prefills_admitted_from_waiting() -> None:
     assert sched(plan) == {1: 1 + k, 2: 20, 3: 1 + k}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "vLLM decrements req_index only when the priority victim was already scheduled this "
-    "step (vllm/v1/core/sched/scheduler.py schedule: `if preempted_req in "
-    "scheduled_running_reqs: ... req_index -= 1`), so removing an earlier running request "
-    "that was skipped shifts the list under the index and the request after the asker is "
-    "skipped for the step; the simulator re-indexes and schedules it"
-))
 def test_priority_victim_skipped_earlier_shifts_the_running_walk() -> None:
-    """Async + priority: low-priority `low` sits first in the running list, skipped because
-    its in-flight step already yields its last token. `h1` needs a block, `low` is the
-    victim; vLLM's walk then jumps over `h2`, which waits one step."""
+    """scheduler.py schedule (PRIORITY): req_index steps back only when the victim was
+    already scheduled this step. Here low-priority `low` sits first in the running list,
+    skipped (async: its in-flight step yields its last token); `h1` needs a block and `low`
+    is the victim, so the list shifts under the index and the walk jumps over `h2`."""
     core = engine(num_blocks=4, block_size=4, policy="priority", async_scheduling=True,
                   max_model_len=16)
     low = req(0, 4, 2, priority=1)
