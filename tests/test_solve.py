@@ -247,3 +247,47 @@ def test_cli_sweep_curve(tmp_path: Path) -> None:
     assert rows[0].startswith("growth,pool,gpus")
     gpus = [int(x.split(",")[2]) for x in rows[1:]]
     assert len(gpus) == 2 and gpus[0] <= gpus[1]
+
+
+# -- options ------------------------------------------------------------------------------------
+
+
+def test_precision_auto_picks_the_cheapest_and_lists_runners_up() -> None:
+    """precision: auto searches bf16/fp8/nvfp4/awq; the chosen one costs no more than any
+    runner-up (the seeds' rule: choose by throughput under the SLO)."""
+    plan = size_mix(load_mix(DATA / "size-auto.yaml"), quick=True, advice=False)
+    p = plan.pools[0]
+    assert p.precision in {"bf16", "fp8", "nvfp4", "awq"}
+    assert {r.precision for r in p.runners_up} | {p.precision} == {"bf16", "fp8", "nvfp4", "awq"}
+    for r in p.runners_up:
+        assert r.usd_per_month is None or p.cost.usd_per_month <= r.usd_per_month
+
+
+def test_text_only_advice_is_computed_from_the_profile() -> None:
+    """A vision model's pool serving no images is told how much KV the encoder reservation
+    costs it, from the profile's figures (not a constant)."""
+    from capplan.pool import Pool
+    from capplan.solve.options import text_only_advice
+
+    base = small()
+    pool = Pool(name="chat", model="gemma-4-31b", precision="fp8",
+                engine={"max_model_len": 4096})  # type: ignore[arg-type]
+    mix = with_pool(base, pool)
+    st_ = setup_pool(pool)
+    a = text_only_advice(mix, st_)
+    assert a is not None and a.kv_gain is not None and a.kv_gain > 0
+    kv = st_.profile.kv
+    assert a.kv_gain == pytest.approx(kv.tokens(0.92) / kv.tokens(0.92, text_only=False) - 1,
+                                      abs=1e-6)
+    text_pool = pool.model_copy(update={"engine": pool.engine.model_copy(
+        update={"limit_mm_per_prompt": {"image": 0}})})
+    assert text_only_advice(with_pool(base, text_pool), setup_pool(text_pool)) is None
+
+
+def test_split_advice_simulates_the_split() -> None:
+    """For a pool with >1 workload, the advice gives the GPUs with the binding workload in its
+    own pool, from simulating both pools."""
+    plan = size_mix(small(), quick=True)
+    advice = [a for a in plan.pools[0].advice if a.kind == "split"]
+    assert len(advice) == 1 and advice[0].gpus_saved is not None
+    assert plan.pools[0].binding_workload in advice[0].message
