@@ -78,13 +78,14 @@ def print_plan(plan: Plan, console: Console, elapsed_s: float | None = None) -> 
 
 def _print_pool(p: PoolPlan, console: Console) -> None:
     console.print(f"\n[bold]pool {p.pool}[/] ({p.model} on {p.gpu}, TP={p.tp}, {p.precision})")
+    binding = (p.binding_workload, p.binding_slo)
     for w in p.workloads:
-        for c in w.slo:
-            mark = "[green]✓[/]" if c.met else "[red]✗[/]"
-            bind = "  ← binding" if (w.name, c.key) == (p.binding_workload, p.binding_slo) else ""
+        for line in w.slo:
+            mark = "[green]✓[/]" if line.met else "[red]✗[/]"
+            bind = "  ← binding" if (w.name, line.key) == binding else ""
             console.print(
-                f"  {mark} {w.name:<16} {c.key:<11} {_s(c.value_s):>11} ≤ {_s(c.limit_s):<9} "
-                f"margin {_pct(c.margin)}{bind}"
+                f"  {mark} {w.name:<16} {line.key:<11} {_s(line.value_s):>11} ≤ "
+                f"{_s(line.limit_s):<9} margin {_pct(line.margin)}{bind}"
             )
     if p.profile_source == "analytic":
         console.print(
@@ -202,7 +203,11 @@ def _plot(rows: list[dict[str, Any]], path: Path, console: Console) -> None:
     totals: dict[float, int] = {}
     for r in rows:
         totals[r["growth"]] = totals.get(r["growth"], 0) + r["gpus"]
-    ax.plot(list(totals), list(totals.values()), marker="s", linestyle="--", label="total")
+    if len({r["pool"] for r in rows}) > 1:
+        ax.plot(list(totals), list(totals.values()), marker="s", linestyle="--", label="total")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("traffic growth (× peak)")
     ax.set_ylabel("GPUs meeting every SLO")
     ax.legend()
