@@ -667,3 +667,30 @@ def test_priority_victim_skipped_earlier_shifts_the_running_walk() -> None:
     p3 = core.schedule()
     assert p3.preempted == 1 and low.status == PREEMPTED
     assert sched(p3) == {1: 1}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "vLLM does not de-duplicate cached blocks (vllm/v1/core/block_pool.py "
+    "BlockHashToBlockMap, NOTE #1; cache_full_blocks inserts a second block under the same "
+    "hash): a duplicate is freed to the LRU tail as a cached block and keeps the hash alive "
+    "after the first copy is evicted; KVCache.register refuses it and the block is freed "
+    "as an unhashed block, reused first"
+))
+def test_duplicate_prefix_block_stays_cached_in_lru_order() -> None:
+    """Two requests compute shared block 1 concurrently (long_prefill_token_threshold 20
+    keeps both in prefill), so it is cached twice. After both finish, a 4-block request
+    evicts from the LRU front: vLLM loses one copy of block 1 but keeps the other, and a
+    later request of the same prefix still hits both shared blocks."""
+    core = engine(num_blocks=6, long_prefill_token_threshold=20)
+    core.add_request(shared(0, 48, 2))
+    core.add_request(shared(1, 48, 2))
+    for _ in range(3):
+        step(core)
+    u = req(2, 64, 1)
+    core.add_request(u)
+    while u.out == 0:
+        step(core)
+    z = shared(3, 48, 2)
+    core.add_request(z)
+    step(core)
+    assert z.cached_tokens == 32
