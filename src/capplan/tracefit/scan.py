@@ -1,0 +1,220 @@
+"""Request logs as one lazy polars frame with canonical columns, never loaded whole.
+
+Every reader returns `Requests`: a `LazyFrame` with `t_s` (Float64 seconds), `input_tokens`,
+`output_tokens` (Int64), `workload` (String) and, when the file has them, `hash_ids`
+(List[Int64], block hash ids, Mooncake-style) or `prefix_hash` + `prefix_tokens`.
+Only the columns named here are read; the frame is scanned lazily and collected by the
+fitters with polars' streaming engine.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from capplan.errors import ConfigError
+
+__all__ = ["FORMATS", "MOONCAKE_BLOCK_TOKENS", "Requests", "detect_format", "scan_requests"]
+
+FORMATS = ("auto", "csv", "parquet", "jsonl", "mooncake", "vllm-bench", "metrics")
+"""Formats `fit_trace` reads; `auto` picks one from the suffix and the first line."""
+
+MOONCAKE_BLOCK_TOKENS = 512
+"""Tokens per `hash_ids` entry in the Mooncake traces (FAST'25 release: 512-token blocks)."""
+
+# Canonical name -> accepted spellings, first one preferred (named in errors).
+_ALIASES: dict[str, tuple[str, ...]] = {
+    "timestamp": ("timestamp", "arrival_s", "arrival_time", "time"),
+    "input_tokens": ("input_tokens", "input_length", "prompt_tokens", "input_len"),
+    "output_tokens": ("output_tokens", "output_length", "completion_tokens", "output_len"),
+}
+
+
+@dataclass(frozen=True)
+class Requests:
+    """A lazily scanned request log in canonical columns."""
+
+    frame: pl.LazyFrame
+    file: str
+    format: str
+    has_hash_ids: bool
+    has_prefix_hash: bool
+    block_tokens: int
+    workload_column: str | None
+    default_workload: str
+    timestamp_unit: str  # "s", "ms" or "datetime": how `t_s` was derived (for the header)
+
+
+def workload_name(text: str) -> str:
+    """A workload name the traffic schema accepts (letters, digits, `_.-`)."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")
+    return name or "trace"
+
+
+def detect_format(path: Path) -> str:
+    """The format of `path` from its suffix and, for JSON files, its first record."""
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        return "csv"
+    if suffix in (".parquet", ".pq"):
+        return "parquet"
+    if suffix in (".prom", ".metrics", ".txt"):
+        return "metrics"
+    if suffix in (".jsonl", ".ndjson", ".json"):
+        first = _first_line(path)
+        try:
+            rec = json.loads(first) if first else None
+        except json.JSONDecodeError:
+            rec = None
+        if isinstance(rec, dict):
+            if "input_length" in rec and "hash_ids" in rec:
+                return "mooncake"
+            if "input_lens" in rec or "request_throughput" in rec:
+                return "vllm-bench"
+        if suffix == ".json":
+            return "vllm-bench"
+        return "jsonl"
+    head = _first_line(path)
+    if head.startswith("# HELP") or head.startswith("# TYPE") or head.startswith("vllm:"):
+        return "metrics"
+    raise ConfigError(
+        f"cannot tell the format from suffix {suffix or '(none)'!r}; pass --format "
+        f"({', '.join(FORMATS[1:])})",
+        file=str(path),
+        field="--format",
+    )
+
+
+def _first_line(path: Path) -> str:
+    try:
+        with path.open("r", encoding="utf-8", errors="replace") as f:
+            return f.readline(1 << 20).strip()
+    except OSError as e:
+        raise ConfigError(f"cannot read file ({e.strerror}); check the path", file=str(path)) from e
+
+
+def _pick(names: list[str], canonical: str, file: str) -> str:
+    for candidate in _ALIASES[canonical]:
+        if candidate in names:
+            return candidate
+    spellings = ", ".join(_ALIASES[canonical])
+    raise ConfigError(
+        f"column {canonical!r} missing (accepted names: {spellings}; found: "
+        f"{', '.join(names) or 'none'}); rename the column or pass --format",
+        file=file,
+        field=canonical,
+    )
+
+
+def _seconds(col: str, dtype: pl.DataType, scale: float) -> tuple[pl.Expr, str]:
+    """`t_s` from a numeric (seconds x scale), ISO-string or datetime column."""
+    if dtype.is_numeric():
+        return pl.col(col).cast(pl.Float64) * scale, "ms" if scale != 1.0 else "s"
+    if dtype == pl.String:
+        parsed = pl.col(col).str.to_datetime(time_unit="us", time_zone="UTC")
+        return parsed.dt.epoch("us").cast(pl.Float64) / 1e6, "datetime"
+    if isinstance(dtype, pl.Datetime | pl.Date):
+        return pl.col(col).dt.epoch("us").cast(pl.Float64) / 1e6, "datetime"
+    raise ConfigError(
+        f"timestamps of type {dtype} are not supported; give seconds or ISO datetimes",
+        field=col,
+    )
+
+
+def _scan(path: Path, fmt: str) -> pl.LazyFrame:
+    if fmt == "csv":
+        return pl.scan_csv(path)
+    if fmt == "parquet":
+        return pl.scan_parquet(path)
+    return pl.scan_ndjson(path, infer_schema_length=1000)
+
+
+def scan_requests(
+    path: str | Path, fmt: str = "auto", *, workload_column: str | None = None
+) -> Requests:
+    """Open a request log (csv, parquet, jsonl or the Mooncake trace) as canonical columns."""
+    p = Path(path)
+    file = str(p)
+    if not p.is_file():
+        raise ConfigError("trace file not found; check the path", file=file)
+    if fmt == "auto":
+        fmt = detect_format(p)
+    if fmt not in ("csv", "parquet", "jsonl", "mooncake"):
+        raise ConfigError(f"{fmt!r} is not a request-log format", file=file, field="--format")
+    lf = _scan(p, fmt)
+    try:
+        schema = lf.collect_schema()
+    except pl.exceptions.PolarsError as e:
+        raise ConfigError(f"cannot read {fmt} file: {_first(e)}", file=file) from e
+    names = schema.names()
+    ts = _pick(names, "timestamp", file)
+    inp = _pick(names, "input_tokens", file)
+    out = _pick(names, "output_tokens", file)
+    scale = 1e-3 if fmt == "mooncake" else 1.0
+    try:
+        t_expr, unit = _seconds(ts, schema[ts], scale)
+    except ConfigError as e:
+        raise ConfigError(str(e), file=file, field=ts) from e
+    if workload_column is None and "workload" in names:
+        workload_column = "workload"
+    if workload_column is not None and workload_column not in names:
+        raise ConfigError(
+            f"workload column {workload_column!r} missing (found: {', '.join(names)}); "
+            "fix --workload-column",
+            file=file,
+            field=workload_column,
+        )
+    default = workload_name(p.stem)
+    wl = (
+        pl.col(workload_column).cast(pl.String).fill_null("unlabelled")
+        if workload_column
+        else pl.lit(default)
+    )
+    exprs = [
+        t_expr.alias("t_s"),
+        pl.col(inp).cast(pl.Int64).alias("input_tokens"),
+        pl.col(out).cast(pl.Int64).alias("output_tokens"),
+        wl.alias("workload"),
+    ]
+    has_hash = "hash_ids" in names
+    has_prefix = "prefix_hash" in names
+    if has_hash:
+        if not isinstance(schema["hash_ids"], pl.List):
+            raise ConfigError(
+                f"hash_ids must be a list of integers, found {schema['hash_ids']}",
+                file=file,
+                field="hash_ids",
+            )
+        exprs.append(pl.col("hash_ids").cast(pl.List(pl.Int64)))
+    elif has_prefix:
+        if "prefix_tokens" not in names:
+            raise ConfigError(
+                "column 'prefix_tokens' missing: prefix_hash needs the length of the shared "
+                "prompt head it names; add prefix_tokens or drop prefix_hash",
+                file=file,
+                field="prefix_tokens",
+            )
+        exprs += [
+            pl.col("prefix_hash").cast(pl.String),
+            pl.col("prefix_tokens").cast(pl.Int64),
+        ]
+    return Requests(
+        frame=lf.select(exprs),
+        file=file,
+        format=fmt,
+        has_hash_ids=has_hash,
+        has_prefix_hash=has_prefix and not has_hash,
+        block_tokens=MOONCAKE_BLOCK_TOKENS,
+        workload_column=workload_column,
+        default_workload=default,
+        timestamp_unit=unit,
+    )
+
+
+def _first(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
