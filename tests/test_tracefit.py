@@ -1,0 +1,367 @@
+"""Traffic from traces: fits recover known parameters, public formats parse, errors name the fix."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from capplan.distributions import Constant, Empirical, LogNormal
+from capplan.errors import ConfigError
+from capplan.mix import load_mix
+from capplan.sim.run import simulate
+from capplan.tracefit import (
+    fit_trace,
+    fit_trace_report,
+    parse_metrics,
+    to_yaml,
+)
+from capplan.tracefit.cli import traffic
+from capplan.tracefit.lengths import fit_lengths, histogram_dist
+from capplan.tracefit.metrics import histogram_lengths
+from capplan.traffic import ClosedLoop, DailyArrival, GammaArrival, PoissonArrival
+
+TRACES = Path(__file__).parent / "data" / "traces"
+
+
+def _lognormal(rng: np.random.Generator, mean: float, sigma: float, n: int) -> np.ndarray:
+    mu = math.log(mean) - sigma**2 / 2
+    return np.maximum(np.rint(rng.lognormal(mu, sigma, n)), 1).astype(np.int64)
+
+
+def _write(path: Path, t: np.ndarray, inp: np.ndarray, out: np.ndarray, **extra: object) -> Path:
+    frame = pl.DataFrame({"timestamp": t, "input_tokens": inp, "output_tokens": out, **extra})
+    if path.suffix == ".parquet":
+        frame.write_parquet(path)
+    else:
+        frame.write_csv(path)
+    return path
+
+
+def _open_loop(tmp_path: Path, *, rate: float, cv: float | None, seconds: float, seed: int) -> Path:
+    rng = np.random.default_rng(seed)
+    n = int(rate * seconds)
+    if cv is None:
+        gaps = rng.exponential(1 / rate, n)
+    else:
+        shape = 1 / cv**2
+        gaps = rng.gamma(shape, 1 / (rate * shape), n)
+    t = np.cumsum(gaps)
+    return _write(
+        tmp_path / "trace.csv", t, _lognormal(rng, 800, 0.8, n), _lognormal(rng, 200, 0.5, n)
+    )
+
+
+# -- arrivals and lengths round trip ---------------------------------------------------------
+
+
+def test_poisson_round_trip(tmp_path: Path) -> None:
+    """A Poisson trace at 20 req/s with lognormal lengths fits back as poisson, rate within
+    5 %, mean lengths within 5 %, both lengths lognormal."""
+    mix = fit_trace(_open_loop(tmp_path, rate=20, cv=None, seconds=600, seed=1))
+    (w,) = mix.workloads
+    assert isinstance(w.arrival, PoissonArrival)
+    assert w.arrival.rate_rps == pytest.approx(20, rel=0.05)
+    assert isinstance(w.input_tokens, LogNormal) and isinstance(w.output_tokens, LogNormal)
+    assert w.input_tokens.mean == pytest.approx(800, rel=0.05)
+    assert w.output_tokens.mean == pytest.approx(200, rel=0.05)
+    assert w.input_tokens.sigma == pytest.approx(0.8, rel=0.1)
+
+
+def test_gamma_round_trip(tmp_path: Path) -> None:
+    """A bursty gamma trace (gap CV 2.5) fits back as gamma with its CV within 15 % and its
+    rate within 5 %."""
+    mix = fit_trace(_open_loop(tmp_path, rate=20, cv=2.5, seconds=600, seed=2))
+    arrival = mix.workloads[0].arrival
+    assert isinstance(arrival, GammaArrival)
+    assert arrival.cv == pytest.approx(2.5, rel=0.15)
+    assert arrival.rate_rps == pytest.approx(20, rel=0.05)
+
+
+def test_peak_hour_rate(tmp_path: Path) -> None:
+    """A 3-hour trace at 2, 6 and 3 req/s is sized at its peak hour: rate 6, not the mean."""
+    rng = np.random.default_rng(3)
+    parts = [h * 3600 + np.sort(rng.uniform(0, 3600, int(r * 3600))) for h, r in
+             enumerate((2, 6, 3))]
+    t = np.concatenate(parts)
+    n = len(t)
+    path = _write(tmp_path / "t.csv", t, np.full(n, 100), np.full(n, 10))
+    fit = fit_trace_report(path)
+    (w,) = fit.mix.workloads
+    assert w.arrival.rate_rps == pytest.approx(6, rel=0.03)  # type: ignore[union-attr]
+    assert isinstance(w.input_tokens, Constant) and w.input_tokens.value == 100
+    assert "peak clock hour starting t=3600" in to_yaml(fit)
+
+
+def test_daily_profile(tmp_path: Path) -> None:
+    """A trace spanning two days becomes `daily`: the busiest hour of day gets fraction 1 and
+    a quiet hour its share of the peak (within 15 %)."""
+    rng = np.random.default_rng(4)
+    shape = [0.2] * 24
+    shape[14] = 1.0
+    shape[9] = 0.6
+    parts = [
+        (d * 24 + h) * 3600 + np.sort(rng.uniform(0, 3600, rng.poisson(0.5 * 3600 * shape[h])))
+        for d in range(2)
+        for h in range(24)
+    ]
+    t = np.concatenate(parts)
+    n = len(t)
+    mix = fit_trace(_write(tmp_path / "d.csv", t, np.full(n, 50), np.full(n, 5)))
+    arrival = mix.workloads[0].arrival
+    assert isinstance(arrival, DailyArrival)
+    assert arrival.hourly_fraction.index(1.0) == 14
+    assert arrival.peak_rate_rps == pytest.approx(0.5, rel=0.05)
+    assert arrival.hourly_fraction[9] == pytest.approx(0.6, rel=0.15)
+    assert arrival.hourly_fraction[3] == pytest.approx(0.2, rel=0.15)
+
+
+def test_iso_timestamps_and_workload_column(tmp_path: Path) -> None:
+    """ISO datetimes are read as seconds, and a workload column splits the log into one
+    workload per label, each with its own rate."""
+    rng = np.random.default_rng(5)
+    rows = []
+    for label, rate in (("chat", 4.0), ("batch", 1.0)):
+        t = np.cumsum(rng.exponential(1 / rate, int(rate * 1200)))
+        rows += [(1.7e9 + x, label) for x in t]
+    rows.sort()
+    iso = [datetime.fromtimestamp(x, UTC).isoformat() for x, _ in rows]
+    n = len(rows)
+    path = _write(
+        tmp_path / "iso.csv",
+        np.array(iso),
+        rng.integers(10, 500, n),
+        rng.integers(1, 50, n),
+        kind=[label for _, label in rows],
+    )
+    mix = fit_trace(path, workload_column="kind", pool="p")
+    rates = {w.name: w.arrival.rate_rps for w in mix.workloads}  # type: ignore[union-attr]
+    assert rates["chat"] == pytest.approx(4, rel=0.1)
+    assert rates["batch"] == pytest.approx(1, rel=0.15)
+    assert {w.pool for w in mix.workloads} == {"p"}
+
+
+def test_empirical_when_lognormal_fits_badly() -> None:
+    """A bimodal length histogram is kept as an empirical histogram (KS above the threshold),
+    preserving the mean; a lognormal one stays lognormal."""
+    rng = np.random.default_rng(6)
+    bimodal = np.concatenate([rng.integers(90, 110, 5000), rng.integers(3900, 4100, 5000)])
+    fit = fit_lengths(*np.unique(bimodal, return_counts=True))
+    assert isinstance(fit.dist, Empirical) and fit.ks is not None and fit.ks > 0.05
+    assert fit.dist.mean == pytest.approx(bimodal.mean(), rel=0.01)
+    assert "empirical" in fit.how
+    smooth = fit_lengths(*np.unique(_lognormal(rng, 500, 0.7, 20000), return_counts=True))
+    assert isinstance(smooth.dist, LogNormal) and "lognormal" in smooth.how
+    assert smooth.dist.max == smooth.p999
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 100_000), min_size=1, max_size=400))
+def test_histogram_keeps_the_mean(lengths: list[int]) -> None:
+    """Binning a histogram into the empirical form keeps its mean (within bin rounding)."""
+    values, counts = np.unique(np.asarray(lengths), return_counts=True)
+    dist = histogram_dist(values, counts)
+    assert len(dist.values) <= 64
+    assert dist.mean == pytest.approx(np.mean(lengths), rel=1e-3, abs=1.0)
+
+
+# -- prefix structure ------------------------------------------------------------------------
+
+
+def _reference_hits(path: Path, block: int = 512) -> float:
+    """Infinite-cache token hit rate, request by request in arrival order (slow, obvious)."""
+    recs = sorted(
+        (json.loads(line) for line in path.read_text().splitlines()), key=lambda r: r["timestamp"]
+    )
+    seen: set[int] = set()
+    hit = total = 0
+    for r in recs:
+        lead = 0
+        for h in r["hash_ids"]:
+            if h not in seen:
+                break
+            lead += 1
+        hit += min(lead * block, r["input_length"] - 1)
+        total += r["input_length"]
+        seen.update(r["hash_ids"])
+    return hit / total
+
+
+def test_mooncake_prefix_structure() -> None:
+    """The Mooncake fixture (4 Zipf-popular 4-block system prompts) reads with ms timestamps
+    and yields 4 groups, a positive zipf_s, and the infinite-cache hit rate of a
+    request-by-request reference."""
+    fit = fit_trace_report(TRACES / "mooncake.jsonl")
+    assert fit.format == "mooncake"
+    (w,) = fit.mix.workloads
+    assert w.prefix is not None and w.prefix.groups == 4 and w.prefix.zipf_s > 0.3
+    expected = _reference_hits(TRACES / "mooncake.jsonl")
+    assert fit.workloads[0].hit_rate == pytest.approx(expected, abs=1e-9)
+    assert w.prefix.shared_fraction == pytest.approx(expected, abs=1e-3)
+    assert w.arrival.rate_rps == pytest.approx(5, rel=0.1)  # type: ignore[union-attr]
+    assert "infinite-cache hit rate" in to_yaml(fit)
+
+
+def test_prefix_hash_column(tmp_path: Path) -> None:
+    """A `prefix_hash` + `prefix_tokens` log: every request after the first of its group
+    hits its prefix; prefix_hash without prefix_tokens is an error naming prefix_tokens."""
+    t = np.arange(10, dtype=float)
+    inp = np.full(10, 1000)
+    path = _write(
+        tmp_path / "p.csv", t, inp, np.full(10, 5),
+        prefix_hash=["a", "b"] * 5, prefix_tokens=[600] * 10,
+    )
+    fit = fit_trace_report(path)
+    assert fit.workloads[0].hit_rate == pytest.approx(8 * 600 / 10_000)
+    assert fit.mix.workloads[0].prefix is not None
+    assert fit.mix.workloads[0].prefix.groups == 2
+    bad = _write(tmp_path / "q.csv", t, inp, np.full(10, 5), prefix_hash=["a"] * 10)
+    with pytest.raises(ConfigError, match="prefix_tokens") as err:
+        fit_trace(bad)
+    assert err.value.field == "prefix_tokens"
+
+
+# -- public formats --------------------------------------------------------------------------
+
+
+def test_vllm_bench_results() -> None:
+    """A `vllm bench serve --save-detailed` result becomes poisson at its request rate with
+    empirical lengths of the completed requests only; an infinite-rate run capped by
+    --max-concurrency becomes a closed loop, constant at the mean without per-request data."""
+    mix = fit_trace(TRACES / "vllm_bench.json")
+    (w,) = mix.workloads
+    raw = json.loads((TRACES / "vllm_bench.json").read_text())
+    ok = [i for i, e in enumerate(raw["errors"]) if not e]
+    assert isinstance(w.arrival, PoissonArrival) and w.arrival.rate_rps == 4.0
+    assert isinstance(w.input_tokens, Empirical) and isinstance(w.output_tokens, Empirical)
+    assert w.output_tokens.mean == pytest.approx(np.mean([raw["output_lens"][i] for i in ok]), 0.01)
+    assert min(w.output_tokens.values) >= 1
+    closed = fit_trace(TRACES / "vllm_bench_closed.json").workloads[0]
+    assert closed.arrival == ClosedLoop(concurrency=16)
+    assert closed.input_tokens == Constant(value=1000)
+
+
+def test_metrics_scrape_parsed() -> None:
+    """The synthetic 2-engine vLLM 0.26.0 scrape parses: series summed over engines, the
+    length histograms become empirical distributions with the scrape's mean, two scrapes
+    60 s apart give 10 req/s, and the prefix hit rate is hits / queries."""
+    a = parse_metrics((TRACES / "metrics_a.prom").read_text())
+    model = "meta-llama/Llama-3.1-8B-Instruct"
+    assert a.models() == [model]
+    assert a.total("vllm:request_success_total", model) == 1000
+    h = a.histogram("vllm:request_prompt_tokens", model)
+    assert h is not None and h.count == 1000 and h.bounds[-1] == math.inf
+    assert histogram_lengths(h).mean == pytest.approx(h.sum / h.count, rel=0.01)
+    fit = fit_trace_report(
+        TRACES / "metrics_a.prom", second_scrape=TRACES / "metrics_b.prom", interval_s=60
+    )
+    (w,) = fit.mix.workloads
+    assert isinstance(w.arrival, PoissonArrival) and w.arrival.rate_rps == pytest.approx(10)
+    assert isinstance(w.input_tokens, Empirical)
+    assert w.prefix is not None and w.prefix.target_hit_rate == pytest.approx(0.4, abs=0.02)
+    assert fit.workloads[0].requests == 600
+
+
+def test_one_scrape_needs_a_rate() -> None:
+    """One scrape has no time base: without --rate-rps the error says to give a second
+    scrape; with it, the lengths and hit rate are fitted."""
+    with pytest.raises(ConfigError, match="second scrape") as err:
+        fit_trace(TRACES / "metrics_a.prom")
+    assert err.value.field == "--second-scrape"
+    fit = fit_trace_report(TRACES / "metrics_a.prom", rate_rps=3.0)
+    assert fit.mix.workloads[0].arrival == PoissonArrival(rate_rps=3.0)
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+
+def test_missing_column_names_it(tmp_path: Path) -> None:
+    """A log without output tokens fails with a ConfigError naming the file, the column and
+    the accepted spellings; the CLI prints it as one line with exit code 2."""
+    path = tmp_path / "bad.csv"
+    pl.DataFrame({"timestamp": [0.0, 1.0], "input_tokens": [5, 6]}).write_csv(path)
+    with pytest.raises(ConfigError) as err:
+        fit_trace(path)
+    assert err.value.field == "output_tokens" and err.value.file == str(path)
+    assert "output_length" in str(err.value)
+    res = CliRunner().invoke(traffic, ["from-trace", str(path)])
+    assert res.exit_code == 2
+    assert "output_tokens" in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_bad_values_are_errors(tmp_path: Path) -> None:
+    """Empty values and zero-token prompts are errors naming the column; requests with no
+    output (failed) are dropped and reported in the header."""
+    empty = tmp_path / "empty.csv"
+    empty.write_text("timestamp,input_tokens,output_tokens\n0,5,1\n1,,2\n2,5,3\n")
+    with pytest.raises(ConfigError, match="no input_tokens value"):
+        fit_trace(empty)
+    failed = _write(tmp_path / "f.csv", np.arange(5.0), np.full(5, 9), np.array([3, 0, 3, 3, 3]))
+    fit = fit_trace_report(failed)
+    assert fit.workloads[0].requests == 4
+    assert "dropped 1 request(s) with no output tokens" in to_yaml(fit)
+    with pytest.raises(ConfigError, match="workload column 'nope'"):
+        fit_trace(failed, workload_column="nope")
+
+
+# -- integration -----------------------------------------------------------------------------
+
+
+def test_fitted_yaml_loads_and_simulates(tmp_path: Path) -> None:
+    """The YAML written for a fit loads with load_mix and simulates for 20 s."""
+    fit = fit_trace_report(TRACES / "mooncake.jsonl", slo={"ttft_p99_s": 2.0})
+    path = tmp_path / "mix.yaml"
+    path.write_text(to_yaml(fit))
+    mix = load_mix(path)
+    assert mix.workloads[0].prefix == fit.mix.workloads[0].prefix
+    assert mix.workloads[0].slo.targets[0].limit_s == 2.0
+    res = simulate(mix, "default", 1, duration_s=20)
+    assert res.workloads[0].requests > 50
+
+
+def test_cli_writes_yaml_and_summary(tmp_path: Path) -> None:
+    """`traffic from-trace --out` writes a loadable YAML and prints a summary table."""
+    out = tmp_path / "m.yaml"
+    res = CliRunner().invoke(
+        traffic, ["from-trace", str(TRACES / "mooncake.jsonl"), "--out", str(out),
+                  "--pool", "chat"]
+    )
+    assert res.exit_code == 0, res.output
+    assert "mooncake" in res.output and "prefix hit" in res.output
+    assert load_mix(out).workloads[0].pool == "chat"
+    stdout = CliRunner().invoke(traffic, ["from-trace", str(TRACES / "vllm_bench.json")])
+    assert stdout.output.startswith("# Fitted by")
+
+
+def test_large_parquet_streams(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 2 M-row parquet log is fitted with every collect on the streaming engine and no
+    collected frame larger than a histogram or an hour's gaps summary: nothing loads whole."""
+    rng = np.random.default_rng(9)
+    n = 2_000_000
+    path = _write(
+        tmp_path / "big.parquet",
+        np.cumsum(rng.exponential(1 / 500, n)),
+        _lognormal(rng, 1000, 0.6, n),
+        _lognormal(rng, 150, 0.6, n),
+    )
+    seen: list[tuple[object, int]] = []
+    original = pl.LazyFrame.collect
+
+    def spy(self: pl.LazyFrame, *args: object, **kwargs: object) -> pl.DataFrame:
+        df = original(self, *args, **kwargs)  # type: ignore[arg-type]
+        seen.append((kwargs.get("engine"), df.height))
+        return df
+
+    monkeypatch.setattr(pl.LazyFrame, "collect", spy)
+    mix = fit_trace(path)
+    assert seen and all(engine == "streaming" for engine, _ in seen)
+    assert max(height for _, height in seen) < 50_000
+    assert mix.workloads[0].arrival.rate_rps == pytest.approx(500, rel=0.02)  # type: ignore[union-attr]
