@@ -1,0 +1,399 @@
+"""GPU side of `capplan calibrate`: the only module that imports vllm.
+
+Runs as a plain script on the GPU host (vllm + numpy + stdlib, nothing from capplan):
+
+    python3 runner.py --model DIR --plan plan.json --out samples.jsonl [engine flags]
+
+It starts one real vLLM engine on random (dummy) weights, records its KV capacity, then
+drives it through the plan's points one at a time with `LLMEngine.add_request` + `step()`,
+and appends one JSON line per engine step. A point is complete once its `point_done` line
+is written; a re-run with the same `--out` skips complete points (resume after a crash).
+
+What is timed (async scheduling on, in-process engine core): the wrapped
+`Scheduler.schedule` stamps `t_sched0`/`t_sched1` around scheduling a batch, the wrapped
+`Scheduler.update_from_output` stamps `t_done` when that batch's output has come back from
+the GPU. A step's time is `t_done[i] - max(t_done[i-1], t_sched0[i])`: the gap between
+consecutive completions while batches are queued back to back, or from scheduling when
+the GPU sat idle before the step (computed on the CPU side, see fit.py).
+
+Exit codes: 0 done (or time budget reached), 3 no vllm / no GPU, 4 out of memory or the
+engine failed to start; the reason is the last line on stderr and in the meta file.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # flashinfer is not bundled
+
+EXIT_NO_VLLM = 3
+EXIT_ENGINE = 4
+
+
+def fail(code, message, meta=None, meta_path=None):
+    if meta is not None and meta_path:
+        meta["error"] = message
+        write_json(meta_path, meta)
+    print(f"capplan-runner: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+def write_json(path, obj):
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="folder holding config.json")
+    ap.add_argument("--plan", help="plan JSON from capplan.calibrate.sweep; omit for --kv-only")
+    ap.add_argument("--out", required=True, help="samples JSONL (appended; resumable)")
+    ap.add_argument("--meta", required=True, help="engine/provenance JSON written here")
+    ap.add_argument("--quantization", default=None)
+    ap.add_argument("--kv-cache-dtype", default="auto")
+    ap.add_argument("--spec-method", default=None)
+    ap.add_argument("--spec-model", default=None)
+    ap.add_argument("--spec-k", type=int, default=0)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.90)
+    ap.add_argument("--max-model-len", type=int, default=32768)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--limit-images", type=int, default=None,
+                    help="multimodal models: images per prompt (0 = text-only pool)")
+    ap.add_argument("--time-budget-s", type=float, default=120.0,
+                    help="stop starting new points after this long measuring")
+    ap.add_argument("--kv-only", action="store_true", help="start, record KV capacity, exit")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap.parse_args(argv)
+
+
+def versions():
+    out = {"python": sys.version.split()[0]}
+    try:
+        import torch
+        import vllm
+
+        out.update(vllm=vllm.__version__, torch=torch.__version__, cuda=torch.version.cuda)
+        if torch.cuda.is_available():
+            out["gpu_name"] = torch.cuda.get_device_name(0)
+            out["gpu_total_bytes"] = torch.cuda.mem_get_info()[1]
+    except Exception as e:
+        out["version_error"] = repr(e)
+    try:
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=False)
+        out["nvidia_smi"] = smi.stdout.strip()
+        out["driver"] = smi.stdout.split(",")[1].strip() if "," in smi.stdout else None
+    except (OSError, subprocess.SubprocessError) as e:
+        out["nvidia_smi"] = repr(e)
+    return out
+
+
+def load_done(path):
+    """Point ids already complete in an earlier run of the same output file."""
+    done = set()
+    if not os.path.exists(path):
+        return done
+    with open(path) as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a crash
+            if rec.get("kind") == "point_done":
+                done.add(rec["point"])
+    return done
+
+
+class Recorder:
+    """Wraps the scheduler: one record per non-empty engine step."""
+
+    def __init__(self, sched):
+        self.sched = sched
+        self.point = None
+        self.step_no = 0
+        self.records = []
+        self.pending = {}
+        self._schedule = sched.schedule
+        self._update = sched.update_from_output
+        sched.schedule = self.schedule
+        sched.update_from_output = self.update_from_output
+
+    def schedule(self, *a, **k):
+        t0 = time.perf_counter()
+        so = self._schedule(*a, **k)
+        t1 = time.perf_counter()
+        if so.total_num_scheduled_tokens:
+            self.pending[id(so)] = (t0, t1, self.describe(so))
+        return so
+
+    def describe(self, so):
+        """Batch composition, read right after scheduling (num_computed_tokens already
+        advanced by this step's tokens, so prior context = computed - scheduled)."""
+        chunks, decode_ctx, decode_seqs, spec_tokens, drafting = [], 0, 0, 0, 0
+        max_ctx = 0
+        for rid, n in so.num_scheduled_tokens.items():
+            req = self.sched.requests.get(rid)
+            n_spec = len(so.scheduled_spec_decode_tokens.get(rid, ()))
+            if req is None:
+                continue
+            ctx = req.num_computed_tokens - n
+            max_ctx = max(max_ctx, ctx + n)
+            if ctx >= req.num_prompt_tokens:
+                decode_seqs += 1
+                decode_ctx += ctx
+                spec_tokens += n_spec
+                drafting += 1 if n_spec else 0
+            else:
+                chunks.append([n, ctx])
+        return {
+            "tokens": so.total_num_scheduled_tokens,
+            "seqs": len(so.num_scheduled_tokens),
+            "decode_seqs": decode_seqs,
+            "decode_ctx": decode_ctx,
+            "spec_tokens": spec_tokens,
+            "drafting_seqs": drafting,
+            "prefill_seqs": len(chunks),
+            "prefill_tokens": sum(c for c, _ in chunks),
+            "chunks": chunks,
+            "max_ctx": max_ctx,
+        }
+
+    def update_from_output(self, so, *a, **k):
+        t = time.perf_counter()
+        item = self.pending.pop(id(so), None)
+        if item is not None and self.point is not None:
+            t0, t1, desc = item
+            self.records.append(dict(kind="step", point=self.point, step=self.step_no,
+                                     t_sched0=t0, t_sched1=t1, t_done=t, **desc))
+            self.step_no += 1
+        return self._update(so, *a, **k)
+
+
+class Driver:
+    """Feeds the engine requests of exact shapes and steps it until they finish."""
+
+    def __init__(self, llm, args, vocab):
+        import numpy as np
+        from vllm import SamplingParams
+
+        self.np = np
+        self.SamplingParams = SamplingParams
+        self.engine = llm.llm_engine
+        self.core = self.engine.engine_core.engine_core  # in-process EngineCore
+        self.sched = self.core.scheduler
+        self.rec = Recorder(self.sched)
+        self.rng = np.random.default_rng(args.seed)
+        self.vocab = vocab
+        self.budget0 = self.sched.max_num_scheduled_tokens
+        self.k = args.spec_k
+        self.n = 0
+
+    def prompt(self, length):
+        from vllm.inputs import TokensPrompt
+
+        ids = self.rng.integers(1000, self.vocab - 1000, length).tolist()
+        return TokensPrompt(prompt_token_ids=ids)
+
+    def add(self, length, max_tokens):
+        self.n += 1
+        params = self.SamplingParams(max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+        # returns the engine's internal id (the external one plus a random suffix)
+        return self.engine.add_request(f"r{self.n}", self.prompt(length), params)
+
+    def run_until(self, done):
+        while self.engine.has_unfinished_requests() and not done():
+            self.engine.step()
+
+    def drain(self):
+        self.run_until(lambda: False)
+
+    def running_decodes(self):
+        return sum(1 for r in self.sched.running if r.num_computed_tokens >= r.num_prompt_tokens)
+
+    def point(self, p):
+        """Run one plan point; returns the step records it produced."""
+        self.rec.point, self.rec.step_no, self.rec.records = p["id"], 0, []
+        kind = p["kind"]
+        try:
+            if kind == "decode":
+                for _ in range(p["batch"]):
+                    self.add(p["context"], p["steps"] + 1)
+                self.drain()
+            elif kind == "prefill":
+                # one long prompt, cut into chunks of exactly `chunk` tokens
+                self.sched.max_num_scheduled_tokens = p["chunk"]
+                self.add(p["chunk"] * p["chunks"], 1)
+                self.drain()
+            elif kind == "mixed":
+                b, per = p["batch"], 1 + self.k
+                ids = [self.add(p["context"], 10_000) for _ in range(b)]
+                self.run_until(lambda: self.running_decodes() >= b)
+                for _ in range(2):  # settle into steady decode before the prefill arrives
+                    self.engine.step()
+                self.sched.max_num_scheduled_tokens = b * per + p["chunk"]
+                pid = self.add(p["chunk"] * p["chunks"], 1)
+                self.run_until(lambda: pid not in self.sched.requests)
+                self.engine.step()
+                self.engine.abort_request(ids, internal=True)
+                self.drain()
+            else:
+                raise ValueError(f"unknown point kind {kind!r}")
+        finally:
+            self.sched.max_num_scheduled_tokens = self.budget0
+        self.drain()
+        return self.rec.records
+
+
+def kv_info(llm):
+    cfg = llm.llm_engine.vllm_config
+    cc = cfg.cache_config
+    core = llm.llm_engine.engine_core.engine_core
+    info = {
+        "num_gpu_blocks": cc.num_gpu_blocks,
+        "block_size": cc.block_size,
+        "kv_tokens": (cc.num_gpu_blocks or 0) * cc.block_size,
+        "available_kv_bytes": getattr(core, "available_gpu_memory_for_kv_cache", None),
+        "gpu_memory_utilization": cc.gpu_memory_utilization,
+        "cache_dtype": str(cc.cache_dtype),
+    }
+    try:
+        kcc = core.scheduler.kv_cache_config
+        info["kv_cache_groups"] = len(kcc.kv_cache_groups)
+        info["kv_num_blocks"] = kcc.num_blocks
+        info["kv_tensor_bytes"] = sum(t.size for t in kcc.kv_cache_tensors)
+    except Exception as e:
+        info["kv_cache_config_error"] = repr(e)
+    return info
+
+
+def engine_settings(llm):
+    cfg = llm.llm_engine.vllm_config
+    sc, cc, comp = cfg.scheduler_config, cfg.cache_config, cfg.compilation_config
+    mc = cfg.model_config
+    spec = cfg.speculative_config
+    return {
+        "max_num_seqs": sc.max_num_seqs,
+        "max_num_batched_tokens": sc.max_num_batched_tokens,
+        "async_scheduling": sc.async_scheduling,
+        "enable_chunked_prefill": sc.enable_chunked_prefill,
+        "max_model_len": mc.max_model_len,
+        "dtype": str(mc.dtype),
+        "quantization": mc.quantization,
+        "gpu_memory_utilization": cc.gpu_memory_utilization,
+        "block_size": cc.block_size,
+        "kv_cache_dtype": str(cc.cache_dtype),
+        "enable_prefix_caching": cc.enable_prefix_caching,
+        "cudagraph_mode": str(comp.cudagraph_mode),
+        "cudagraph_capture_sizes": list(comp.cudagraph_capture_sizes or []),
+        "compilation_mode": str(comp.mode),
+        "spec_method": getattr(spec, "method", None),
+        "spec_k": getattr(spec, "num_speculative_tokens", 0) or 0,
+        "load_format": "dummy",
+    }
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    meta = {"argv": sys.argv, "args": vars(args), "started_unix": time.time()}
+    try:
+        import numpy  # noqa: F401
+        import torch
+        from vllm import LLM
+    except ImportError as e:
+        fail(EXIT_NO_VLLM, f"vLLM is not installed here ({e.name or e}); "
+             "calibration must run on a GPU host with vllm==0.26.0", meta, args.meta)
+    if not torch.cuda.is_available():
+        fail(EXIT_NO_VLLM, "no CUDA GPU visible; calibration must run on a GPU host",
+             meta, args.meta)
+    meta["versions"] = versions()
+    with open(os.path.join(args.model, "config.json")) as f:
+        hf = json.load(f)
+    vocab = hf.get("vocab_size") or hf.get("text_config", {}).get("vocab_size") or 32000
+
+    kw = dict(model=args.model, load_format="dummy", skip_tokenizer_init=True, seed=args.seed,
+              quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+              gpu_memory_utilization=args.gpu_memory_utilization,
+              max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens,
+              enable_prefix_caching=False, async_scheduling=True)
+    if args.spec_method:
+        spec = {"method": args.spec_method, "num_speculative_tokens": args.spec_k}
+        if args.spec_model:
+            spec["model"] = args.spec_model
+        if args.spec_method == "ngram":
+            spec.update(prompt_lookup_min=2, prompt_lookup_max=4)
+        kw["speculative_config"] = spec
+    if args.limit_images is not None:
+        kw["limit_mm_per_prompt"] = {"image": args.limit_images}
+    meta["engine_kwargs"] = {k: v for k, v in kw.items()}
+    t0 = time.perf_counter()
+    try:
+        llm = LLM(**kw)
+    except Exception as e:
+        text = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        oom = "out of memory" in text.lower() or isinstance(e, torch.cuda.OutOfMemoryError)
+        why = "out of memory starting the engine" if oom else "engine failed to start"
+        fail(EXIT_ENGINE, f"{why}: {text}", meta, args.meta)
+    meta["engine_start_s"] = round(time.perf_counter() - t0, 2)
+    meta["kv"] = kv_info(llm)
+    meta["engine"] = engine_settings(llm)
+    write_json(args.meta, meta)
+    print("ENGINE", json.dumps({"start_s": meta["engine_start_s"], **meta["kv"]}), flush=True)
+    if args.kv_only or not args.plan:
+        return
+
+    with open(args.plan) as f:
+        plan = json.load(f)
+    done = load_done(args.out)
+    drv = Driver(llm, args, vocab)
+    cap = meta["kv"]["kv_tokens"]
+    # warm-up points run on every start: a resumed engine is as cold as a new one
+    todo = [p for p in plan["points"] if p.get("warmup") or p["id"] not in done]
+    meta["points_resumed"] = sorted(done)
+    t_start = time.perf_counter()
+    measured, skipped = 0, []
+    with open(args.out, "a") as out:
+        for i, p in enumerate(todo):
+            elapsed = time.perf_counter() - t_start
+            if elapsed > args.time_budget_s:
+                skipped += [q["id"] for q in todo[i:]]
+                print(f"TIME budget reached after {elapsed:.0f} s; {len(todo) - i} points left",
+                      flush=True)
+                break
+            if p.get("kv_tokens", 0) > 0.9 * cap:
+                skipped.append(p["id"])
+                continue
+            tp = time.perf_counter()
+            try:
+                recs = drv.point(p)
+            except torch.cuda.OutOfMemoryError as e:
+                fail(EXIT_ENGINE, f"out of memory at point {p['id']}: {e}".splitlines()[0],
+                     meta, args.meta)
+            for r in recs:
+                out.write(json.dumps(r) + "\n")
+            out.write(json.dumps({"kind": "point_done", "point": p["id"], "steps": len(recs),
+                                  "point_s": round(time.perf_counter() - tp, 3)}) + "\n")
+            out.flush()
+            measured += 1
+            eta = (time.perf_counter() - t_start) / measured * (len(todo) - i - 1)
+            print(f"POINT {i + 1}/{len(todo)} {p['id']} steps={len(recs)} "
+                  f"{time.perf_counter() - tp:.1f}s eta={eta:.0f}s", flush=True)
+    meta["measure_s"] = round(time.perf_counter() - t_start, 2)
+    meta["points_measured"] = measured
+    meta["points_skipped"] = skipped
+    meta["finished_unix"] = time.time()
+    write_json(args.meta, meta)
+    print("DONE", json.dumps({"measured": measured, "skipped": len(skipped)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""The calibration sweep: which batch compositions to drive the engine through, in order.
+
+Points come coarse-first (a run cut short by its time budget still spans the space) and
+each carries an analytic cost estimate, so a plan fits a per-engine time budget. Kinds:
+
+- `decode`: `batch` prompts of `context` tokens, then `steps` decode steps (its prefill
+  steps are recorded too: multi-sequence prefill samples come for free);
+- `prefill`: one prompt cut into `chunks` chunks of exactly `chunk` tokens (the runner
+  sets the scheduler's token budget to `chunk`), so chunk i attends over i x chunk tokens;
+- `mixed`: `batch` running decodes at `context`, plus a prompt whose chunks of `chunk`
+  tokens share each step with them (token budget = batch x (1 + k) + chunk).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from capplan.hardware import GPUS, Precision
+from capplan.modelspec import ModelSpec
+
+Point = dict[str, Any]
+
+DECODE_STEPS = 24
+PREFILL_CONTEXT_MAX = 16384
+_WARMUP: list[Point] = [
+    {"id": "warmup-decode", "kind": "decode", "batch": 8, "context": 256, "steps": 8,
+     "warmup": True},
+    {"id": "warmup-prefill", "kind": "prefill", "chunk": 4096, "chunks": 2, "warmup": True},
+]
+
+
+def _decode(b: int, ctx: int) -> Point:
+    return {"id": f"decode-b{b}-c{ctx}", "kind": "decode", "batch": b, "context": ctx,
+            "steps": DECODE_STEPS, "kv_tokens": b * (ctx + DECODE_STEPS + 1)}
+
+
+def _prefill(chunk: int, ctx_max: int = PREFILL_CONTEXT_MAX) -> Point:
+    chunks = ctx_max // chunk + 1
+    return {"id": f"prefill-p{chunk}-x{chunks}", "kind": "prefill", "chunk": chunk,
+            "chunks": chunks, "kv_tokens": chunk * chunks}
+
+
+def _mixed(b: int, ctx: int, chunk: int, chunks: int) -> Point:
+    return {"id": f"mixed-b{b}-c{ctx}-p{chunk}-x{chunks}", "kind": "mixed", "batch": b,
+            "context": ctx, "chunk": chunk, "chunks": chunks,
+            "kv_tokens": b * (ctx + 64) + chunk * chunks}
+
+
+def design_points(max_num_batched_tokens: int = 8192, spec_k: int = 0) -> list[Point]:
+    """Every point of the full sweep, coarse pass first, then the fill-in pass."""
+    coarse = [
+        _decode(1, 512), _decode(64, 512), _decode(256, 512),
+        _prefill(8192), _prefill(2048), _prefill(512), _prefill(128),
+        _decode(8, 2048), _decode(1, 8192), _decode(16, 8192),
+        _mixed(64, 1024, 2048, 3), _mixed(16, 512, 512, 4), _mixed(128, 512, 4096, 2),
+    ]
+    fill = [
+        _decode(2, 512), _decode(4, 512), _decode(8, 512), _decode(16, 512),
+        _decode(32, 512), _decode(128, 512),
+        _prefill(4096), _prefill(1024), _prefill(256),
+        _decode(1, 2048), _decode(32, 2048), _decode(128, 2048), _decode(4, 8192),
+        _mixed(32, 2048, 1024, 4), _mixed(256, 512, 256, 4), _mixed(8, 8192, 4096, 2),
+        _decode(64, 2048), _decode(256, 2048), _decode(32, 8192),
+        _mixed(4, 512, 8192 - 4 * (1 + spec_k), 2),
+    ]
+    out = []
+    for p in coarse + fill:
+        if p["kind"] == "mixed":
+            p["chunk"] = min(p["chunk"], max_num_batched_tokens - p["batch"] * (1 + spec_k))
+        out.append(p)
+    return out
+
+
+def estimate_point_s(p: Point, spec: ModelSpec, precision: Precision, gpu: str = "h200") -> float:
+    """Rough seconds a point takes (roofline with 50 % of peak plus 4 ms a step)."""
+    g = GPUS[gpu]
+    prefill_tok_s = 0.5 * g.matmul_flops(precision) / spec.flops_per_token()
+    decode_step_s = spec.weight_bytes(precision) / g.hbm_bytes_per_s + 0.004
+    if p["kind"] == "decode":
+        return p["batch"] * p["context"] / prefill_tok_s + (p["steps"] + 1) * decode_step_s
+    if p["kind"] == "prefill":
+        return p["chunk"] * p["chunks"] / prefill_tok_s + p["chunks"] * 0.004
+    steps = p["chunks"] + 4
+    return (p["batch"] * p["context"] + p["chunk"] * p["chunks"]) / prefill_tok_s + (
+        steps * (decode_step_s + p["chunk"] / prefill_tok_s)
+    )
+
+
+def make_plan(
+    spec: ModelSpec,
+    precision: Precision,
+    *,
+    budget_s: float,
+    kv_tokens: int | None = None,
+    max_num_batched_tokens: int = 8192,
+    spec_k: int = 0,
+) -> dict[str, Any]:
+    """Points in priority order whose estimated cost fits `budget_s` (warm-up first)."""
+    points: list[Point] = [dict(p) for p in _WARMUP]
+    total = 0.0
+    for p in design_points(max_num_batched_tokens, spec_k):
+        if kv_tokens is not None and p["kv_tokens"] > 0.9 * kv_tokens:
+            continue
+        cost = estimate_point_s(p, spec, precision)
+        if total + cost > budget_s:
+            continue
+        p["est_s"] = round(cost, 2)
+        total += cost
+        points.append(p)
+    return {"model": spec.name, "precision": precision.value, "spec_k": spec_k,
+            "budget_s": budget_s, "est_total_s": round(total, 1), "points": points}
+
+
+def write_plan(plan: dict[str, Any], path: str | Path) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(plan, indent=1) + "\n")
+    return p

@@ -1,0 +1,153 @@
+"""The GPU driver's bookkeeping, run against a fake engine (no vllm, no GPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import types
+from pathlib import Path
+from types import SimpleNamespace as NS
+from typing import Any
+
+import pytest
+
+from capplan.calibrate import jobs
+from capplan.calibrate.sweep import design_points
+
+RUNNER = Path(jobs.__file__).with_name("runner.py")
+
+
+def _load_runner() -> Any:
+    spec = importlib.util.spec_from_file_location("capplan_runner_under_test", RUNNER)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class FakeRequest:
+    def __init__(self, rid: str, prompt: int, max_tokens: int) -> None:
+        self.request_id, self.num_prompt_tokens = rid, prompt
+        self.num_computed_tokens, self.max_tokens, self.out = 0, max_tokens, 0
+
+
+class FakeScheduler:
+    """Running first, then waiting; a prompt is chunked by the token budget."""
+
+    def __init__(self, budget: int) -> None:
+        self.max_num_scheduled_tokens = budget
+        self.requests: dict[str, FakeRequest] = {}
+        self.running: list[FakeRequest] = []
+        self.waiting: list[FakeRequest] = []
+
+    def schedule(self) -> NS:
+        budget, sched = self.max_num_scheduled_tokens, {}
+        while self.waiting and budget:
+            self.running.append(self.waiting.pop(0))
+        for r in self.running:
+            left = r.num_prompt_tokens - r.num_computed_tokens
+            n = min(budget, left) if left > 0 else min(budget, 1)
+            if n:
+                sched[r.request_id] = n
+                r.num_computed_tokens += n
+                budget -= n
+        return NS(total_num_scheduled_tokens=sum(sched.values()), num_scheduled_tokens=sched,
+                  scheduled_spec_decode_tokens={})
+
+    def update_from_output(self, so: NS, _out: object) -> None:
+        for rid in so.num_scheduled_tokens:
+            r = self.requests[rid]
+            if r.num_computed_tokens >= r.num_prompt_tokens:
+                r.out += 1
+            if r.out >= r.max_tokens:
+                self.finish([rid])
+
+    def finish(self, ids: list[str]) -> None:
+        for rid in ids:
+            r = self.requests.pop(rid, None)
+            if r in self.running:
+                self.running.remove(r)
+
+
+class FakeEngine:
+    def __init__(self, budget: int) -> None:
+        self.sched = FakeScheduler(budget)
+        self.engine_core = NS(engine_core=NS(scheduler=self.sched))
+
+    def add_request(self, rid: str, prompt: dict[str, list[int]], params: dict[str, int]) -> str:
+        internal = f"{rid}-abcd"
+        r = FakeRequest(internal, len(prompt["prompt_token_ids"]), params["max_tokens"])
+        self.sched.requests[internal] = r
+        self.sched.waiting.append(r)
+        return internal
+
+    def step(self) -> None:
+        so = self.sched.schedule()
+        self.sched.update_from_output(so, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.sched.requests)
+
+    def abort_request(self, ids: list[str], internal: bool = False) -> None:
+        self.sched.finish(ids)
+
+
+@pytest.fixture()
+def runner(monkeypatch: pytest.MonkeyPatch) -> Any:
+    vllm = types.ModuleType("vllm")
+    vllm.SamplingParams = lambda **k: k  # type: ignore[attr-defined]
+    inputs = types.ModuleType("vllm.inputs")
+    inputs.TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    return _load_runner()
+
+
+def _driver(runner: Any, budget: int = 8192) -> Any:
+    args = NS(seed=0, spec_k=0)
+    return runner.Driver(NS(llm_engine=FakeEngine(budget)), args, vocab=32000)
+
+
+def test_prefill_point_cuts_exact_chunks(runner: Any) -> None:
+    """A prefill point yields chunks of exactly `chunk` tokens at contexts 0, c, 2c, ..."""
+    drv = _driver(runner)
+    recs = drv.point({"id": "p", "kind": "prefill", "chunk": 512, "chunks": 4})
+    pre = [r for r in recs if r["prefill_seqs"]]
+    assert [r["chunks"] for r in pre] == [[[512, 0]], [[512, 512]], [[512, 1024]], [[512, 1536]]]
+    assert drv.sched.max_num_scheduled_tokens == 8192, "token budget restored after the point"
+
+
+def test_decode_point_records_batch_and_context(runner: Any) -> None:
+    """Decode steps carry the batch size and the summed prior context."""
+    recs = _driver(runner).point({"id": "d", "kind": "decode", "batch": 4, "context": 100,
+                                  "steps": 3})
+    dec = [r for r in recs if r["decode_seqs"] == 4 and not r["prefill_seqs"]]
+    assert len(dec) == 3
+    assert dec[0]["decode_ctx"] == 4 * 100 and dec[0]["tokens"] == 4
+
+
+def test_mixed_point_shares_steps(runner: Any) -> None:
+    """Mixed steps hold every running decode plus one chunk of exactly `chunk` tokens."""
+    drv = _driver(runner)
+    recs = drv.point({"id": "m", "kind": "mixed", "batch": 8, "context": 64, "chunk": 256,
+                      "chunks": 3})
+    mixed = [r for r in recs if r["prefill_seqs"] == 1 and r["decode_seqs"] == 8]
+    assert [r["chunks"][0] for r in mixed] == [[256, 0], [256, 256], [256, 512]]
+    assert not drv.engine.has_unfinished_requests()
+
+
+def test_every_designed_point_runs(runner: Any) -> None:
+    """Each point the sweep designs is one the driver knows how to run."""
+    drv = _driver(runner)
+    for p in design_points()[:6]:
+        small = {**p, "context": min(p.get("context", 1), 64), "batch": min(p.get("batch", 1), 4),
+                 "chunks": min(p.get("chunks", 1), 2)}
+        assert drv.point(small)
+
+
+def test_resume_skips_completed_points(runner: Any, tmp_path: Path) -> None:
+    """Points with a `point_done` line are not measured again; a cut line is ignored."""
+    out = tmp_path / "s.jsonl"
+    out.write_text(json.dumps({"kind": "point_done", "point": "a"}) + "\n{\"kind\": \"st")
+    assert runner.load_done(str(out)) == {"a"}
