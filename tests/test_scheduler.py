@@ -8,6 +8,7 @@ in simpy, as vllm/v1/engine/core.py step_with_batch_queue does.
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Generator
 from typing import Any
 
@@ -694,3 +695,28 @@ def test_duplicate_prefix_block_stays_cached_in_lru_order() -> None:
     core.add_request(z)
     step(core)
     assert z.cached_tokens == 32
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "AsyncScheduler._update_request_with_output (vllm/v1/core/sched/async_scheduler.py) "
+    "caches the blocks the new tokens filled whenever the request was RUNNING before the "
+    "update, also on the update that finishes it, so the last full block is freed as a "
+    "cached block (LRU tail); EngineCore.update_from_output frees a finishing request "
+    "without caching it (the block returns unhashed, to the front of the free queue)"
+))
+def test_async_final_update_caches_the_last_full_block() -> None:
+    """Async: a 4-token prompt with 5 outputs computes 8 tokens; the final update fills
+    block 1 and caches it before the request's blocks are freed, so both blocks stay
+    hittable (and evictable in LRU order)."""
+    core = engine(block_size=4, async_scheduling=True)
+    a = req(0, 4, 5)
+    core.add_request(a)
+    inflight = deque([core.schedule()])
+    while inflight:
+        if len(inflight) < 2 and core.has_work:
+            plan = core.schedule()
+            if not plan.empty:
+                inflight.append(plan)
+        core.update_from_output(inflight.popleft())
+    assert a.out == 5
+    assert core.kv.longest_hit([a.block_hash(0), a.block_hash(1)]) == (2, 2)
