@@ -10,7 +10,9 @@ Passes (each collected with polars' streaming engine, reading only the needed co
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +50,10 @@ def _collect(lf: pl.LazyFrame, file: str) -> pl.DataFrame:
         ) from e
 
 
-def _check(req: Requests) -> tuple[dict[str, Span], int]:
+def _check(req: Requests) -> tuple[dict[str, Span], int, bool]:
     """Pass 1: spans per workload; empty values and zero-token prompts are errors, and
-    requests that produced no output (failed or aborted) are dropped and counted."""
+    requests that produced no output (failed or aborted) are dropped and counted. Also
+    whether each workload's rows are in arrival order (then nothing needs sorting)."""
     c = pl.col
     basic = _collect(
         req.frame.group_by("workload").agg(
@@ -61,6 +64,7 @@ def _check(req: Requests) -> tuple[dict[str, Span], int]:
             c("t_s").filter(c("output_tokens") >= 1).min().alias("t0"),
             c("t_s").filter(c("output_tokens") >= 1).max().alias("t1"),
             (c("output_tokens") >= 1).sum().alias("n"),
+            (c("t_s").diff() < 0).sum().alias("unordered"),
         ),
         req.file,
     ).sort("workload")
@@ -92,7 +96,8 @@ def _check(req: Requests) -> tuple[dict[str, Span], int]:
                 field="timestamp",
             )
         spans[row["workload"]] = Span(float(row["t0"]), float(row["t1"]), int(row["n"]))
-    return spans, int(basic.get_column("no_output").sum())
+    in_order = int(basic.get_column("unordered").sum()) == 0
+    return spans, int(basic.get_column("no_output").sum()), in_order
 
 
 def _lengths(frame: pl.LazyFrame, column: str, file: str) -> dict[str, LengthFit]:
@@ -116,7 +121,27 @@ def fit_requests(
 ) -> TraceFit:
     """Fit a traffic mix from a request log (csv, parquet, jsonl, Mooncake)."""
     req = scan_requests(path, fmt, workload_column=workload_column)
-    spans, dropped = _check(req)
+    with tempfile.TemporaryDirectory(prefix="capplan-trace-") as tmp:
+        if req.format in ("jsonl", "mooncake"):
+            req = _staged(req, Path(tmp) / "requests.parquet")
+        return _fit(req, pool=pool, model=model, slo=slo, block_tokens=block_tokens)
+
+
+def _staged(req: Requests, path: Path) -> Requests:
+    """JSON is slow to parse and every pass would parse it again: stream the canonical
+    columns once into a Parquet file and scan that instead."""
+    try:
+        req.frame.sink_parquet(path)
+    except pl.exceptions.PolarsError as e:
+        _collect(req.frame.head(0), req.file)  # a parse error, named as such
+        raise ConfigError(f"cannot read the trace ({e})", file=req.file) from e
+    return dataclasses.replace(req, frame=pl.scan_parquet(path))
+
+
+def _fit(
+    req: Requests, *, pool: str, model: str, slo: SloLike, block_tokens: int | None
+) -> TraceFit:
+    spans, dropped, in_order = _check(req)
     frame = req.frame.filter(pl.col("output_tokens") >= 1)
     inputs = _lengths(frame, "input_tokens", req.file)
     outputs = _lengths(frame, "output_tokens", req.file)
@@ -127,7 +152,9 @@ def fit_requests(
     block = block_tokens or req.block_tokens
     prefixes: dict[str, PrefixFit] = {}
     if req.has_hash_ids or req.has_prefix_hash:
-        prefixes = fit_prefix(frame, hash_ids=req.has_hash_ids, block_tokens=block)
+        prefixes = fit_prefix(
+            frame, hash_ids=req.has_hash_ids, block_tokens=block, in_order=in_order
+        )
 
     names = {w: workload_name(w) for w in spans}
     fits: list[WorkloadFit] = []

@@ -33,9 +33,12 @@ class PrefixFit:
     how: str
 
 
-def _ordered(frame: pl.LazyFrame) -> pl.LazyFrame:
-    """Requests in arrival order (file order breaks ties), numbered."""
-    return frame.with_row_index("row").sort("t_s", "row").with_row_index("order")
+def _ordered(frame: pl.LazyFrame, in_order: bool) -> pl.LazyFrame:
+    """Requests numbered in arrival order (file order breaks ties); a log already in
+    arrival order (the usual case) is not sorted."""
+    if in_order:
+        return frame.with_row_index("order")
+    return frame.with_row_index("row").sort("t_s", "row").drop("row").with_row_index("order")
 
 
 def _zipf_slope(counts: np.ndarray) -> float:
@@ -48,9 +51,11 @@ def _zipf_slope(counts: np.ndarray) -> float:
     return round(max(0.0, -slope), 3)
 
 
-def _per_request_hash_ids(frame: pl.LazyFrame, block_tokens: int) -> pl.DataFrame:
+def _per_request_hash_ids(
+    frame: pl.LazyFrame, block_tokens: int, in_order: bool
+) -> pl.LazyFrame:
     """Per request: workload, input_tokens, leading shared tokens, first block id."""
-    req = _ordered(frame.select("workload", "t_s", "input_tokens", "hash_ids"))
+    req = _ordered(frame.select("workload", "t_s", "input_tokens", "hash_ids"), in_order)
     blocks = (
         req.select("workload", "order", "hash_ids")
         .with_columns(pl.int_ranges(pl.col("hash_ids").list.len()).alias("pos"))
@@ -64,28 +69,27 @@ def _per_request_hash_ids(frame: pl.LazyFrame, block_tokens: int) -> pl.DataFram
         .group_by("order")
         .agg(pl.col("pos").min().alias("new_at"))
     )
-    return (
-        req.join(leading, on="order", how="left")
-        .select(
-            "workload",
-            "input_tokens",
-            pl.col("new_at")
-            .fill_null(pl.col("hash_ids").list.len())
-            .cast(pl.Int64)
-            .alias("shared_blocks"),
-            pl.col("hash_ids").list.first().cast(pl.String).alias("root"),
-        )
-        .with_columns(
-            pl.min_horizontal(
-                pl.col("shared_blocks") * block_tokens, pl.col("input_tokens") - 1
-            ).alias("shared_tokens")
-        )
-        .collect(engine="streaming")
+    heads = req.select(
+        "workload",
+        "order",
+        "input_tokens",
+        pl.col("hash_ids").list.len().alias("blocks"),
+        pl.col("hash_ids").list.first().cast(pl.String).alias("root"),
+    )
+    return heads.join(leading, on="order", how="left").select(
+        "workload",
+        "input_tokens",
+        "root",
+        pl.min_horizontal(
+            pl.col("new_at").fill_null(pl.col("blocks")).cast(pl.Int64) * block_tokens,
+            pl.col("input_tokens") - 1,
+        ).alias("shared_tokens"),
     )
 
 
-def _per_request_prefix_hash(frame: pl.LazyFrame) -> pl.DataFrame:
-    req = _ordered(frame.select("workload", "t_s", "input_tokens", "prefix_hash", "prefix_tokens"))
+def _per_request_prefix_hash(frame: pl.LazyFrame, in_order: bool) -> pl.LazyFrame:
+    columns = ("workload", "t_s", "input_tokens", "prefix_hash", "prefix_tokens")
+    req = _ordered(frame.select(columns), in_order)
     first = req.group_by("workload", "prefix_hash").agg(pl.col("order").min().alias("first"))
     return (
         req.join(first, on=["workload", "prefix_hash"], how="left", nulls_equal=False)
@@ -99,38 +103,53 @@ def _per_request_prefix_hash(frame: pl.LazyFrame) -> pl.DataFrame:
             .clip(lower_bound=0)
             .alias("shared_tokens"),
         )
-        .collect(engine="streaming")
     )
 
 
 def fit_prefix(
-    frame: pl.LazyFrame, *, hash_ids: bool, block_tokens: int
+    frame: pl.LazyFrame, *, hash_ids: bool, block_tokens: int, in_order: bool = False
 ) -> dict[str, PrefixFit]:
-    """Prefix structure of every workload from `hash_ids` or `prefix_hash`/`prefix_tokens`."""
+    """Prefix structure of every workload from `hash_ids` or `prefix_hash`/`prefix_tokens`;
+    `in_order`: each workload's rows are already in arrival order in `frame`."""
     per = (
-        _per_request_hash_ids(frame, block_tokens)
+        _per_request_hash_ids(frame, block_tokens, in_order)
         if hash_ids
-        else _per_request_prefix_hash(frame)
+        else _per_request_prefix_hash(frame, in_order)
     )
+    reuse = pl.col("shared_tokens") > 0
+    totals, roots = pl.collect_all(
+        [
+            per.group_by("workload").agg(
+                pl.col("input_tokens").sum().alias("total"),
+                pl.col("shared_tokens").sum().alias("shared"),
+                pl.len().alias("requests"),
+                reuse.sum().alias("sharing"),
+            ),
+            # requests per first block (or prefix hash), for the groups that recur
+            per.group_by("workload", "root")
+            .agg(pl.len().alias("n"), reuse.any().alias("reused"))
+            .filter(pl.col("reused"))
+            .select("workload", "n"),
+        ],
+        engine="streaming",
+    )
+    source = f"hash_ids ({block_tokens}-token blocks)" if hash_ids else "prefix_hash"
     out: dict[str, PrefixFit] = {}
-    for (w,), rows in per.group_by("workload", maintain_order=True):
-        total = int(rows.get_column("input_tokens").sum())
-        shared = rows.get_column("shared_tokens")
-        hit = float(shared.sum()) / total if total else 0.0
-        sharing = rows.filter(pl.col("shared_tokens") > 0)
-        recurring = rows.filter(pl.col("root").is_in(sharing.get_column("root").implode()))
-        popularity = recurring.group_by("root").len().get_column("len").to_numpy()
+    for row in totals.sort("workload").iter_rows(named=True):
+        w = str(row["workload"])
+        hit = float(row["shared"]) / row["total"] if row["total"] else 0.0
+        sharing = row["sharing"] / row["requests"]
+        popularity = roots.filter(pl.col("workload") == w).get_column("n").to_numpy()
         groups = len(popularity)
         zipf_s = _zipf_slope(popularity)
         spec = None
         if hit > 0 and groups > 0:
             fraction = min(1.0, max(0.001, round(hit, 3)))
             spec = PrefixSpec(shared_fraction=fraction, groups=groups, zipf_s=zipf_s)
-        source = f"hash_ids ({block_tokens}-token blocks)" if hash_ids else "prefix_hash"
         how = (
             f"from {source}: infinite-cache hit rate {hit:.1%}; "
-            f"{sharing.height / rows.height:.0%} of requests reuse a prefix; "
+            f"{sharing:.0%} of requests reuse a prefix; "
             f"{groups} recurring first blocks, popularity zipf_s {zipf_s:g}"
         )
-        out[str(w)] = PrefixFit(spec, hit, sharing.height / rows.height, groups, zipf_s, how)
+        out[w] = PrefixFit(spec, hit, sharing, groups, zipf_s, how)
     return out
