@@ -10,8 +10,11 @@ count at which every seed passes, and the count below it is checked to fail.
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
 import time
-from dataclasses import dataclass
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
 
 from capplan.errors import InfeasibleError
 from capplan.mix import TrafficMix
@@ -42,11 +45,45 @@ class SearchSettings:
     """Probe long enough for this many requests of the pool's slowest workload ..."""
     probe_cap_requests: int = 2500
     """... but no more than this many requests in all."""
+    workers: int | None = None
+    """Processes for the confirmation runs (None: $CAPPLAN_WORKERS, else 1). Opt-in: on a
+    shared 2-core machine the process start-up and contention ate the gain."""
 
     def scaled(self) -> SearchSettings:
         if not self.quick:
             return self
-        return SearchSettings(self.seed, self.rate_scale, self.extra_seeds, True, 60, 600)
+        return replace(self, probe_requests=60, probe_cap_requests=600)
+
+    @property
+    def processes(self) -> int:
+        if self.workers is not None:
+            return max(1, self.workers)
+        env = os.environ.get("CAPPLAN_WORKERS")
+        return max(1, int(env)) if env else 1
+
+
+PARALLEL_MIN_REPLICA_S = 600.0
+"""Confirmation runs go to worker processes only when each simulates at least this many
+replica-seconds: below it, starting a process costs more than it saves."""
+
+_EXECUTORS: dict[int, ProcessPoolExecutor] = {}
+
+
+def _executor(workers: int) -> ProcessPoolExecutor:
+    """One pool of worker processes per size, kept for the process's life (spawn, not fork:
+    polars' thread pool does not survive a fork)."""
+    if workers not in _EXECUTORS:
+        ctx = multiprocessing.get_context("spawn")
+        _EXECUTORS[workers] = ProcessPoolExecutor(workers, mp_context=ctx)
+    return _EXECUTORS[workers]
+
+
+def _simulate_job(
+    mix: TrafficMix, pool: str, n: int, duration_s: float, seed: int, rate_scale: float,
+    setup: PoolSetup,
+) -> SimResult:
+    return simulate(mix, pool, n, duration_s=duration_s, seed=seed, rate_scale=rate_scale,
+                    setup=setup)
 
 
 @dataclass(slots=True)
@@ -156,6 +193,27 @@ class Sizer:
             self.wall_s += time.perf_counter() - t0
         return self._cache[key]
 
+    def prefetch(self, runs: list[tuple[int, int, bool]]) -> None:
+        """Run the confirmation-length simulations (replicas, seed, probe) not yet cached, in
+        worker processes when they are long enough to be worth it; the results are the same."""
+        todo = [r for r in dict.fromkeys(runs) if (r[0], self.confirm_s, r[1], r[2])
+                not in self._cache]
+        workers = min(self.settings.processes, len(todo))
+        if workers < 2 or min(r[0] for r in todo) * self.confirm_s < PARALLEL_MIN_REPLICA_S:
+            return
+        t0 = time.perf_counter()
+        pool = _executor(self.settings.processes)
+        futures = {
+            (n, self.confirm_s, s, probe): pool.submit(
+                _simulate_job, self.probe_mix if probe else self.mix, self.pool.name, n,
+                self.confirm_s, s, self.settings.rate_scale, self.setup,
+            )
+            for n, s, probe in todo
+        }
+        for key, f in futures.items():
+            self._cache[key] = f.result()
+        self.wall_s += time.perf_counter() - t0
+
     def _probe(self, n: int) -> bool:
         ok = self.run(n, self.probe_s, self.seed, probe=True).slo_met
         self.probes.append((n, ok))
@@ -222,8 +280,12 @@ class Sizer:
                 lo = mid
         return hi
 
+    @property
+    def seeds(self) -> list[int]:
+        return [self.seed + 1000 * i for i in range(self.settings.extra_seeds + 1)]
+
     def _all_seeds(self, n: int) -> list[SimResult]:
-        seeds = [self.seed + 1000 * i for i in range(self.settings.extra_seeds + 1)]
+        seeds = self.seeds
         out = []
         for s in seeds:
             out.append(self.run(n, self.confirm_s, s))
@@ -235,6 +297,9 @@ class Sizer:
         """Smallest count from `n` where every seed passes at full duration; then check one
         fewer fails (walking down while it does not)."""
         cap = self.pool.max_replicas
+        # the usual outcome needs every seed at n and the base seed at n - 1: run them together
+        self.prefetch([(n, s, False) for s in self.seeds]
+                      + ([(n - 1, self.seed, True)] if n > 1 else []))
         results = self._all_seeds(n)
         while not all(r.slo_met for r in results) and n < cap:
             n += 1
@@ -242,7 +307,9 @@ class Sizer:
         confirmed = all(r.slo_met for r in results)
         below = None
         while confirmed and n > 1:
-            below = self.run(n - 1, self.confirm_s, self.seed)
+            # one fewer is expected to fail, and an overloaded run is the slow kind: it gets the
+            # probes' short drain (stragglers cut off count as late)
+            below = self.run(n - 1, self.confirm_s, self.seed, probe=True)
             if not below.slo_met:
                 break
             lower = self._all_seeds(n - 1)
@@ -251,7 +318,7 @@ class Sizer:
                 break
             n, results, below = n - 1, lower, None
         if below is None and n > 1:
-            below = self.run(n - 1, self.confirm_s, self.seed)
+            below = self.run(n - 1, self.confirm_s, self.seed, probe=True)
         sizing = self.sizing(n, results, below, confirmed=confirmed)
         sizing.duration_s = self.confirm_s
         return sizing
