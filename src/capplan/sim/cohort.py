@@ -1,16 +1,23 @@
 """The decode cohort: thinking in steps, not tokens.
 
 Most running requests in a busy engine are in steady decode: every step schedules one token
-for each, and nothing about them changes but two counters. The cohort holds such requests
-*lazily*: it advances them all by one token per step through two step counters instead of
-touching each one, and turns a request back into an explicit one (`materialize`) only when
-something can happen to it: it needs a new KV block, it nears its last token, or the
-scheduler must walk the whole running list (a full token budget, a KV shortage, preemption).
+for each, and nothing about them changes but their counters. The cohort holds such requests
+*lazily*: it advances them all by one token per step through step counters instead of
+touching each one, and turns a request back into an explicit one (`leave`) only when it
+nears its last token, or when the scheduler must walk the whole running list in order (a
+full token budget, a KV shortage, preemption).
+
+New KV blocks need no visit either. A member asks for a block each time its computed tokens
+(plus speculative lookahead) fill the last block it holds: every `block_size` steps, at a
+fixed phase of the step index. The cohort counts members per phase, so the blocks all its
+members take in a step are one lookup; a member's own block count catches up when it is
+materialized, and the blocks it filled are cached then (they are unique to it, so no other
+request could have hit them earlier).
 
 This is an evaluation strategy, not a model: the engine takes the cohort's shortcut only in
-steps where vLLM's ordered walk over the running list would give every request what it
-asks for (budget and free blocks suffice for all), so the order of the walk cannot matter,
-and the results equal the request-by-request path (tests/test_cohort.py holds them equal).
+steps where vLLM's ordered walk over the running list would give every request what it asks
+for (budget and free blocks suffice for all), so the walk's order cannot matter, and the
+results equal the request-by-request path (tests/test_cohort.py holds them equal).
 
 A member's counters hold its values as of two step indices: `s0`, the first schedule and
 `u0`, the first output update it has not yet been advanced by. After `sc` implicit
@@ -34,22 +41,26 @@ class DecodeCohort:
 
     __slots__ = (
         "all_w",
+        "bs",
         "ctx",
         "events",
         "last_update_s",
         "meas_w",
         "members",
+        "phase",
         "sched_done",
         "trailing",
         "upd_done",
     )
 
-    def __init__(self, workloads: int) -> None:
+    def __init__(self, workloads: int, block_size: int) -> None:
         self.members: dict[int, SimRequest] = {}
+        self.bs = block_size
         self.ctx = 0  # sum of members' computed tokens at the next schedule
         self.all_w = [0] * workloads  # members per workload
         self.meas_w = [0] * workloads  # measured members per workload
-        self.events: dict[int, list[SimRequest]] = {}  # step index -> members to look at
+        self.phase = [0] * block_size  # members taking a new block at steps = i mod bs
+        self.events: dict[int, list[SimRequest]] = {}  # step index -> members to leave
         self.sched_done = 0  # index of the last schedule
         self.upd_done = 0  # index of the last plan whose output was processed
         self.last_update_s = 0.0
@@ -59,12 +70,17 @@ class DecodeCohort:
     def size(self) -> int:
         return len(self.members)
 
-    def join(self, r: SimRequest, s0: int, lookahead: int, bs: int, max_len: int) -> bool:
+    def crossings(self, step: int) -> int:
+        """Blocks the members take at this schedule."""
+        return self.phase[step % self.bs]
+
+    def join(self, r: SimRequest, s0: int, lookahead: int, max_len: int) -> bool:
         """Make r implicit from step s0 on (its counters are as of step s0's schedule).
-        False when r is too close to an event to be worth it."""
+        False when r is too close to its end to be worth it."""
         leave = min(r.prompt + r.max_tokens, max_len) - LEAVE_MARGIN - r.computed
         if leave <= 0:
             return False
+        bs = self.bs
         r.lazy = True
         r.s0 = r.u0 = s0
         self.members[r.rid] = r
@@ -72,28 +88,30 @@ class DecodeCohort:
         self.all_w[r.wl] += 1
         if r.measured:
             self.meas_w[r.wl] += 1
-        self._next_event(r, lookahead, bs, max_len)
-        return True
-
-    def _next_event(self, r: SimRequest, lookahead: int, bs: int, max_len: int) -> None:
-        """Index of the schedule at which r next needs a block or nears its end."""
-        alloc = (r.blocks + r.pinned_blocks) * bs - lookahead - r.computed
-        leave = min(r.prompt + r.max_tokens, max_len) - LEAVE_MARGIN - r.computed
-        ev = r.s0 + (alloc if alloc < leave else leave)
+        # allocate_slots asks for a block when computed + 1 + lookahead passes the blocks held
+        first = s0 + (r.blocks + r.pinned_blocks) * bs - lookahead - r.computed
+        r.phase = first % bs
+        self.phase[r.phase] += 1
+        ev = s0 + leave
         r.event = ev
         bucket = self.events.get(ev)
         if bucket is None:
             self.events[ev] = [r]
         else:
             bucket.append(r)
+        return True
 
     def materialize(self, r: SimRequest) -> None:
-        """Bring r's counters up to date with the schedules and updates done so far."""
-        sc = self.sched_done - r.s0 + 1
+        """Bring r's counters and blocks up to date with the steps done so far."""
+        done = self.sched_done
+        sc = done - r.s0 + 1
         if sc > 0:
             r.computed += sc
             r.placeholders += sc
-            r.s0 = self.sched_done + 1
+            # block crossings at steps in [s0, done] with step = phase (mod bs)
+            bs, p = self.bs, r.phase
+            r.blocks += (done - p) // bs - (r.s0 - 1 - p) // bs
+            r.s0 = done + 1
         uc = self.upd_done - r.u0 + 1
         if uc > 0:
             r.out += uc
@@ -110,6 +128,7 @@ class DecodeCohort:
         self.all_w[r.wl] -= 1
         if r.measured:
             self.meas_w[r.wl] -= 1
+        self.phase[r.phase] -= 1
         r.trail_from = r.u0
         r.trail_until = self.sched_done
         if r.trail_from <= r.trail_until:
@@ -141,15 +160,9 @@ class DecodeCohort:
         return left
 
     def due(self, step: int) -> list[SimRequest]:
-        """Members whose event falls on this schedule, materialized."""
+        """Members that near their end at this schedule (still members; the caller lets
+        them leave)."""
         bucket = self.events.pop(step, None)
         if not bucket:
             return []
-        due = [r for r in bucket if r.lazy and r.event == step]
-        for r in due:
-            self.materialize(r)
-        return due
-
-    def rearm(self, r: SimRequest, lookahead: int, bs: int, max_len: int) -> None:
-        """Schedule r's next event after it was served explicitly at its current one."""
-        self._next_event(r, lookahead, bs, max_len)
+        return [r for r in bucket if r.lazy and r.event == step]

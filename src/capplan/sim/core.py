@@ -18,7 +18,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from capplan.sim.cohort import LEAVE_MARGIN, DecodeCohort
+from capplan.sim.cohort import DecodeCohort
 from capplan.sim.kvcache import KVCache
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
@@ -46,6 +46,7 @@ class SimRequest:
         "measured",
         "n_reg",
         "out",
+        "phase",
         "pinned_blocks",
         "placeholders",
         "preemptions",
@@ -109,7 +110,7 @@ class SimRequest:
         self.last_token_s = -1.0
         self.scheduled_s = -1.0
         self.lazy = False  # advanced implicitly by the decode cohort (sim/cohort.py)
-        self.s0 = self.u0 = self.event = self.trail_from = self.trail_until = 0
+        self.s0 = self.u0 = self.event = self.trail_from = self.trail_until = self.phase = 0
 
     @property
     def num_tokens(self) -> int:
@@ -198,7 +199,9 @@ class EngineCore:
         self.prompt_tokens_hit = 0
         self.step_idx = 0
         self.cohort = (
-            DecodeCohort(cfg.workloads) if cfg.decode_cohort and cfg.spec_k == 0 else None
+            DecodeCohort(cfg.workloads, cfg.block_size)
+            if cfg.decode_cohort and cfg.spec_k == 0
+            else None
         )
 
     # -- waiting queue: vllm/v1/core/sched/request_queue.py -------------------------------
@@ -319,26 +322,17 @@ class EngineCore:
     ) -> tuple[int, bool]:
         """The cohort's shortcut when every running request gets all it asks for; else
         dissolve the cohort and walk the running list in order."""
-        cfg = self.cfg
-        bs, max_len = cfg.block_size, cfg.max_model_len
-        allocs = []
         for r in cohort.due(plan.idx):
-            if r.computed >= min(r.prompt + r.max_tokens, max_len) - LEAVE_MARGIN:
-                self._leave(r)
-            else:
-                allocs.append(r)  # crosses into a new block at this step
+            self._leave(r)  # near its last token: the explicit path handles the end
         others = [r for r in self.running if not r.lazy]
         size = cohort.size
-        if not self._fits(others, budget - size, self.kv.num_free - len(allocs)):
+        crossings = cohort.crossings(plan.idx)
+        if not self._fits(others, budget - size, self.kv.num_free - crossings):
             for r in cohort.dissolve():
                 self._register_decoded(r)
             return self._schedule_running(plan, self.running, budget)
-        if allocs:
-            self.kv.allocate(len(allocs))
-        for r in allocs:
-            r.blocks += 1
-            self._cache_blocks(r, min(r.computed + 1, r.prompt + r.out))
-            cohort.rearm(r, self.lookahead, bs, max_len)
+        if crossings:
+            self.kv.allocate(crossings)  # members' new blocks; counted on them when met
         plan.total_tokens += size
         plan.decode_ctx += cohort.ctx
         plan.cohort_size = size
@@ -396,7 +390,7 @@ class EngineCore:
         s0 = plan.idx + 1
         for r, n, emits in zip(plan.reqs, plan.tokens, plan.emits, strict=True):
             if n == 1 and emits and not r.lazy and r.status == RUNNING:
-                cohort.join(r, s0, self.lookahead, cfg.block_size, cfg.max_model_len)
+                cohort.join(r, s0, self.lookahead, cfg.max_model_len)
 
     def _schedule_running(
         self, plan: StepPlan, running: list[SimRequest], budget: int
