@@ -79,13 +79,12 @@ def estimate_point_s(p: Point, spec: ModelSpec, precision: Precision, gpu: str =
     prefill_tok_s = 0.5 * g.matmul_flops(precision) / spec.flops_per_token()
     decode_step_s = spec.weight_bytes(precision) / g.hbm_bytes_per_s + 0.004
     if p["kind"] == "decode":
-        return p["batch"] * p["context"] / prefill_tok_s + (p["steps"] + 1) * decode_step_s
+        return float(p["batch"] * p["context"] / prefill_tok_s + (p["steps"] + 1) * decode_step_s)
     if p["kind"] == "prefill":
-        return p["chunk"] * p["chunks"] / prefill_tok_s + p["chunks"] * 0.004
+        return float(p["chunk"] * p["chunks"] / prefill_tok_s + p["chunks"] * 0.004)
     steps = p["chunks"] + 4
-    return (p["batch"] * p["context"] + p["chunk"] * p["chunks"]) / prefill_tok_s + (
-        steps * (decode_step_s + p["chunk"] / prefill_tok_s)
-    )
+    return float((p["batch"] * p["context"] + p["chunk"] * p["chunks"]) / prefill_tok_s
+                 + steps * (decode_step_s + p["chunk"] / prefill_tok_s))
 
 
 def make_plan(

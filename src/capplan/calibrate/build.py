@@ -1,0 +1,185 @@
+"""Raw runner output → shipped profiles: one folder per engine configuration.
+
+A raw folder holds, per run `<model>--<key>[--u<NN>]`, the runner's `<run>.meta.json` and
+(unless it only read KV capacity) `<run>.jsonl`, plus `rc.txt` (`<run> rc=.. s=..`: the
+wall seconds each run held the GPU). Runs with the same model and key form one profile:
+the 0.90 run gives the step samples, runs at other utilisations add measured KV points.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from capplan.calibrate import fit as F
+from capplan.calibrate import store
+from capplan.errors import CalibrationError
+from capplan.profile import Box, Profile
+
+UTILS = (0.85, 0.90, 0.95)
+BASE_COEFS = ("fixed_s", "per_token_s", "knee_tokens", "prefill_attn_s", "decode_ctx_s",
+              "per_seq_s")
+# Decode attention reads BF16 KV through the same FlashAttention-3 kernel whatever the
+# weights' format, so a profile whose sweep never reached long decode contexts borrows
+# the term from the same model's BF16 profile rather than extrapolating its own.
+MIN_DECODE_CONTEXT = 2048
+_NAME = re.compile(r"^(?P<model>[^-].*?)--(?P<key>[a-z0-9_-]+?)(?:--u(?P<u>\d+))?$")
+_KEY = re.compile(r"^(?P<prec>bf16|fp8|nvfp4|awq)(?P<kv>-kvfp8)?(?:-(?P<m>[a-z_]+?)(?P<k>\d+))?$")
+
+
+@dataclass
+class Group:
+    model: str
+    key: str
+    metas: list[dict[str, Any]] = field(default_factory=list)
+    main: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def parts(self) -> re.Match[str]:
+        m = _KEY.match(self.key)
+        if m is None:
+            raise CalibrationError(f"cannot parse profile key {self.key!r}")
+        return m
+
+
+def _rc_seconds(raw: Path) -> dict[str, float]:
+    out: dict[str, float] = {}
+    rc = raw / "rc.txt"
+    if rc.exists():
+        for line in rc.read_text().splitlines():
+            name, *kv = line.split()
+            fields = dict(x.split("=", 1) for x in kv)
+            out[name] = out.get(name, 0.0) + float(fields.get("s", 0))
+    return out
+
+
+def groups(raw: Path) -> dict[tuple[str, str], Group]:
+    secs = _rc_seconds(raw)
+    out: dict[tuple[str, str], Group] = {}
+    for meta_path in sorted(raw.glob("*.meta.json")):
+        name = meta_path.name.removesuffix(".meta.json")
+        m = _NAME.match(name)
+        if m is None:
+            continue
+        meta = json.loads(meta_path.read_text())
+        if "kv" not in meta:
+            continue  # the engine never started: nothing measured
+        g = out.setdefault((m["model"], m["key"]), Group(m["model"], m["key"]))
+        g.metas.append(meta)
+        g.seconds += secs.get(name, 0.0)
+        if m["u"] is None and store.runner_jsonl(raw, name) is not None:
+            g.main = name
+    return out
+
+
+def _box(df: pl.DataFrame) -> Box:
+    return Box(max_tokens=int(df["tokens"].max()),  # type: ignore[arg-type]
+               max_seqs=int(df["seqs"].max()),  # type: ignore[arg-type]
+               max_context_tokens=int(df["max_ctx"].max()))  # type: ignore[arg-type]
+
+
+def _max_decode_context(df: pl.DataFrame) -> float:
+    dec = df.filter(pl.col("decode_seqs") > 0)
+    if dec.is_empty():
+        return 0.0
+    return float((dec["decode_ctx"] / dec["decode_seqs"]).max())  # type: ignore[arg-type]
+
+
+def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
+                  gpu: str, git_commit: str, seed: int = 0) -> tuple[Profile, dict[str, Any],
+                                                                      pl.DataFrame]:
+    """Fit one profile; `done` holds profiles built before it (BF16 bases come first)."""
+    if g.main is None:
+        raise CalibrationError(f"{g.model}/{g.key}: no step samples, only KV capacity")
+    parts = g.parts
+    prec, kv_dtype = parts["prec"], "fp8" if parts["kv"] else "auto"
+    method, k = parts["m"], int(parts["k"] or 0)
+    meta = next(m for m in g.metas if m["args"]["gpu_memory_utilization"] == 0.90)
+    eng = meta["engine"]
+    path = store.runner_jsonl(raw, g.main)
+    assert path is not None
+    df = store.read_runner_jsonl(path)
+    s = store.samples_of(df)
+    fixed: dict[str, float] = {}
+    notes = []
+    base = done.get((g.model, "bf16"))
+    if k:
+        own = done.get((g.model, prec))
+        if own is None:
+            raise CalibrationError(f"{g.model}/{g.key}: fit {prec} without spec decode first")
+        fixed = {c: getattr(own.step, c) for c in BASE_COEFS}
+        notes.append(f"base terms fixed from {g.model}/{prec}; only draft terms fitted")
+    elif _max_decode_context(df) < MIN_DECODE_CONTEXT and base is not None:
+        fixed = {"decode_ctx_s": base.step.decode_ctx_s}
+        notes.append(f"decode_ctx_s from {g.model}/bf16 (sweep reached decode context "
+                     f"{_max_decode_context(df):.0f} < {MIN_DECODE_CONTEXT})")
+    res = F.fit_step_model(s, max_num_seqs=eng["max_num_seqs"],
+                           max_num_batched_tokens=eng["max_num_batched_tokens"],
+                           spec_k=k, fixed=fixed, seed=seed)
+    kvs = store.kv_points(g.metas, UTILS)
+    kv_meta = meta["kv"]
+    kv = F.fit_kv_capacity(kvs, bytes_per_token=round(kv_meta["kv_tensor_bytes"]
+                                                      / kv_meta["kv_tokens"]))
+    derived = [p["gpu_memory_utilization"] for p in kvs if p["derived"]]
+    if derived:
+        notes.append("KV at util " + ", ".join(f"{u:.2f}" for u in derived)
+                     + " derived from vLLM's memory profile of the 0.90 engine")
+    extra = {
+        "fit": {"unit": f"window of {F.WINDOW} consecutive engine steps",
+                "single_step_median_ape": round(float(np.median(res.single_step_ape)), 5),
+                "single_step_p95_ape": round(float(np.percentile(res.single_step_ape, 95)), 5),
+                "trimmed_train_windows": res.trimmed, "seed": seed,
+                "fixed_coefficients": fixed},
+        "points_measured": sorted(set(df["point"].to_list())),
+        "points_skipped": meta.get("points_skipped", []),
+        "kv_points": kvs,
+    }
+    runner_commit = raw / "RUNNER_COMMIT"
+    if runner_commit.exists():
+        extra["runner_commit"] = runner_commit.read_text().strip()
+    prov = store.provenance(meta, git_commit=git_commit, gpu_seconds=g.seconds,
+                            note="; ".join(notes), extra=extra)
+    profile = Profile(
+        gpu=gpu, model=g.model, precision=prec, kv_cache_dtype=kv_dtype,
+        spec_method=method, spec_k=k, vllm_version=str(meta["versions"].get("vllm")),
+        step=res.step, kv=kv, box=_box(df), fit=res.quality,
+        provenance={"source": "measured", "note": prov["note"],
+                    "gpu_minutes": prov["gpu_minutes"], "git_commit": git_commit,
+                    "runner_commit": extra.get("runner_commit"), "date": prov["date"]},
+        engine={k2: eng[k2] for k2 in ("max_num_seqs", "max_num_batched_tokens",
+                                       "gpu_memory_utilization", "max_model_len",
+                                       "block_size", "async_scheduling", "cudagraph_mode",
+                                       "enable_prefix_caching", "kv_cache_dtype",
+                                       "quantization")},
+    )
+    return profile, prov, df
+
+
+def build_all(raw: Path, out_root: Path, *, gpu: str = "h200", git_commit: str = "",
+              seed: int = 0) -> list[Path]:
+    """Every profile the raw folder supports, BF16 bases first."""
+    gs = groups(raw)
+    order = sorted(gs.values(), key=lambda g: (g.parts["m"] is not None, g.parts["kv"] is not None,
+                                               g.parts["prec"] != "bf16", g.model, g.key))
+    done: dict[tuple[str, str], Profile] = {}
+    written = []
+    by_model: defaultdict[str, int] = defaultdict(int)
+    for g in order:
+        if g.main is None:
+            continue
+        profile, prov, df = build_profile(g, raw, done, gpu=gpu, git_commit=git_commit,
+                                          seed=seed)
+        done[(g.model, g.key)] = profile
+        d = store.profile_dir(out_root, gpu, profile.vllm_version, g.model, g.key)
+        store.write_profile_dir(d, profile.model_dump(mode="json"), prov, df)
+        written.append(d)
+        by_model[g.model] += 1
+    return written

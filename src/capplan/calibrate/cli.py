@@ -1,0 +1,155 @@
+"""`capplan calibrate`: measure on this GPU host (or refit from raw runner output) and write
+profiles under `calibration/<gpu>/vllm-<version>/<model>/<key>/`."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from capplan.calibrate.build import UTILS, build_all
+from capplan.calibrate.jobs import RUNNER, SPEC_METHODS, Job
+from capplan.calibrate.store import CALIBRATION_DIR
+from capplan.calibrate.sweep import make_plan, write_plan
+from capplan.errors import CalibrationError, ConfigError
+from capplan.hardware import Precision
+from capplan.modelspec import load_model_spec
+
+EXIT_NO_VLLM, EXIT_ENGINE = 3, 4  # runner.py's exit codes
+
+
+def _floats(text: str, what: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise ConfigError(f"{what}: expected comma-separated numbers, got {text!r}") from e
+
+
+def _precisions(text: str) -> list[Precision]:
+    out = []
+    for name in (x.strip().lower() for x in text.split(",") if x.strip()):
+        try:
+            out.append(Precision(name))
+        except ValueError as e:
+            valid = ", ".join(p.value for p in Precision)
+            raise ConfigError(f"unsupported precision {name!r}; use one of {valid}") from e
+    return out
+
+
+def git_commit() -> str:
+    try:
+        r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                           cwd=Path(__file__).parent, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return r.stdout.strip() or "unknown"
+
+
+def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
+              spec_method: str, spec_model: str | None, kv_cache_dtype: str,
+              utils: list[float], tp: int) -> list[Job]:
+    """The engines to start: one timed engine per (precision, k) at 0.90, plus KV-only
+    engines for the other utilisations (BF16, k = 0 only: the rest are derived)."""
+    if tp != 1:
+        raise ConfigError(f"--tp {tp}: only tensor parallel 1 is calibrated so far")
+    spec = load_model_spec(model)
+    if any(k < 0 or k > 8 for k in spec_tokens):
+        raise ConfigError(f"--spec-tokens {spec_tokens}: each k must be in 0..8")
+    if any(spec_tokens) and spec_method not in SPEC_METHODS:
+        raise ConfigError(f"--spec-method {spec_method!r}: use one of {', '.join(SPEC_METHODS)}")
+    jobs = [Job(spec, p, kv_cache_dtype=kv_cache_dtype, spec_k=k,
+                spec_method=spec_method if k else None, spec_model=spec_model if k else None)
+            for p in precisions for k in spec_tokens]
+    first = precisions[0]
+    jobs += [Job(spec, first, gpu_memory_utilization=u, kv_only=True,
+                 kv_cache_dtype=kv_cache_dtype) for u in utils if abs(u - 0.90) > 1e-9]
+    return jobs
+
+
+def run_job(job: Job, raw: Path, budget_s: float, echo: bool = True) -> float:
+    """Run one engine through its plan in a child process; returns wall seconds.
+
+    The runner appends to `<raw>/<job>.jsonl` and skips points already there, so running
+    the same command again after a crash resumes where it stopped."""
+    raw.mkdir(parents=True, exist_ok=True)
+    plan = None
+    if not job.kv_only:
+        plan = str(write_plan(make_plan(job.spec, job.precision, budget_s=budget_s * 1.6,
+                                        spec_k=job.spec_k), raw / f"{job.name}.plan.json"))
+    args = job.runner_args(str(job.model_dir(raw / "engines")), plan,
+                           str(raw / f"{job.name}.jsonl"), str(raw / f"{job.name}.meta.json"),
+                           budget_s)
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, str(RUNNER), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    assert proc.stdout is not None and proc.stderr is not None
+    for line in proc.stdout:
+        if echo and line.startswith(("ENGINE", "POINT", "TIME", "DONE")):
+            click.echo(f"[{job.name}] {line.rstrip()}", err=True)
+    err = proc.stderr.read()
+    rc = proc.wait()
+    secs = time.monotonic() - t0
+    with open(raw / "rc.txt", "a") as f:
+        f.write(f"{job.name} rc={rc} s={secs:.0f}\n")
+    if rc:
+        last = next((ln for ln in reversed(err.splitlines()) if ln.startswith("capplan-runner")),
+                    err.strip().splitlines()[-1] if err.strip() else f"exit status {rc}")
+        raise CalibrationError(f"{job.name}: {last.removeprefix('capplan-runner: ')} "
+                               f"(measured points kept in {raw})")
+    return secs
+
+
+@click.command("calibrate")
+@click.option("--model", help="model spec name or path (models/<name>)")
+@click.option("--precision", default="bf16", show_default=True, help="comma-separated")
+@click.option("--spec-tokens", default="0", show_default=True, help="draft tokens k, e.g. 0,2,4")
+@click.option("--spec-method", default="draft_model", show_default=True)
+@click.option("--spec-model", default=None, help="draft model folder (config.json)")
+@click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto",
+              show_default=True)
+@click.option("--gpu-memory-utilization", "utils", default="0.85,0.90,0.95", show_default=True)
+@click.option("--tp", type=int, default=1, show_default=True)
+@click.option("--budget-s", type=float, default=60.0, show_default=True,
+              help="measuring seconds per engine (engine start comes on top)")
+@click.option("--gpu", default="h200", show_default=True, help="GPU name in the output path")
+@click.option("--out", type=click.Path(path_type=Path), default=CALIBRATION_DIR,
+              show_default=True)
+@click.option("--raw", type=click.Path(path_type=Path), default=None,
+              help="where raw runner output goes [default: OUT/_raw]")
+@click.option("--from-raw", type=click.Path(path_type=Path, exists=True, file_okay=False),
+              default=None, help="no GPU: refit profiles from existing raw runner output")
+@click.option("--dry-run", is_flag=True, help="list the engines that would start, and stop")
+def calibrate(model: str | None, precision: str, spec_tokens: str, spec_method: str,
+              spec_model: str | None, kv_cache_dtype: str, utils: str, tp: int,
+              budget_s: float, gpu: str, out: Path, raw: Path | None, from_raw: Path | None,
+              dry_run: bool) -> None:
+    """Measure vLLM step times and KV capacity on this GPU and write profiles."""
+    if from_raw is not None:
+        written = build_all(from_raw, out, gpu=gpu, git_commit=git_commit())
+        for d in written:
+            click.echo(str(d))
+        return
+    if not model:
+        raise ConfigError("--model is required (or --from-raw to refit)")
+    ks = [int(k) for k in _floats(spec_tokens, "--spec-tokens")]
+    us = _floats(utils, "--gpu-memory-utilization") or list(UTILS)
+    jobs = plan_jobs(model, _precisions(precision), ks, spec_method, spec_model,
+                     kv_cache_dtype, us, tp)
+    if dry_run:
+        for j in jobs:
+            click.echo(f"{j.name}{' (KV only)' if j.kv_only else ''}")
+        return
+    if importlib.util.find_spec("vllm") is None:
+        raise CalibrationError("vLLM is not installed here; run on a GPU host with "
+                               "`pip install capplan[calibrate]` (vllm==0.26.0)")
+    raw = raw or out / "_raw"
+    for i, job in enumerate(jobs, 1):
+        click.echo(f"engine {i}/{len(jobs)}: {job.name}", err=True)
+        run_job(job, raw, budget_s)
+    for d in build_all(raw, out, gpu=gpu, git_commit=git_commit()):
+        click.echo(str(d))

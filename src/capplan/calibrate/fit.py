@@ -1,0 +1,205 @@
+"""Fit the step-time model and the KV-capacity line to measured samples (numpy/scipy).
+
+The model is `capplan.profile.StepTimer`'s, term for term, so a fitted `StepModel` is
+evaluated exactly as it was fitted. Linear coefficients come from non-negative least
+squares on relative residuals (each unit weighted by 1 / its time: the target is the
+percentage error); `knee_tokens` from a 1-D grid search around them. The unit of fit and
+of error is a window of consecutive steps (see `windows`); training windows far off a
+first fit are trimmed before the second, the held-out error keeps every window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+import numpy as np
+from scipy.optimize import nnls
+
+from capplan.errors import CalibrationError
+from capplan.profile import FitQuality, KvCapacity, StepModel, cudagraph_capture_sizes
+
+Samples = Mapping[str, np.ndarray]
+COEFS = ("fixed_s", "per_token_s", "prefill_attn_s", "decode_ctx_s", "per_seq_s",
+         "draft_pass_s", "draft_token_s")
+KNEE_GRID = np.array([0, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512,
+                      640, 768, 1024])
+WINDOW = 4
+MAX_WINDOWS_PER_POINT = 40
+TRIM_APE = 0.35  # training windows this far off the first fit are left out of the second
+
+
+def step_times_s(point: np.ndarray, t_sched0: np.ndarray, t_done: np.ndarray) -> np.ndarray:
+    """Seconds per step: the gap between consecutive completions within a point, or from
+    scheduling when the GPU had nothing queued (see runner.py)."""
+    same = np.r_[False, point[1:] == point[:-1]]
+    prev_done = np.r_[-np.inf, t_done[:-1]]
+    start = np.where(same, np.maximum(prev_done, t_sched0), t_sched0)
+    return np.asarray(t_done - start, dtype=float)
+
+
+def prefill_attn(chunks: Sequence[Sequence[Sequence[int]]]) -> np.ndarray:
+    """Σ chunk * (ctx + chunk / 2) per step: attended token pairs of its prefill chunks."""
+    return np.array([sum(c * (x + c / 2) for c, x in step) for step in chunks], dtype=float)
+
+
+@dataclass(frozen=True)
+class FitResult:
+    step: StepModel
+    quality: FitQuality
+    trimmed: int
+    test_ape: np.ndarray
+    single_step_ape: np.ndarray
+
+
+def _pad(tokens: np.ndarray, sizes: list[int]) -> np.ndarray:
+    grid = np.asarray(sizes)
+    out = tokens.astype(float).copy()
+    inside = tokens <= grid[-1]
+    out[inside] = grid[np.searchsorted(grid, tokens[inside], side="left")]
+    return out
+
+
+def design(s: Samples, knee: float, sizes: list[int], spec_k: int) -> np.ndarray:
+    """Per-step columns in COEFS order, combined as StepTimer.step_time_s combines them."""
+    t_pad = _pad(s["tokens"], sizes)
+    drafting = s["drafting_seqs"].astype(float)
+    return np.column_stack([
+        np.ones(len(t_pad)),
+        np.maximum(t_pad, knee),
+        s["prefill_attn"],
+        s["decode_ctx"].astype(float),
+        s["seqs"].astype(float),
+        spec_k * (drafting > 0),
+        spec_k * drafting,
+    ])
+
+
+def _solve(x: np.ndarray, y: np.ndarray, free: np.ndarray, fixed: np.ndarray) -> np.ndarray:
+    """NNLS on relative residuals for the free columns, fixed ones subtracted first."""
+    target = y - x[:, ~free] @ fixed[~free]
+    w = 1.0 / y
+    beta = fixed.copy()
+    if free.any():
+        beta[free] = nnls(x[:, free] * w[:, None], target * w, maxiter=2000)[0]
+    return beta
+
+
+def windows(s: Samples, seed: int, width: int = WINDOW) -> np.ndarray:
+    """Fitting units: runs of `width` consecutive pipelined steps of one point, as
+    [start, stop) index pairs. A single step's completion stamp can land up to a step
+    late under async scheduling (one step reads ~2x, a neighbour ~0); over a window the
+    gaps telescope to t_done[last] - t_done[first - 1], which is exact. The first step
+    of a point (GPU idle before it) and warm-up points are left out; at most
+    MAX_WINDOWS_PER_POINT per point, picked with a fixed seed, so one long point
+    cannot outvote the sweep."""
+    rng = np.random.default_rng(seed)
+    point = s["point"]
+    out: list[tuple[int, int]] = []
+    bounds = np.flatnonzero(np.r_[True, point[1:] != point[:-1], True])
+    for a, b in pairwise(bounds):
+        if s["warmup"][a]:
+            continue
+        starts = np.arange(a + 1, b - width + 1, width)
+        if len(starts) == 0 and b - a > 1:
+            starts = np.array([a + 1])
+        if len(starts) > MAX_WINDOWS_PER_POINT:
+            starts = np.sort(rng.choice(starts, MAX_WINDOWS_PER_POINT, replace=False))
+        out += [(int(st), int(min(st + width, b))) for st in starts]
+    return np.array(out, dtype=int).reshape(-1, 2)
+
+
+def _window_sum(x: np.ndarray, win: np.ndarray) -> np.ndarray:
+    c = np.concatenate([np.zeros((1, *x.shape[1:])), np.cumsum(x, axis=0)])
+    out: np.ndarray = c[win[:, 1]] - c[win[:, 0]]
+    return out
+
+
+def _fit_once(s: Samples, win: np.ndarray, sizes: list[int], spec_k: int,
+              free: np.ndarray, fixed: np.ndarray, knees: np.ndarray) -> tuple[float, np.ndarray]:
+    y = _window_sum(s["step_s"], win)
+    best: tuple[float, float, np.ndarray] | None = None
+    for knee in knees:
+        x = _window_sum(design(s, float(knee), sizes, spec_k), win)
+        beta = _solve(x, y, free, fixed)
+        loss = float(np.sum(((x @ beta - y) / y) ** 2))
+        if best is None or loss < best[0] - 1e-12:
+            best = (loss, float(knee), beta)
+    assert best is not None
+    return best[1], best[2]
+
+
+def _model(knee: float, beta: np.ndarray) -> StepModel:
+    return StepModel(knee_tokens=knee, **dict(zip(COEFS, map(float, beta), strict=True)))
+
+
+def window_ape(s: Samples, win: np.ndarray, step: StepModel, sizes: list[int],
+               spec_k: int) -> np.ndarray:
+    """Absolute relative error of the model's time for each window of steps."""
+    beta = np.array([getattr(step, c) for c in COEFS])
+    pred = _window_sum(design(s, step.knee_tokens, sizes, spec_k) @ beta, win)
+    ape: np.ndarray = np.abs(pred / _window_sum(s["step_s"], win) - 1)
+    return ape
+
+
+def fit_step_model(
+    s: Samples,
+    *,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    spec_k: int = 0,
+    fixed: Mapping[str, float] | None = None,
+    seed: int = 0,
+    test_fraction: float = 0.2,
+) -> FitResult:
+    """Fit on a seeded 80 % of the windows; score on the other 20 %.
+
+    `fixed` holds coefficients taken from elsewhere (a spec-decode profile keeps its base
+    model's and fits only the draft terms; a profile without long-context decodes borrows
+    the attention term of the same model's BF16 profile, whose kernel and KV it shares)."""
+    win = windows(s, seed)
+    if len(win) < 8:
+        raise CalibrationError(f"only {len(win)} usable step windows; need at least 8 to fit")
+    test_mask = np.random.default_rng(seed + 1).random(len(win)) < test_fraction
+    train, test = win[~test_mask], win[test_mask]
+    sizes = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens, spec_k)
+    fixed = dict(fixed or {})
+    unknown = set(fixed) - set(COEFS) - {"knee_tokens"}
+    if unknown:
+        raise CalibrationError(f"cannot fix unknown coefficient(s) {sorted(unknown)}")
+    free = np.array([c not in fixed for c in COEFS])
+    if not spec_k:
+        free[5:] = False
+    fixed_vec = np.array([fixed.get(c, 0.0) for c in COEFS])
+    knees = np.array([fixed["knee_tokens"]]) if "knee_tokens" in fixed else KNEE_GRID
+
+    first = _model(*_fit_once(s, train, sizes, spec_k, free, fixed_vec, knees))
+    ape = window_ape(s, train, first, sizes, spec_k)
+    good = train[ape <= max(TRIM_APE, 4 * float(np.median(ape)))]
+    step = _model(*_fit_once(s, good, sizes, spec_k, free, fixed_vec, knees))
+    test_ape = window_ape(s, test, step, sizes, spec_k)
+    nan = float("nan")
+    quality = FitQuality(
+        n_train=len(good), n_test=len(test),
+        median_ape=round(float(np.median(test_ape)), 5) if len(test) else nan,
+        p95_ape=round(float(np.percentile(test_ape, 95)), 5) if len(test) else nan,
+    )
+    single = windows(s, seed, width=1)
+    return FitResult(step=step, quality=quality, trimmed=len(train) - len(good),
+                     test_ape=test_ape,
+                     single_step_ape=window_ape(s, single, step, sizes, spec_k))
+
+
+def fit_kv_capacity(
+    points: Sequence[Mapping[str, float]], *, bytes_per_token: int
+) -> KvCapacity:
+    """The line tokens = slope * util - intercept through the (util, tokens) points."""
+    u = np.array([p["gpu_memory_utilization"] for p in points], dtype=float)
+    if len(np.unique(u)) < 2:
+        raise CalibrationError("KV capacity needs points at two or more utilisations")
+    t = np.array([p["tokens"] for p in points], dtype=float)
+    slope, offset = np.polyfit(u, t, 1)
+    return KvCapacity(bytes_per_token=bytes_per_token, slope_tokens=round(float(slope), 1),
+                      intercept_tokens=round(float(-offset), 1),
+                      measured=[dict(p) for p in points])

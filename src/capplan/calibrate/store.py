@@ -1,0 +1,167 @@
+"""Calibration data on disk, by path:
+`calibration/<gpu>/vllm-<version>/<model>/<precision>[-kvfp8][-<method>K]/` holding
+`profile.json` (the fit), `provenance.json` (where it came from) and `samples.parquet`
+(every measured engine step, converted from the runner's JSONL)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from capplan.calibrate.fit import Samples, prefill_attn, step_times_s
+from capplan.errors import CalibrationError
+
+CALIBRATION_DIR = Path(__file__).resolve().parents[3] / "calibration"
+STEP_COLUMNS = ("tokens", "seqs", "decode_seqs", "decode_ctx", "spec_tokens", "drafting_seqs",
+                "prefill_seqs", "prefill_tokens", "max_ctx")
+PROVENANCE_KEYS = ("gpu_name", "driver", "cuda", "torch", "vllm", "date", "command",
+                   "git_commit", "engine", "gpu_minutes")
+
+
+def profile_dir(root: Path, gpu: str, vllm_version: str, model: str, key: str) -> Path:
+    return root / gpu / f"vllm-{vllm_version}" / model / key
+
+
+def read_runner_jsonl(path: Path) -> pl.DataFrame:
+    """Step records of complete points only (a crash leaves its last point incomplete)."""
+    rows: list[dict[str, Any]] = []
+    done: set[str] = set()
+    try:
+        data = path.read_bytes()
+        lines = (gzip.decompress(data) if path.suffix == ".gz" else data).decode().splitlines()
+    except OSError as e:
+        raise CalibrationError(f"{path}: cannot read samples ({e.strerror})") from e
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("kind") == "point_done":
+            done.add(rec["point"])
+        elif rec.get("kind") == "step":
+            rows.append(rec)
+    rows = [r for r in rows if r["point"] in done]
+    if not rows:
+        raise CalibrationError(f"{path}: no complete points measured")
+    df = pl.DataFrame({
+        "point": [r["point"] for r in rows],
+        "step": [r["step"] for r in rows],
+        "t_sched0": [r["t_sched0"] for r in rows],
+        "t_sched1": [r["t_sched1"] for r in rows],
+        "t_done": [r["t_done"] for r in rows],
+        **{c: [int(r[c]) for r in rows] for c in STEP_COLUMNS},
+        "chunks": [[list(map(int, c)) for c in r["chunks"]] for r in rows],
+    }, schema_overrides={"chunks": pl.List(pl.List(pl.Int64))})
+    return with_derived(df)
+
+
+def runner_jsonl(raw: Path, name: str) -> Path | None:
+    """The run's samples file: `<name>.jsonl`, or gzipped as shipped."""
+    for p in (raw / f"{name}.jsonl", raw / f"{name}.jsonl.gz"):
+        if p.exists():
+            return p
+    return None
+
+
+def with_derived(df: pl.DataFrame) -> pl.DataFrame:
+    """Columns computed from the raw record: step time, attention pairs, warm-up flag."""
+    point = df["point"].to_numpy()
+    step_s = step_times_s(point, df["t_sched0"].to_numpy(), df["t_done"].to_numpy())
+    pipelined = np.r_[False, (point[1:] == point[:-1])
+                      & (df["t_sched0"].to_numpy()[1:] < df["t_done"].to_numpy()[:-1])]
+    return df.with_columns(
+        pl.Series("step_s", step_s),
+        pl.Series("pipelined", pipelined),
+        pl.Series("prefill_attn", prefill_attn(df["chunks"].to_list())),
+        pl.col("point").str.starts_with("warmup").alias("warmup"),
+    )
+
+
+def samples_of(df: pl.DataFrame) -> Samples:
+    cols = ("point", "step_s", "prefill_attn", "warmup", *STEP_COLUMNS)
+    return {c: df[c].to_numpy() for c in cols}
+
+
+def read_samples(path: Path) -> pl.DataFrame:
+    p = path / "samples.parquet" if path.is_dir() else path
+    try:
+        return pl.read_parquet(p)
+    except (OSError, pl.exceptions.PolarsError) as e:
+        raise CalibrationError(f"{p}: cannot read samples ({e})") from e
+
+
+def kv_points(metas: Sequence[Mapping[str, Any]], utils: Sequence[float]) -> list[dict[str, float]]:
+    """KV capacity at each utilisation: measured where an engine ran at it, else derived
+    from the nearest measured engine's memory profile (vllm/v1/worker/gpu_worker.py:
+    available KV bytes = util x total - non-KV usage, so Δbytes = Δutil x total)."""
+    measured = {round(m["kv"]["gpu_memory_utilization"], 4): m for m in metas}
+    out = []
+    for u in utils:
+        key = round(u, 4)
+        if key in measured:
+            kv = measured[key]["kv"]
+            out.append({"gpu_memory_utilization": u, "tokens": float(kv["kv_tokens"]),
+                        "derived": 0.0})
+            continue
+        ref = min(measured.values(), key=lambda m: abs(m["kv"]["gpu_memory_utilization"] - u))
+        kv, total = ref["kv"], ref["versions"]["gpu_total_bytes"]
+        per_token = kv["kv_tensor_bytes"] / kv["kv_tokens"]
+        avail = kv["available_kv_bytes"] + (u - kv["gpu_memory_utilization"]) * total
+        blocks = math.floor(avail / (per_token * kv["block_size"]))
+        out.append({"gpu_memory_utilization": u, "tokens": float(blocks * kv["block_size"]),
+                    "derived": 1.0})
+    return out
+
+
+def provenance(meta: Mapping[str, Any], *, git_commit: str, gpu_seconds: float,
+               note: str = "", extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Everything needed to say where a profile's numbers came from."""
+    v = meta["versions"]
+    return {
+        "source": "measured",
+        "note": note,
+        "gpu_name": v.get("gpu_name"),
+        "driver": v.get("driver"),
+        "cuda": v.get("cuda"),
+        "torch": v.get("torch"),
+        "vllm": v.get("vllm"),
+        "python": v.get("python"),
+        "gpu_total_bytes": v.get("gpu_total_bytes"),
+        "date": _iso(meta.get("started_unix")),
+        "command": " ".join(meta.get("argv", [])),
+        "git_commit": git_commit,
+        "engine": meta.get("engine", {}),
+        "engine_start_s": meta.get("engine_start_s"),
+        "measure_s": meta.get("measure_s"),
+        "gpu_minutes": round(gpu_seconds / 60, 2),
+        **(dict(extra) if extra else {}),
+    }
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ts, tz=dt.UTC).isoformat(timespec="seconds")
+
+
+def write_profile_dir(out: Path, profile_json: Mapping[str, Any], prov: Mapping[str, Any],
+                      samples: pl.DataFrame) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profile.json").write_text(json.dumps(profile_json, indent=1) + "\n")
+    (out / "provenance.json").write_text(json.dumps(prov, indent=1, default=str) + "\n")
+    samples.write_parquet(out / "samples.parquet", compression="zstd", statistics=False)
+    return out
+
+
+def shipped_profiles(root: Path = CALIBRATION_DIR) -> list[Path]:
+    """Every measured profile folder under `root`."""
+    return sorted(p.parent for p in root.glob("*/vllm-*/*/*/profile.json"))
