@@ -720,3 +720,22 @@ def test_async_final_update_caches_the_last_full_block() -> None:
         core.update_from_output(inflight.popleft())
     assert a.out == 5
     assert core.kv.longest_hit([a.block_hash(0), a.block_hash(1)]) == (2, 2)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Without async scheduling, vLLM caches a request's blocks only in allocate_slots, "
+    "capped at num_tokens (the base Scheduler._update_request_with_output caches nothing; "
+    "only AsyncScheduler's override does: vllm/v1/core/sched/scheduler.py, "
+    "async_scheduler.py); EngineCore.update_from_output caches in both modes, so a "
+    "block filled by accepted drafts is cached one step early, and survives a preemption"
+))
+def test_sync_update_does_not_cache_blocks() -> None:
+    """Sync + spec decoding: accepted drafts fill block 0, but it is cached only when the
+    next step's allocation runs; a preemption before that frees it unhashed."""
+    core = engine(block_size=4, spec_k=4, acceptance=0.999999)
+    a = req(0, 2, 20)
+    core.add_request(a)
+    step(core)  # prefill: 1 token, then 4 drafts proposed
+    _, out = step(core)  # 1 + 4 tokens scheduled, all accepted
+    assert out[0] == (5, False) and a.computed == 7
+    assert core.kv.longest_hit([a.block_hash(0)]) == (0, 0)
