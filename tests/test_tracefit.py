@@ -312,6 +312,27 @@ def test_bad_values_are_errors(tmp_path: Path) -> None:
         fit_trace(failed, workload_column="nope")
 
 
+def test_sparse_and_regular_traces(tmp_path: Path) -> None:
+    """Degenerate traces still fit: a workload with one request is left out (and said so),
+    perfectly regular arrivals become a very smooth gamma, and a trace too sparse to have a
+    meaningful peak hour is measured whole."""
+    t = np.arange(0.0, 100.0, 0.5)
+    n = len(t)
+    labels = ["tick"] * n
+    labels[7] = "lonely"
+    path = _write(tmp_path / "r.csv", t, np.full(n, 20), np.full(n, 4), workload=labels)
+    fit = fit_trace_report(path)
+    assert [w.name for w in fit.mix.workloads] == ["tick"]
+    assert "left out workload(s) lonely" in to_yaml(fit)
+    arrival = fit.mix.workloads[0].arrival
+    assert isinstance(arrival, GammaArrival) and arrival.cv < 0.1
+    sparse = _write(tmp_path / "s.csv", np.array([0.0, 5000.0, 9000.0]), np.full(3, 9),
+                    np.full(3, 9))
+    w = fit_trace_report(sparse)
+    assert "whole trace" in w.workloads[0].notes[0]
+    assert w.workloads[0].rate_rps == pytest.approx(2 / 9000)
+
+
 # -- integration -----------------------------------------------------------------------------
 
 
@@ -339,6 +360,19 @@ def test_cli_writes_yaml_and_summary(tmp_path: Path) -> None:
     assert load_mix(out).workloads[0].pool == "chat"
     stdout = CliRunner().invoke(traffic, ["from-trace", str(TRACES / "vllm_bench.json")])
     assert stdout.output.startswith("# Fitted by")
+
+
+def test_registered_under_capplan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`capplan.tracefit.cli:traffic` works as a lazy subcommand of `capplan` (how the lead
+    registers it) and a bad input still ends in one red line with the ConfigError code."""
+    from capplan.cli import main
+
+    monkeypatch.setitem(main.lazy, "traffic", "capplan.tracefit.cli:traffic")  # type: ignore[attr-defined]
+    runner = CliRunner()
+    ok = runner.invoke(main, ["traffic", "from-trace", str(TRACES / "vllm_bench_closed.json")])
+    assert ok.exit_code == 0 and "kind: closed" in ok.output
+    bad = runner.invoke(main, ["traffic", "from-trace", "nope.csv"])
+    assert bad.exit_code == 2 and "trace file not found" in bad.output
 
 
 def test_large_parquet_streams(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,6 +21,8 @@ __all__ = ["DAY_S", "HOUR_S", "ArrivalFit", "fit_arrivals", "poisson_tolerance"]
 HOUR_S = 3600.0
 DAY_S = 24 * HOUR_S
 _MIN_COVER_S = 1800.0  # a clock hour must be at least half inside the trace to be the peak
+_MIN_WINDOW_REQUESTS = 10  # a sparser peak hour says nothing: use the whole trace
+_MIN_CV = 0.01  # perfectly regular arrivals: a gamma this smooth (cv 0 is not a process)
 
 
 @dataclass(frozen=True)
@@ -54,10 +56,10 @@ def poisson_tolerance(gaps: int) -> float:
 
 def _windows(
     hourly: pl.DataFrame, spans: dict[str, Span]
-) -> tuple[dict[str, tuple[float, float, int]], dict[str, list[float]]]:
-    """Per workload: the measured window (start, end, requests) and, for traces of a day
-    or more, the 24 hourly fractions."""
-    windows: dict[str, tuple[float, float, int]] = {}
+) -> tuple[dict[str, tuple[float, float, int, bool]], dict[str, list[float]]]:
+    """Per workload: the measured window (start, end, requests, whole trace?) and, for
+    traces of a day or more, the mean rate of each of the 24 hours of day."""
+    windows: dict[str, tuple[float, float, int, bool]] = {}
     daily: dict[str, list[float]] = {}
     for w, span in spans.items():
         rows = hourly.filter(pl.col("workload") == w)
@@ -66,16 +68,17 @@ def _windows(
         cover = [
             min((h + 1) * HOUR_S, span.t1_s) - max(h * HOUR_S, span.t0_s) for h in hours
         ]
-        if span.t1_s - span.t0_s <= HOUR_S:
-            windows[w] = (span.t0_s, math.nextafter(span.t1_s, math.inf), span.requests)
-        else:
+        whole = (span.t0_s, math.nextafter(span.t1_s, math.inf), span.requests, True)
+        windows[w] = whole
+        if span.t1_s - span.t0_s > HOUR_S:
             best = max(
                 (i for i, c in enumerate(cover) if c >= _MIN_COVER_S),
                 key=lambda i: counts[i] / cover[i],
             )
             start = max(hours[best] * HOUR_S, span.t0_s)
-            end = min((hours[best] + 1) * HOUR_S, math.nextafter(span.t1_s, math.inf))
-            windows[w] = (start, end, counts[best])
+            end = min((hours[best] + 1) * HOUR_S, whole[1])
+            if counts[best] >= _MIN_WINDOW_REQUESTS:
+                windows[w] = (start, end, counts[best], False)
         if span.t1_s - span.t0_s >= DAY_S:
             n_hod = [0.0] * 24
             cover_hod = [0.0] * 24
@@ -129,21 +132,21 @@ def fit_arrivals(frame: pl.LazyFrame, spans: dict[str, Span]) -> dict[str, Arriv
     for row in stats.iter_rows(named=True):
         w = row["workload"]
         span = spans[w]
-        start, end, n_window = windows[w]
+        start, end, n_window, whole = windows[w]
         n_gaps = int(row["n"])
-        if n_gaps < 1 or not row["mean"]:
-            raise ValueError(f"workload {w!r} needs two distinct arrival times")
-        cv = float(row["std"] or 0.0) / float(row["mean"])
-        whole = span.t1_s - span.t0_s <= HOUR_S
+        measured = n_gaps >= 2 and row["std"] is not None and row["mean"] > 0
+        cv = max(float(row["std"]) / float(row["mean"]), _MIN_CV) if measured else 1.0
         width = span.t1_s - span.t0_s if whole else min(end, span.t1_s) - start
         rate = (n_window - 1) / width if whole else n_window / width
         tol = poisson_tolerance(n_gaps)
-        poisson = abs(cv - 1.0) <= tol
+        poisson = not measured or abs(cv - 1.0) <= tol
         where = "whole trace" if whole else f"peak clock hour starting t={start:.0f} s"
         how = (
             f"rate {rate:.3g} req/s over the {where} ({n_window} requests); gap CV {cv:.2f} "
             + (f"within {tol:.2f} of 1 -> poisson" if poisson else f"-> gamma (cv {cv:.2f})")
         )
+        if not measured:
+            how = f"rate {rate:.3g} req/s over the {where}; too few gaps to measure, poisson"
         if row["zeros"] and row["zeros"] > 0.01 * n_gaps:
             how += f"; {row['zeros'] / n_gaps:.0%} of gaps are 0 (coarse timestamps inflate CV)"
         arrival: Arrival

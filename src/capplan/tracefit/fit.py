@@ -50,10 +50,11 @@ def _collect(lf: pl.LazyFrame, file: str) -> pl.DataFrame:
         ) from e
 
 
-def _check(req: Requests) -> tuple[dict[str, Span], int, bool]:
+def _check(req: Requests) -> tuple[dict[str, Span], int, bool, list[str]]:
     """Pass 1: spans per workload; empty values and zero-token prompts are errors, and
     requests that produced no output (failed or aborted) are dropped and counted. Also
-    whether each workload's rows are in arrival order (then nothing needs sorting)."""
+    whether each workload's rows are in arrival order (then nothing needs sorting), and
+    the workloads left out for having fewer than two distinct arrival times."""
     c = pl.col
     basic = _collect(
         req.frame.group_by("workload").agg(
@@ -86,18 +87,20 @@ def _check(req: Requests) -> tuple[dict[str, Span], int, bool]:
             field="input_tokens",
         )
     spans: dict[str, Span] = {}
+    sparse: list[str] = []
     for row in basic.iter_rows(named=True):
         if row["n"] < 2 or row["t1"] <= row["t0"]:
-            raise ConfigError(
-                f"workload {row['workload']!r} has {row['n']} completed request(s) over "
-                f"{(row['t1'] or 0) - (row['t0'] or 0):g} s; a rate needs at least two "
-                "distinct arrival times",
-                file=req.file,
-                field="timestamp",
-            )
-        spans[row["workload"]] = Span(float(row["t0"]), float(row["t1"]), int(row["n"]))
+            sparse.append(row["workload"])
+        else:
+            spans[row["workload"]] = Span(float(row["t0"]), float(row["t1"]), int(row["n"]))
+    if not spans:
+        raise ConfigError(
+            "no workload has two completed requests at distinct times; a rate needs them",
+            file=req.file,
+            field="timestamp",
+        )
     in_order = int(basic.get_column("unordered").sum()) == 0
-    return spans, int(basic.get_column("no_output").sum()), in_order
+    return spans, int(basic.get_column("no_output").sum()), in_order, sparse
 
 
 def _lengths(frame: pl.LazyFrame, column: str, file: str) -> dict[str, LengthFit]:
@@ -141,8 +144,10 @@ def _staged(req: Requests, path: Path) -> Requests:
 def _fit(
     req: Requests, *, pool: str, model: str, slo: SloLike, block_tokens: int | None
 ) -> TraceFit:
-    spans, dropped, in_order = _check(req)
+    spans, dropped, in_order, sparse = _check(req)
     frame = req.frame.filter(pl.col("output_tokens") >= 1)
+    if sparse:
+        frame = frame.filter(~pl.col("workload").is_in(sparse))
     inputs = _lengths(frame, "input_tokens", req.file)
     outputs = _lengths(frame, "output_tokens", req.file)
     try:
@@ -192,6 +197,10 @@ def _fit(
             )
         )
     general = []
+    if sparse:
+        general.append(
+            f"left out workload(s) {', '.join(sparse)}: fewer than two distinct arrival times"
+        )
     if dropped:
         general.append(f"dropped {dropped} request(s) with no output tokens (failed or aborted)")
     if req.workload_column:
