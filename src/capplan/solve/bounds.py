@@ -97,7 +97,7 @@ class Bracket:
 
     lower: int
     estimate: int
-    busy_replicas: float  # replica-seconds of GPU work per second of traffic
+    busy_replicas: float  # replica-seconds of GPU work per second of traffic (closed incl.)
     kv_replicas: float  # replicas' KV needed to hold the concurrency of Little's law
     seq_replicas: float  # replicas' max_num_seqs needed for that concurrency
 
@@ -147,9 +147,13 @@ def _tokens_per_step(st: PoolSetup) -> float:
 def bracket(
     st: PoolSetup, workloads: list[Workload], *, rate_scale: float = 1.0, base_dir: object = None
 ) -> Bracket:
-    """Lower bound and starting estimate of the replicas `workloads` need on this pool."""
+    """Lower bound and starting estimate of the replicas `workloads` need on this pool.
+
+    Closed-loop users only count towards the estimate: their rate falls as latency grows,
+    so the unloaded rate used here is an upper bound, not a floor."""
     s = st.profile.step
-    busy = kv = seqs = 0.0
+    floor = [0.0, 0.0, 0.0]  # open-loop work, KV tokens, sequences
+    closed_busy = 0.0
     for w in workloads:
         if w.input_tokens is None or w.output_tokens is None:
             continue  # replay: lengths only known from the trace; the search still covers it
@@ -161,15 +165,19 @@ def bracket(
         work = (fresh + decode_tokens) * s.per_token_s
         work += fresh * (cached + fresh / 2) * s.prefill_attn_s
         work += out * (inp + out / 2) * s.decode_ctx_s / _tokens_per_step(st)
-        busy += rate * work
+        if isinstance(w.arrival, ClosedLoop):
+            closed_busy += rate * work
+            continue
         concurrency = rate * unloaded_e2e_s(st, w)
-        kv += concurrency * (fresh + out / 2)
-        seqs += concurrency
-    kv_r = kv / max(st.kv_tokens, 1)
-    seq_r = seqs / st.pool.engine.max_num_seqs
+        floor[0] += rate * work
+        floor[1] += concurrency * (fresh + out / 2)
+        floor[2] += concurrency
+    busy = floor[0]
+    kv_r = floor[1] / max(st.kv_tokens, 1)
+    seq_r = floor[2] / st.pool.engine.max_num_seqs
     lower = max(1, math.ceil(max(busy, kv_r, seq_r) - 1e-9))
-    estimate = max(lower, math.ceil(busy / TARGET_UTILISATION))
-    return Bracket(lower, estimate, busy, kv_r, seq_r)
+    estimate = max(lower, math.ceil((busy + closed_busy) / TARGET_UTILISATION))
+    return Bracket(lower, estimate, busy + closed_busy, kv_r, seq_r)
 
 
 def tail_e2e_s(st: PoolSetup, workloads: list[Workload], q: float = 99.0) -> float:
