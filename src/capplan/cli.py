@@ -24,6 +24,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "calibrate": "capplan.calibrate.cli:calibrate",
     "size": "capplan.solve.cli:size",
     "sweep": "capplan.solve.cli:sweep",
+    "traffic": "capplan.tracefit.cli:traffic",
 }
 """Subcommands living in later stages, as `module:attribute`, imported on first use."""
 
