@@ -1,0 +1,119 @@
+"""`capplan calibrate` on a machine without a GPU: bad input gives one clear line and an
+exit code, a failing engine keeps the points already measured, and raw output refits."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from capplan.calibrate import cli as ccli
+from capplan.calibrate import store
+from capplan.cli import main
+
+RAW = store.CALIBRATION_DIR / "_raw"
+
+
+def _run(*args: str) -> tuple[int, str]:
+    res = CliRunner().invoke(main, ["calibrate", *args])
+    return res.exit_code, res.output
+
+
+def test_unknown_model_is_one_line() -> None:
+    """An unknown model spec names the spec file and lists the known ones."""
+    code, out = _run("--model", "no-such-model", "--dry-run")
+    assert code == 2 and "unknown model 'no-such-model'" in out and "Traceback" not in out
+
+
+def test_unsupported_precision() -> None:
+    code, out = _run("--model", "llama-3.1-8b", "--precision", "int3", "--dry-run")
+    assert code == 2 and "unsupported precision 'int3'" in out
+
+
+def test_tensor_parallel_is_refused() -> None:
+    code, out = _run("--model", "llama-3.1-8b", "--tp", "2", "--dry-run")
+    assert code == 2 and "tensor parallel" in out
+
+
+def test_no_vllm_is_a_calibration_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without vLLM the command stops before doing anything, with exit code 4."""
+    monkeypatch.setattr(ccli.importlib.util, "find_spec", lambda name: None)
+    code, out = _run("--model", "llama-3.1-8b")
+    assert code == 4 and "vLLM is not installed" in out
+
+
+def test_dry_run_lists_engines() -> None:
+    """One timed engine per precision and k; KV-only engines for the other utilisations."""
+    code, out = _run("--model", "llama-3.1-8b", "--precision", "bf16,fp8", "--spec-tokens",
+                     "0,2", "--dry-run")
+    assert code == 0
+    assert out.split() == ["llama-3.1-8b--bf16", "llama-3.1-8b--bf16-draft_model2",
+                           "llama-3.1-8b--fp8", "llama-3.1-8b--fp8-draft_model2",
+                           "llama-3.1-8b--bf16--u85", "(KV", "only)",
+                           "llama-3.1-8b--bf16--u95", "(KV", "only)"]
+
+
+def test_engine_failure_keeps_measured_points(monkeypatch: pytest.MonkeyPatch,
+                                              tmp_path: Path) -> None:
+    """An engine that dies (here: out of memory) is reported in one line; the raw samples
+    already written stay, and the next run resumes from them."""
+    fake = tmp_path / "runner.py"
+    fake.write_text(
+        "import sys\n"
+        "out = sys.argv[sys.argv.index('--out') + 1]\n"
+        "open(out, 'a').write('{\"kind\": \"point_done\", \"point\": \"p1\"}\\n')\n"
+        "print('capplan-runner: out of memory at point p2', file=sys.stderr)\n"
+        "sys.exit(4)\n")
+    monkeypatch.setattr(ccli, "RUNNER", fake)
+    monkeypatch.setattr(ccli.importlib.util, "find_spec", lambda name: object())
+    code, out = _run("--model", "llama-3.1-8b", "--gpu-memory-utilization", "0.90",
+                     "--out", str(tmp_path), "--budget-s", "1")
+    assert code == 4 and "out of memory at point p2" in out and "points kept" in out
+    raw = tmp_path / "_raw" / "llama-3.1-8b--bf16.jsonl"
+    assert "p1" in raw.read_text()
+    assert (tmp_path / "_raw" / "rc.txt").read_text().startswith("llama-3.1-8b--bf16 rc=4")
+
+
+def test_incomplete_point_is_dropped_complete_ones_kept(tmp_path: Path) -> None:
+    """Reading raw output after a crash keeps every complete point and drops the cut one."""
+    src = RAW / "qwen3-32b--bf16.jsonl.gz"
+    lines = gzip.decompress(src.read_bytes()).decode().splitlines()
+    steps = [json.loads(ln) for ln in lines[:5] if '"step"' in ln]
+    cut = [json.dumps({**r, "point": "cut"}) for r in steps]  # a point that never finished
+    path = tmp_path / "x.jsonl"
+    path.write_text("\n".join([*lines, *cut, cut[-1][:20]]))
+    full = store.read_runner_jsonl(src)
+    kept = store.read_runner_jsonl(path)
+    assert "cut" not in kept["point"].to_list()
+    assert len(kept) == len(full)
+
+
+def test_refit_from_raw_reproduces_shipped(tmp_path: Path) -> None:
+    """`--from-raw` rebuilds a shipped profile from the raw runner output, coefficient for
+    coefficient."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for f in RAW.glob("qwen3-32b--bf16.*"):
+        shutil.copy(f, raw)
+    (raw / "rc.txt").write_text("qwen3-32b--bf16 rc=0 s=171\n")
+    code, out = _run("--from-raw", str(raw), "--out", str(tmp_path / "cal"))
+    assert code == 0, out
+    new = json.loads((tmp_path / "cal/h200/vllm-0.26.0/qwen3-32b/bf16/profile.json").read_text())
+    old = json.loads((store.CALIBRATION_DIR / "h200/vllm-0.26.0/qwen3-32b/bf16/profile.json")
+                     .read_text())
+    assert new["step"] == pytest.approx(old["step"], rel=1e-9)
+    assert new["fit"] == old["fit"]
+
+
+def test_runner_is_plain_python() -> None:
+    """The GPU driver imports only vllm, numpy and the standard library."""
+    text = (Path(ccli.__file__).with_name("runner.py")).read_text()
+    imports = {ln.split()[1].split(".")[0] for ln in text.splitlines()
+               if ln.strip().startswith(("import ", "from ")) and not ln.startswith("    #")}
+    assert imports <= {"argparse", "json", "os", "subprocess", "sys", "time", "numpy",
+                       "torch", "vllm", *sys.stdlib_module_names}

@@ -1,0 +1,129 @@
+"""Fitting the step-time and KV-capacity models (pure numpy/scipy, synthetic data)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from capplan.calibrate import fit as F
+from capplan.errors import CalibrationError
+from capplan.profile import Profile, StepTimer, cudagraph_capture_sizes
+
+TRUE = {"fixed_s": 4e-3, "per_token_s": 2e-5, "knee_tokens": 64.0, "prefill_attn_s": 1e-9,
+        "decode_ctx_s": 3e-8, "per_seq_s": 5e-6}
+
+
+def _synthetic(seed: int = 0, n_points: int = 30, steps: int = 24) -> dict[str, np.ndarray]:
+    """Steps of random compositions, timed exactly by the model, stamped back to back."""
+    rng = np.random.default_rng(seed)
+    sizes = cudagraph_capture_sizes(256, 8192)
+    rows: dict[str, list[float]] = {k: [] for k in ("tokens", "seqs", "decode_ctx",
+                                                    "prefill_attn", "drafting_seqs")}
+    point, step_s = [], []
+    for p in range(n_points):
+        for _ in range(steps):
+            dec = int(rng.integers(0, 256))
+            chunk = int(rng.choice([0, 0, 128, 512, 2048, 8000 - dec]))
+            ctx = int(rng.integers(0, 16384))
+            tokens = max(dec + chunk, 1)
+            seqs = dec + (1 if chunk else 0) or 1
+            pa = chunk * (ctx + chunk / 2)
+            dctx = dec * int(rng.integers(100, 8000))
+            t_pad = tokens if tokens > sizes[-1] else min(s for s in sizes if s >= tokens)
+            t = (TRUE["fixed_s"] + TRUE["per_token_s"] * max(t_pad, TRUE["knee_tokens"])
+                 + TRUE["prefill_attn_s"] * pa + TRUE["decode_ctx_s"] * dctx
+                 + TRUE["per_seq_s"] * seqs)
+            for k, v in zip(rows, (tokens, seqs, dctx, pa, 0), strict=True):
+                rows[k].append(v)
+            point.append(f"p{p}")
+            step_s.append(t)
+    s = {k: np.array(v) for k, v in rows.items()}
+    s["tokens"] = s["tokens"].astype(int)
+    s["point"] = np.array(point)
+    s["step_s"] = np.array(step_s)
+    s["warmup"] = np.zeros(len(point), dtype=bool)
+    return s
+
+
+def test_fit_recovers_known_coefficients() -> None:
+    """Noise-free steps from known coefficients give those coefficients back."""
+    res = F.fit_step_model(_synthetic(), max_num_seqs=256, max_num_batched_tokens=8192)
+    for k, v in TRUE.items():
+        assert getattr(res.step, k) == pytest.approx(v, rel=1e-6), k
+    assert res.quality.median_ape < 1e-9 and res.quality.n_test > 0
+
+
+def test_fit_is_evaluated_by_step_timer() -> None:
+    """A fitted StepModel gives the same step time through StepTimer as the fit's own model."""
+    s = _synthetic(1)
+    res = F.fit_step_model(s, max_num_seqs=256, max_num_batched_tokens=8192)
+    prof = Profile.model_validate({
+        "gpu": "h200", "model": "m", "precision": "bf16", "step": res.step.model_dump(),
+        "kv": {"bytes_per_token": 1, "slope_tokens": 1.0, "intercept_tokens": 0.0},
+        "box": {"max_tokens": 10**6, "max_seqs": 10**6, "max_context_tokens": 10**6},
+        "provenance": {"source": "measured"}})
+    timer = StepTimer(prof, max_num_seqs=256, max_num_batched_tokens=8192)
+    for i in range(0, len(s["step_s"]), 37):
+        got = timer.step_time_s(int(s["tokens"][i]), int(s["seqs"][i]), s["prefill_attn"][i],
+                                int(s["decode_ctx"][i]), 0)
+        assert got == pytest.approx(s["step_s"][i], rel=1e-6)
+
+
+def test_late_stamp_does_not_move_the_fit() -> None:
+    """A completion stamped a step late (one step reads long, the next short) telescopes
+    away inside a window: the fit is unchanged."""
+    s = _synthetic(2)
+    t_done = np.cumsum(s["step_s"])
+    late = t_done.copy()
+    for i in range(5, len(late) - 2, 24):  # inside windows: stamps 1..24 of each point
+        if i % 4 != 0:
+            late[i] = late[i + 1] - 1e-5
+    points = s["point"]
+    clean = dict(s, step_s=F.step_times_s(points, t_done - s["step_s"], t_done))
+    noisy = dict(s, step_s=F.step_times_s(points, t_done - s["step_s"], late))
+    a = F.fit_step_model(clean, max_num_seqs=256, max_num_batched_tokens=8192)
+    b = F.fit_step_model(noisy, max_num_seqs=256, max_num_batched_tokens=8192)
+    assert b.step.per_token_s == pytest.approx(a.step.per_token_s, rel=1e-3)
+    assert b.quality.median_ape < 0.01
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(1e-4, 1.0), min_size=2, max_size=40))
+def test_step_times_telescope(gaps: list[float]) -> None:
+    """Within a point, step times sum to the span from the first completion to the last."""
+    t_done = np.cumsum(gaps)
+    point = np.array(["a"] * len(gaps))
+    t_sched0 = np.r_[0.0, t_done[:-1]] - 1e-6  # each step queued before the last one ended
+    dt = F.step_times_s(point, t_sched0, t_done)
+    assert dt[1:].sum() == pytest.approx(t_done[-1] - t_done[0], rel=1e-9)
+
+
+def test_fixed_coefficients_are_kept() -> None:
+    """Coefficients passed as fixed come back unchanged; only the rest are fitted."""
+    res = F.fit_step_model(_synthetic(), max_num_seqs=256, max_num_batched_tokens=8192,
+                           fixed={"decode_ctx_s": 5e-8})
+    assert res.step.decode_ctx_s == 5e-8
+
+
+def test_too_few_steps_is_a_calibration_error() -> None:
+    """A run with almost nothing measured fails with a clear CalibrationError."""
+    with pytest.raises(CalibrationError, match="usable step windows"):
+        F.fit_step_model(_synthetic(n_points=1, steps=5), max_num_seqs=256,
+                         max_num_batched_tokens=8192)
+
+
+def test_unknown_fixed_coefficient_is_rejected() -> None:
+    with pytest.raises(CalibrationError, match="unknown coefficient"):
+        F.fit_step_model(_synthetic(), max_num_seqs=256, max_num_batched_tokens=8192,
+                         fixed={"bogus_s": 1.0})
+
+
+def test_kv_line_through_points() -> None:
+    """Capacity is linear in utilisation: the line passes through exact points."""
+    pts = [{"gpu_memory_utilization": u, "tokens": 1e6 * u - 1e5} for u in (0.85, 0.9, 0.95)]
+    kv = F.fit_kv_capacity(pts, bytes_per_token=131072)
+    assert kv.tokens(0.9) == pytest.approx(800_000, abs=1)
+    with pytest.raises(CalibrationError):
+        F.fit_kv_capacity(pts[:1], bytes_per_token=1)

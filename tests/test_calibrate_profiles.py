@@ -1,0 +1,78 @@
+"""The shipped H200 profiles: they load, say where they came from, and re-fit from their
+own raw samples to the same coefficients."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from capplan.calibrate import fit as F
+from capplan.calibrate import store
+from capplan.hardware import GPUS, Precision
+from capplan.modelspec import load_model_spec
+from capplan.profile import Profile, StepTimer
+
+PROFILES = store.shipped_profiles()
+IDS = [str(p.relative_to(store.CALIBRATION_DIR)) for p in PROFILES]
+
+
+def test_profiles_are_shipped() -> None:
+    """The simulator's defaults exist: at least the 8B and 32B BF16 profiles."""
+    keys = {(p.parent.name, p.name) for p in PROFILES}
+    assert {("llama-3.1-8b", "bf16"), ("qwen3-32b", "bf16")} <= keys
+
+
+@pytest.mark.parametrize("d", PROFILES, ids=IDS)
+def test_profile_loads_with_complete_provenance(d: Path) -> None:
+    """Every profile validates and carries GPU, driver, versions, date, command, commit,
+    engine settings and GPU-minutes."""
+    prof = Profile.load(d)
+    assert prof.source == "measured" and prof.fit is not None and prof.fit.n_test > 0
+    assert d.name == prof.key and d.parent.name == prof.model
+    prov = json.loads((d / "provenance.json").read_text())
+    missing = [k for k in store.PROVENANCE_KEYS if prov.get(k) in (None, "", {})]
+    assert not missing, f"provenance lacks {missing}"
+    assert prov["vllm"] == prof.vllm_version == "0.26.0"
+    for key in ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
+                "block_size", "async_scheduling", "enable_prefix_caching"):
+        assert key in prof.engine
+    assert {p["gpu_memory_utilization"] for p in prof.kv.measured} == {0.85, 0.9, 0.95}
+
+
+@pytest.mark.parametrize("d", PROFILES, ids=IDS)
+def test_refit_from_samples_gives_same_coefficients(d: Path) -> None:
+    """Re-fitting samples.parquet with the recorded seed and fixed terms reproduces the
+    shipped coefficients: the profile is a function of its data."""
+    prof = Profile.load(d)
+    prov = json.loads((d / "provenance.json").read_text())
+    s = store.samples_of(store.read_samples(d))
+    res = F.fit_step_model(s, max_num_seqs=int(prof.engine["max_num_seqs"]),  # type: ignore[call-overload]
+                           max_num_batched_tokens=int(prof.engine["max_num_batched_tokens"]),  # type: ignore[call-overload]
+                           spec_k=prof.spec_k, fixed=prov["fit"]["fixed_coefficients"],
+                           seed=prov["fit"]["seed"])
+    for k, v in prof.step.model_dump().items():
+        assert getattr(res.step, k) == pytest.approx(v, rel=1e-6, abs=1e-15), k
+    assert res.quality == prof.fit
+
+
+@pytest.mark.parametrize("d", PROFILES, ids=IDS)
+def test_kv_line_meets_measured_point(d: Path) -> None:
+    """The capacity line passes within 0.5 % of the engine's own 0.90 figure."""
+    prof = Profile.load(d)
+    at90 = next(p for p in prof.kv.measured if p["gpu_memory_utilization"] == 0.9)
+    assert at90["derived"] == 0.0
+    assert prof.kv.tokens(0.9) == pytest.approx(at90["tokens"], rel=5e-3)
+
+
+@pytest.mark.parametrize("d", PROFILES, ids=IDS)
+def test_decode_step_respects_weight_streaming_bound(d: Path) -> None:
+    """Physics: a batch-1 decode step cannot beat weights / HBM bandwidth, and vLLM gets
+    at least a third of the bound."""
+    prof = Profile.load(d)
+    spec = load_model_spec(prof.model)
+    bound = spec.weight_bytes(Precision(prof.precision)) / GPUS["h200"].hbm_bytes_per_s
+    t = StepTimer(prof, max_num_seqs=256, max_num_batched_tokens=8192).step_time_s(
+        1 + prof.spec_k, 1, 0.0, 512, 1 if prof.spec_k else 0)
+    assert bound < t < 3 * bound + 0.01
