@@ -139,7 +139,8 @@ class Empirical(_Dist):
 
     def _p(self) -> np.ndarray:
         w = np.asarray(self.weights, dtype=float)
-        return w / w.sum()
+        p: np.ndarray = w / w.sum()
+        return p
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return rng.choice(np.asarray(self.values, dtype=np.int64), size=n, p=self._p())

@@ -89,7 +89,8 @@ class GapHistogram:
 
 def _bins(x: np.ndarray) -> np.ndarray:
     idx = ((np.log(np.maximum(x, _LO)) - _LOG_LO) * _BINS_PER_E).astype(np.int64)
-    return np.clip(idx, 0, _NBINS - 1)
+    clipped: np.ndarray = np.clip(idx, 0, _NBINS - 1)
+    return clipped
 
 
 REQUEST_FIELDS = (

@@ -139,7 +139,8 @@ def metric_values(rec: WorkloadRecorder, metric: str) -> np.ndarray:
         return e2e
     out = rec.column("output_tokens")
     ok = out > 1
-    return (e2e[ok] - ttft[ok]) / (out[ok] - 1)
+    tpot: np.ndarray = (e2e[ok] - ttft[ok]) / (out[ok] - 1)
+    return tpot
 
 
 def summarise(
