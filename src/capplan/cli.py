@@ -25,6 +25,8 @@ LAZY_COMMANDS: dict[str, str] = {
     "size": "capplan.solve.cli:size",
     "sweep": "capplan.solve.cli:sweep",
     "traffic": "capplan.tracefit.cli:traffic",
+    "deploy": "capplan.deploy.cli:deploy",
+    "report": "capplan.report.cli:report",
 }
 """Subcommands living in later stages, as `module:attribute`, imported on first use."""
 
