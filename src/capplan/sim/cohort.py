@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from capplan.sim.core import SimRequest
 
-LEAVE_MARGIN = 4  # tokens before the last at which a member turns explicit again
+LEAVE_MARGIN = 2  # tokens before the last at which a member turns explicit again
 
 
 class DecodeCohort:

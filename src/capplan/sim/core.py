@@ -385,11 +385,12 @@ class EngineCore:
         return True
 
     def _join_cohort(self, plan: StepPlan, cohort: DecodeCohort) -> None:
-        """Explicit requests that just took one decode token join the cohort."""
+        """Explicit requests that will take one decode token a step from now on (their
+        prompt is done) join the cohort."""
         cfg = self.cfg
         s0 = plan.idx + 1
-        for r, n, emits in zip(plan.reqs, plan.tokens, plan.emits, strict=True):
-            if n == 1 and emits and not r.lazy and r.status == RUNNING:
+        for r, emits in zip(plan.reqs, plan.emits, strict=True):
+            if emits and not r.lazy and r.status == RUNNING:
                 cohort.join(r, s0, self.lookahead, cfg.max_model_len)
 
     def _schedule_running(
