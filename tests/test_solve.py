@@ -210,11 +210,24 @@ def test_cli_size_json_and_out(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["pools"][0]["binding_slo"] == plan.pools[0].binding_slo
 
 
-def test_cli_size_table_flags_analytic_profile() -> None:
-    """The table names the binding SLO and says loudly when the profile is analytic."""
+def test_cli_size_table_names_binding_and_flags_analytic_profile() -> None:
+    """The table names the binding SLO and the profile source, loudly when it is analytic."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from capplan.solve.cli import print_plan
+
     r = CliRunner().invoke(size, ["--traffic", str(SMALL), "--quick"])
     assert r.exit_code == 0, r.output
-    assert "binding" in r.output and "ANALYTIC" in r.output
+    assert "binding" in r.output and small_plan().pools[0].profile_source in r.output
+    plan = small_plan()
+    analytic = plan.model_copy(update={"pools": [
+        p.model_copy(update={"profile_source": "analytic"}) for p in plan.pools
+    ]})
+    buf = StringIO()
+    print_plan(analytic, Console(file=buf, width=200))
+    assert "ANALYTIC" in buf.getvalue()
 
 
 def test_cli_infeasible_is_one_line_and_exit_5(tmp_path: Path) -> None:

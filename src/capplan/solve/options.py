@@ -85,7 +85,9 @@ class PoolChoice:
     runners_up: list[Candidate]
 
 
-def choose(mix: TrafficMix, pool_name: str, settings: SearchSettings) -> PoolChoice:
+def choose(
+    mix: TrafficMix, pool_name: str, settings: SearchSettings, *, spare: int = 0
+) -> PoolChoice:
     """Search every candidate configuration of a pool at probe level, confirm the cheapest
     (and the next while confirmation makes the leader dearer than it), keep the cheapest."""
     opts = _options(mix, mix.pool(pool_name))
@@ -123,17 +125,19 @@ def choose(mix: TrafficMix, pool_name: str, settings: SearchSettings) -> PoolCho
             best = o
     assert best is not None and best.sizing is not None and best.sizer is not None
     assert best.probe_replicas is not None
-    runners = [_candidate(o) for o in opts if o is not best] if len(opts) > 1 else []
+    runners = [_candidate(o, spare) for o in opts if o is not best] if len(opts) > 1 else []
     return PoolChoice(best.sizing, best.sizer, best.probe_replicas, runners)
 
 
-def _candidate(o: _Option) -> Candidate:
+def _candidate(o: _Option, spare: int) -> Candidate:
+    """A runner-up, with the same N+k spares as the chosen configuration."""
     n = o.sizing.replicas if o.sizing else o.probe_replicas
-    gpus = n * o.pool.tp if n is not None else None
+    gpus = (n + spare) * o.pool.tp if n is not None else None
     usd = round(gpus * 730.0 * o.pool.price_per_gpu_hour, 2) if gpus is not None else None
-    note = o.note or ("confirmed" if o.sizing else "probe estimate (not confirmed)")
+    note = o.note or ("confirmed" if o.sizing else "probe estimate, not confirmed")
     return Candidate(
-        precision=_precision(o.pool), replicas=n, gpus=gpus, usd_per_month=usd,
+        precision=_precision(o.pool), replicas=None if n is None else n + spare, gpus=gpus,
+        usd_per_month=usd,
         profile_source=o.setup.profile.source if o.setup else None, note=note,
     )
 
@@ -219,7 +223,7 @@ def size_mix(
             continue
         if not m.workloads_of(pool.name):
             continue
-        choice = choose(m, pool.name, settings)
+        choice = choose(m, pool.name, settings, spare=spare)
         notes: list[Advice] = []
         if advice:
             chosen = with_pool(m, choice.sizing.setup.pool)
