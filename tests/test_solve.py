@@ -138,14 +138,6 @@ def test_plan_resimulated_meets_slos_and_one_fewer_fails() -> None:
         assert not all(r.slo_met for r in below)
 
 
-def test_spare_and_growth_are_applied() -> None:
-    """N+k adds k replicas on top of the SLO count; growth is recorded in the plan."""
-    plan = size_mix(small(), spare=2, quick=True, advice=False)
-    p = plan.pools[0]
-    assert p.replicas == p.replicas_for_slo + 2 == small_plan().pools[0].replicas_for_slo + 2
-    assert small_plan(2.0).growth == 2.0
-
-
 @settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.floats(min_value=1.2, max_value=3.0))
 def test_gpus_never_fall_when_rate_rises(growth: float) -> None:
@@ -198,36 +190,37 @@ def test_infeasible_at_cap_reports_best_value() -> None:
 # -- CLI ----------------------------------------------------------------------------------------
 
 
-def test_cli_size_json_and_out(tmp_path: Path) -> None:
-    """`size --format json --out` exits 0, prints the plan and writes the same plan."""
+def test_cli_size_table_out_json_and_spares(tmp_path: Path) -> None:
+    """`size --out plan.json --spare 1` exits 0, prints the table (binding SLO, profile
+    source), writes the plan as JSON, and adds the N+k spare on top of the SLO count."""
     out = tmp_path / "plan.json"
-    r = CliRunner().invoke(
-        size, ["--traffic", str(SMALL), "--quick", "--format", "json", "--out", str(out)]
-    )
+    r = CliRunner().invoke(size, ["--traffic", str(SMALL), "--quick", "--spare", "1",
+                                  "--out", str(out)])
     assert r.exit_code == 0, r.output
-    plan = Plan.from_json(r.output)
-    assert plan.pools[0].gpus == small_plan().pools[0].gpus
-    assert json.loads(out.read_text())["pools"][0]["binding_slo"] == plan.pools[0].binding_slo
+    assert "binding" in r.output and small_plan().pools[0].profile_source in r.output
+    plan = Plan.from_json(out.read_text())
+    p, base = plan.pools[0], small_plan().pools[0]
+    assert p.replicas_for_slo == base.replicas_for_slo
+    assert p.replicas == p.replicas_for_slo + 1 and p.gpus == base.gpus + 1
+    assert json.loads(out.read_text())["pools"][0]["binding_slo"] == base.binding_slo
 
 
-def test_cli_size_table_names_binding_and_flags_analytic_profile() -> None:
-    """The table names the binding SLO and the profile source, loudly when it is analytic."""
+def test_print_plan_flags_analytic_profile_loudly() -> None:
+    """The table says loudly when a pool's profile is analytic, not measured."""
     from io import StringIO
 
     from rich.console import Console
 
     from capplan.solve.cli import print_plan
 
-    r = CliRunner().invoke(size, ["--traffic", str(SMALL), "--quick"])
-    assert r.exit_code == 0, r.output
-    assert "binding" in r.output and small_plan().pools[0].profile_source in r.output
     plan = small_plan()
-    analytic = plan.model_copy(update={"pools": [
-        p.model_copy(update={"profile_source": "analytic"}) for p in plan.pools
-    ]})
-    buf = StringIO()
-    print_plan(analytic, Console(file=buf, width=200))
-    assert "ANALYTIC" in buf.getvalue()
+    for source, loud in (("analytic", True), ("measured", False)):
+        doc = plan.model_copy(update={"pools": [
+            p.model_copy(update={"profile_source": source}) for p in plan.pools
+        ]})
+        buf = StringIO()
+        print_plan(doc, Console(file=buf, width=200))
+        assert ("ANALYTIC" in buf.getvalue()) is loud
 
 
 def test_cli_infeasible_is_one_line_and_exit_5(tmp_path: Path) -> None:
