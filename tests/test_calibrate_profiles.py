@@ -69,10 +69,12 @@ def test_kv_line_meets_measured_point(d: Path) -> None:
 @pytest.mark.parametrize("d", PROFILES, ids=IDS)
 def test_decode_step_respects_weight_streaming_bound(d: Path) -> None:
     """Physics: a batch-1 decode step cannot beat weights / HBM bandwidth, and vLLM gets
-    at least a third of the bound."""
+    at least a third of the bound (k draft passes come on top for spec decode)."""
     prof = Profile.load(d)
     spec = load_model_spec(prof.model)
     bound = spec.weight_bytes(Precision(prof.precision)) / GPUS["h200"].hbm_bytes_per_s
     t = StepTimer(prof, max_num_seqs=256, max_num_batched_tokens=8192).step_time_s(
         1 + prof.spec_k, 1, 0.0, 512, 1 if prof.spec_k else 0)
-    assert bound < t < 3 * bound + 0.01
+    assert bound < t
+    draft = prof.spec_k * (prof.step.draft_pass_s + prof.step.draft_token_s)
+    assert t - draft < 3 * bound + 0.002

@@ -15,6 +15,7 @@ Step-time model (one engine step, seconds), physically shaped:
       + per_seq_s * seqs                               # sampling, bookkeeping per sequence
       + k * (draft_pass_s + draft_token_s * seqs)      # k sequential draft passes (spec decode)
       + encoder_token_s * image tokens encoded         # vision encoder, on an image's first chunk
+      + prefill_step_s if any prefill chunk            # piecewise, not full, CUDA graph
 
 T = scheduled tokens (decode seqs count 1 + k each). T_pad pads T up to the next CUDA-graph
 capture size (vllm/config/vllm.py: _set_cudagraph_sizes) when T is within the largest one.
@@ -56,6 +57,11 @@ class StepModel(BaseModel):
     draft_pass_s: float = Field(default=0.0, ge=0)
     draft_token_s: float = Field(default=0.0, ge=0)
     encoder_token_s: float = Field(default=0.0, ge=0, description="per image token encoded")
+    prefill_step_s: float = Field(
+        default=0.0, ge=0,
+        description="per step holding a prefill chunk: vLLM replays full CUDA graphs only "
+        "for decode-only batches (FULL_AND_PIECEWISE), others run attention outside them",
+    )
 
 
 class KvCapacity(BaseModel):
@@ -170,6 +176,7 @@ class StepTimer:
         "_enc",
         "_graph_max",
         "_graphs",
+        "_prefill_step",
         "box",
         "extrapolated_steps",
         "k",
@@ -190,6 +197,7 @@ class StepTimer:
         self.k = profile.spec_k
         self._draft = (s.draft_pass_s, s.draft_token_s)
         self._enc = s.encoder_token_s
+        self._prefill_step = s.prefill_step_s
         self._graphs = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens, self.k)
         self._graph_max = self._graphs[-1] if self._graphs else 0
         self.box = profile.box
@@ -226,6 +234,8 @@ class StepTimer:
         t_pad = self.pad(tokens)
         t = fixed + per_tok * (t_pad if t_pad > knee else knee)
         t += p_attn * prefill_attn + d_ctx * decode_ctx + per_seq * seqs
+        if prefill_attn:
+            t += self._prefill_step
         if self.k and drafting_seqs:
             t += self.k * (self._draft[0] + self._draft[1] * drafting_seqs)
         if encoder_tokens:

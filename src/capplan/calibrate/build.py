@@ -25,7 +25,7 @@ from capplan.profile import Box, Profile
 
 UTILS = (0.85, 0.90, 0.95)
 BASE_COEFS = ("fixed_s", "per_token_s", "knee_tokens", "prefill_attn_s", "decode_ctx_s",
-              "per_seq_s")
+              "per_seq_s", "prefill_step_s")
 # Decode attention reads BF16 KV through the same FlashAttention-3 kernel whatever the
 # weights' format, so a profile whose sweep never reached long decode contexts borrows
 # the term from the same model's BF16 profile rather than extrapolating its own.
@@ -136,6 +136,9 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
         "fit": {"unit": f"window of {F.WINDOW} consecutive engine steps",
                 "single_step_median_ape": round(float(np.median(res.single_step_ape)), 5),
                 "single_step_p95_ape": round(float(np.percentile(res.single_step_ape, 95)), 5),
+                "cv5_windows": len(res.cv_ape),
+                "cv5_median_ape": round(float(np.median(res.cv_ape)), 5),
+                "cv5_p95_ape": round(float(np.percentile(res.cv_ape, 95)), 5),
                 "trimmed_train_windows": res.trimmed, "seed": seed,
                 "fixed_coefficients": fixed},
         "points_measured": sorted(set(df["point"].to_list())),

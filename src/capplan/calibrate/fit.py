@@ -22,7 +22,7 @@ from capplan.profile import FitQuality, KvCapacity, StepModel, cudagraph_capture
 
 Samples = Mapping[str, np.ndarray]
 COEFS = ("fixed_s", "per_token_s", "prefill_attn_s", "decode_ctx_s", "per_seq_s",
-         "draft_pass_s", "draft_token_s")
+         "prefill_step_s", "draft_pass_s", "draft_token_s")
 KNEE_GRID = np.array([0, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512,
                       640, 768, 1024])
 WINDOW = 4
@@ -51,6 +51,7 @@ class FitResult:
     trimmed: int
     test_ape: np.ndarray
     single_step_ape: np.ndarray
+    cv_ape: np.ndarray
 
 
 def _pad(tokens: np.ndarray, sizes: list[int]) -> np.ndarray:
@@ -71,6 +72,7 @@ def design(s: Samples, knee: float, sizes: list[int], spec_k: int) -> np.ndarray
         s["prefill_attn"],
         s["decode_ctx"].astype(float),
         s["seqs"].astype(float),
+        (s["prefill_attn"] > 0).astype(float),
         spec_k * (drafting > 0),
         spec_k * drafting,
     ])
@@ -87,13 +89,13 @@ def _solve(x: np.ndarray, y: np.ndarray, free: np.ndarray, fixed: np.ndarray) ->
 
 
 def windows(s: Samples, seed: int, width: int = WINDOW) -> np.ndarray:
-    """Fitting units: runs of `width` consecutive pipelined steps of one point, as
-    [start, stop) index pairs. A single step's completion stamp can land up to a step
-    late under async scheduling (one step reads ~2x, a neighbour ~0); over a window the
-    gaps telescope to t_done[last] - t_done[first - 1], which is exact. The first step
-    of a point (GPU idle before it) and warm-up points are left out; at most
-    MAX_WINDOWS_PER_POINT per point, picked with a fixed seed, so one long point
-    cannot outvote the sweep."""
+    """Fitting units: runs of `width` consecutive steps of one point, as [start, stop)
+    index pairs. A single step's completion stamp can land up to a step late under async
+    scheduling (one step reads ~2x, a neighbour ~0); over a window the gaps telescope to
+    t_done[last] - t_done[first - 1], so only its two end stamps matter, and a point's
+    first window starts at the exact moment its first step was scheduled onto an idle GPU.
+    Warm-up points are left out; at most MAX_WINDOWS_PER_POINT per point, picked with a
+    fixed seed, so one long point cannot outvote the sweep."""
     rng = np.random.default_rng(seed)
     point = s["point"]
     out: list[tuple[int, int]] = []
@@ -101,9 +103,9 @@ def windows(s: Samples, seed: int, width: int = WINDOW) -> np.ndarray:
     for a, b in pairwise(bounds):
         if s["warmup"][a]:
             continue
-        starts = np.arange(a + 1, b - width + 1, width)
-        if len(starts) == 0 and b - a > 1:
-            starts = np.array([a + 1])
+        starts = np.arange(a, b - width + 1, width)
+        if len(starts) == 0:
+            starts = np.array([a])
         if len(starts) > MAX_WINDOWS_PER_POINT:
             starts = np.sort(rng.choice(starts, MAX_WINDOWS_PER_POINT, replace=False))
         out += [(int(st), int(min(st + width, b))) for st in starts]
@@ -170,7 +172,7 @@ def fit_step_model(
         raise CalibrationError(f"cannot fix unknown coefficient(s) {sorted(unknown)}")
     free = np.array([c not in fixed for c in COEFS])
     if not spec_k:
-        free[5:] = False
+        free[-2:] = False  # draft terms
     fixed_vec = np.array([fixed.get(c, 0.0) for c in COEFS])
     knees = np.array([fixed["knee_tokens"]]) if "knee_tokens" in fixed else KNEE_GRID
 
@@ -188,7 +190,25 @@ def fit_step_model(
     single = windows(s, seed, width=1)
     return FitResult(step=step, quality=quality, trimmed=len(train) - len(good),
                      test_ape=test_ape,
-                     single_step_ape=window_ape(s, single, step, sizes, spec_k))
+                     single_step_ape=window_ape(s, single, step, sizes, spec_k),
+                     cv_ape=_cross_validate(s, win, sizes, spec_k, free, fixed_vec, knees, seed))
+
+
+def _cross_validate(s: Samples, win: np.ndarray, sizes: list[int], spec_k: int,
+                    free: np.ndarray, fixed: np.ndarray, knees: np.ndarray, seed: int,
+                    folds: int = 5) -> np.ndarray:
+    """Every window's error under a model fitted without it (seeded k-fold): a steadier
+    figure than one 20 % hold-out when a sweep yields few windows."""
+    fold = np.random.default_rng(seed + 2).integers(0, folds, len(win))
+    out = np.full(len(win), np.nan)
+    for f in range(folds):
+        test = fold == f
+        if test.all() or not test.any():
+            continue
+        step = _model(*_fit_once(s, win[~test], sizes, spec_k, free, fixed, knees))
+        out[test] = window_ape(s, win[test], step, sizes, spec_k)
+    kept: np.ndarray = out[~np.isnan(out)]
+    return kept
 
 
 def fit_kv_capacity(
