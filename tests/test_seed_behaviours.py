@@ -1,18 +1,25 @@
 """The seeds' measured behaviours (shared/seeds/DIGEST.md) must emerge from `simulate` on the
 analytic H200 profile, qualitatively, without being painted on. One test per behaviour; the
-set-ups copy the seeds' (closed-loop concurrency like `vllm bench --max-concurrency`)."""
+set-ups copy the seeds' (closed-loop concurrency like `vllm bench --max-concurrency`).
+
+The analytic profile is pinned (measured profiles under calibration/ would otherwise be
+picked up, and a refit must not move these tests)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from capplan.mix import TrafficMix
+from capplan.modelspec import load_model_spec
+from capplan.profiles import resolve_profile
 from capplan.sim.results import SimResult
 from capplan.sim.run import simulate
 
 SEED = 0
+NO_CALIBRATION = Path(__file__).parent / "no-such-calibration-dir"  # -> analytic profile
 
 
 def workload(name: str = "w", *, concurrency: int | None = 32, inp: int = 1000,
@@ -36,7 +43,10 @@ def run(workloads: list[dict[str, Any]], *, duration_s: float = 15.0,
         "workloads": workloads,
         "simulation": {"duration_s": duration_s, "drain_s": 60.0},
     })
-    return simulate(mix, "p", 1, seed=SEED)
+    profile = resolve_profile(mix.pool("p"), load_model_spec("llama-3.1-8b"),
+                              calibration_dir=NO_CALIBRATION)
+    assert profile.source == "analytic"
+    return simulate(mix, "p", 1, seed=SEED, profile=profile)
 
 
 def test_max_num_seqs_is_a_cap_not_a_knob() -> None:
