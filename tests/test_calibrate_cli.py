@@ -117,3 +117,17 @@ def test_runner_is_plain_python() -> None:
                if ln.strip().startswith(("import ", "from ")) and not ln.startswith("    #")}
     assert imports <= {"argparse", "json", "os", "subprocess", "sys", "time", "numpy",
                        "torch", "vllm", *sys.stdlib_module_names}
+
+
+def test_emit_queue_for_the_gpu_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The queue names each engine, a start-up allowance and runner arguments with a plan;
+    4-bit precisions get a config.json carrying their quantization_config."""
+    monkeypatch.chdir(tmp_path)
+    code, out = _run("--model", "qwen3-32b", "--precision", "awq", "--gpu-memory-utilization",
+                     "0.90", "--out", str(tmp_path), "--emit-queue", str(tmp_path / "q.txt"))
+    assert code == 0, out
+    name, min_s, args = (tmp_path / "q.txt").read_text().strip().split("|")
+    assert name == "qwen3-32b--awq" and 100 < float(min_s) < 200
+    assert "--plan _plans/qwen3-32b--awq.json" in args and "--out" not in args
+    cfg = json.loads((tmp_path / "_engines/qwen3-32b-awq/config.json").read_text())
+    assert cfg["quantization_config"]["quant_method"] == "awq"

@@ -104,6 +104,23 @@ def run_job(job: Job, raw: Path, budget_s: float, echo: bool = True) -> float:
     return secs
 
 
+def queue_line(job: Job, out: Path, budget_s: float) -> str:
+    """`NAME|MIN_S|runner args` for scripts/gpu_calibrate.sh (paths relative to here, as the
+    script runs from the repository root); MIN_S: engine start (~60 s plus ~1.2 s per GB of
+    weights, measured on the H200) plus the measuring budget."""
+    plan = None
+    if not job.kv_only:
+        plan = os.path.relpath(write_plan(
+            make_plan(job.spec, job.precision, budget_s=budget_s * 1.6, spec_k=job.spec_k),
+            out / "_plans" / f"{job.name}.json"))
+    model_dir = os.path.relpath(job.model_dir(out / "_engines"))
+    args = job.runner_args(model_dir, plan, "-", "-", 0 if job.kv_only else budget_s)
+    args = args[args.index("--gpu-memory-utilization"):]
+    min_s = 60 + 1.2 * job.spec.weight_bytes(job.precision) / 1e9 + (
+        0 if job.kv_only else budget_s)
+    return f"{job.name}|{min_s:.0f}|--model {model_dir} {' '.join(args)}"
+
+
 @click.command("calibrate")
 @click.option("--model", help="model spec name or path (models/<name>)")
 @click.option("--precision", default="bf16", show_default=True, help="comma-separated")
@@ -124,10 +141,12 @@ def run_job(job: Job, raw: Path, budget_s: float, echo: bool = True) -> float:
 @click.option("--from-raw", type=click.Path(path_type=Path, exists=True, file_okay=False),
               default=None, help="no GPU: refit profiles from existing raw runner output")
 @click.option("--dry-run", is_flag=True, help="list the engines that would start, and stop")
+@click.option("--emit-queue", type=click.Path(path_type=Path), default=None,
+              help="write plans and a queue for scripts/gpu_calibrate.sh, and stop")
 def calibrate(model: str | None, precision: str, spec_tokens: str, spec_method: str,
               spec_model: str | None, kv_cache_dtype: str, utils: str, tp: int,
               budget_s: float, gpu: str, out: Path, raw: Path | None, from_raw: Path | None,
-              dry_run: bool) -> None:
+              dry_run: bool, emit_queue: Path | None) -> None:
     """Measure vLLM step times and KV capacity on this GPU and write profiles."""
     if from_raw is not None:
         written = build_all(from_raw, out, gpu=gpu, git_commit=git_commit())
@@ -140,6 +159,10 @@ def calibrate(model: str | None, precision: str, spec_tokens: str, spec_method: 
     us = _floats(utils, "--gpu-memory-utilization") or list(UTILS)
     jobs = plan_jobs(model, _precisions(precision), ks, spec_method, spec_model,
                      kv_cache_dtype, us, tp)
+    if emit_queue is not None:
+        emit_queue.write_text("".join(queue_line(j, out, budget_s) + "\n" for j in jobs))
+        click.echo(str(emit_queue))
+        return
     if dry_run:
         for j in jobs:
             click.echo(f"{j.name}{' (KV only)' if j.kv_only else ''}")
