@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
-from capplan.errors import InfeasibleError
+from capplan.errors import ConfigError, InfeasibleError
 from capplan.mix import TrafficMix
 from capplan.sim.results import SimResult, SloCheck
 from capplan.sim.run import PoolSetup, setup_pool, simulate
@@ -58,8 +58,10 @@ class SearchSettings:
     def processes(self) -> int:
         if self.workers is not None:
             return max(1, self.workers)
-        env = os.environ.get("CAPPLAN_WORKERS")
-        return max(1, int(env)) if env else 1
+        env = os.environ.get("CAPPLAN_WORKERS", "1")
+        if not env.isdigit():
+            raise ConfigError(f"CAPPLAN_WORKERS must be a whole number, got {env!r}")
+        return max(1, int(env))
 
 
 PARALLEL_MIN_REPLICA_S = 600.0
@@ -243,8 +245,8 @@ class Sizer:
                 f"replicas ({self.bracket.describe()})"
             )
 
-    def _infeasible(self, n: int) -> InfeasibleError:
-        res = self.run(n, self.probe_s, self.seed, probe=True)
+    def _infeasible(self, n: int, res: SimResult | None = None) -> InfeasibleError:
+        res = res or self.run(n, self.probe_s, self.seed, probe=True)
         found = worst_check(res)
         assert found is not None
         wl, c = found
@@ -304,6 +306,8 @@ class Sizer:
         while not all(r.slo_met for r in results) and n < cap:
             n += 1
             results = self._all_seeds(n)
+        if not results[0].slo_met:
+            raise self._infeasible(n, results[0])  # the cap fails at full length too
         confirmed = all(r.slo_met for r in results)
         below = None
         while confirmed and n > 1:
