@@ -1,0 +1,94 @@
+"""`capplan report`: a plan JSON (from `capplan size --out`) as one self-contained HTML page."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import click
+
+from capplan.errors import CapplanError, ConfigError
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def _read_sweep(path: Path) -> list[dict[str, object]]:
+    import polars as pl
+
+    try:
+        df = pl.read_csv(path)
+    except (OSError, pl.exceptions.PolarsError) as e:
+        raise ConfigError(f"cannot read sweep CSV ({_one_line(str(e))})", file=str(path),
+                          field="--sweep") from e
+    missing = {"growth", "pool", "gpus"} - set(df.columns)
+    if missing:
+        raise ConfigError(f"sweep CSV lacks column(s) {', '.join(sorted(missing))} (write it "
+                          "with `capplan sweep --out`)", file=str(path), field="--sweep")
+    return df.select("growth", "pool", "gpus").to_dicts()
+
+
+def _build(plan_path: Path, traffic: Path | None, out: Path, quick: bool,
+           sweep: Path | None, workers: int | None) -> tuple[int, float]:
+    from pydantic import ValidationError
+
+    from capplan.mix import load_mix
+    from capplan.report.render import render_report
+    from capplan.report.runs import (
+        DURATION_S,
+        LOAD_SCALES,
+        QUICK_DURATION_S,
+        QUICK_LOAD_SCALES,
+    )
+    from capplan.solve.plan import Plan
+
+    t0 = time.perf_counter()
+    try:
+        plan = Plan.from_json(plan_path.read_text())
+    except OSError as e:
+        raise ConfigError(f"cannot read plan ({e.strerror})", file=str(plan_path)) from e
+    except ValidationError as e:
+        raise ConfigError(f"not a capplan plan (write one with `capplan size --out plan.json`): "
+                          f"{_one_line(str(e))}", file=str(plan_path)) from e
+    if traffic is None and Path(plan.source).is_file():
+        traffic = Path(plan.source)
+    mix = load_mix(traffic) if traffic is not None else None
+    page = render_report(
+        plan, mix,
+        duration_s=QUICK_DURATION_S if quick else DURATION_S,
+        scales=QUICK_LOAD_SCALES if quick else LOAD_SCALES,
+        sweep=_read_sweep(sweep) if sweep is not None else None,
+        workers=workers if workers is not None else (os.cpu_count() or 1),
+    )
+    try:
+        out.write_text(page, encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot write report ({e.strerror})", file=str(out),
+                          field="--out") from e
+    return len(page.encode()), time.perf_counter() - t0
+
+
+@click.command()
+@click.argument("plan_path", metavar="PLAN.json", type=click.Path(path_type=Path))
+@click.option("--traffic", type=click.Path(path_type=Path), default=None,
+              help="the traffic mix YAML the plan was sized for (default: the plan's source, "
+                   "if that file exists); without one the report holds tables only")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("report.html"),
+              show_default=True, help="HTML file to write")
+@click.option("--quick", is_flag=True, help="shorter re-simulations at fewer loads (rougher)")
+@click.option("--sweep", type=click.Path(path_type=Path), default=None,
+              help="CSV from `capplan sweep --out`: simulated points on the growth curve")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="processes for the re-simulations (default: the CPU count)")
+def report(plan_path: Path, traffic: Path | None, out: Path, quick: bool, sweep: Path | None,
+           workers: int | None) -> None:
+    """One self-contained HTML report of a plan: tables, latency CDFs against the SLOs, SLO
+    margin versus load, GPUs versus growth, KV and prefix caching, configuration chosen."""
+    try:
+        size, elapsed = _build(plan_path, traffic, out, quick, sweep, workers)
+    except CapplanError as e:
+        click.secho(f"error: {_one_line(str(e))}", fg="red", err=True)
+        raise click.exceptions.Exit(e.exit_code) from None
+    click.echo(f"wrote {out} ({size / 1e6:.1f} MB) in {elapsed:.1f} s")
