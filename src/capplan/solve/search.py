@@ -35,7 +35,8 @@ GROWTH_FACTOR = 1.5
 
 @dataclass(frozen=True, slots=True)
 class SearchSettings:
-    """How hard to look. `quick` shortens probes and confirms at probe length."""
+    """How hard to look. `quick` shortens probes and confirms at probe length and drain (so
+    the probes' runs count towards confirmation)."""
 
     seed: int | None = None
     rate_scale: float = 1.0
@@ -290,7 +291,7 @@ class Sizer:
         seeds = self.seeds
         out = []
         for s in seeds:
-            out.append(self.run(n, self.confirm_s, s))
+            out.append(self.run(n, self.confirm_s, s, probe=self.settings.quick))
             if not out[-1].slo_met:
                 break  # one failing seed settles it
         return out
@@ -300,7 +301,7 @@ class Sizer:
         fewer fails (walking down while it does not)."""
         cap = self.pool.max_replicas
         # the usual outcome needs every seed at n and the base seed at n - 1: run them together
-        self.prefetch([(n, s, False) for s in self.seeds]
+        self.prefetch([(n, s, self.settings.quick) for s in self.seeds]
                       + ([(n - 1, self.seed, True)] if n > 1 else []))
         results = self._all_seeds(n)
         while not all(r.slo_met for r in results) and n < cap:
