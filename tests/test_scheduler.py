@@ -670,13 +670,6 @@ def test_priority_victim_skipped_earlier_shifts_the_running_walk() -> None:
     assert sched(p3) == {1: 1}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "vLLM does not de-duplicate cached blocks (vllm/v1/core/block_pool.py "
-    "BlockHashToBlockMap, NOTE #1; cache_full_blocks inserts a second block under the same "
-    "hash): a duplicate is freed to the LRU tail as a cached block and keeps the hash alive "
-    "after the first copy is evicted; KVCache.register refuses it and the block is freed "
-    "as an unhashed block, reused first"
-))
 def test_duplicate_prefix_block_stays_cached_in_lru_order() -> None:
     """Two requests compute shared block 1 concurrently (long_prefill_token_threshold 20
     keeps both in prefill), so it is cached twice. After both finish, a 4-block request
@@ -697,13 +690,6 @@ def test_duplicate_prefix_block_stays_cached_in_lru_order() -> None:
     assert z.cached_tokens == 32
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "AsyncScheduler._update_request_with_output (vllm/v1/core/sched/async_scheduler.py) "
-    "caches the blocks the new tokens filled whenever the request was RUNNING before the "
-    "update, also on the update that finishes it, so the last full block is freed as a "
-    "cached block (LRU tail); EngineCore.update_from_output frees a finishing request "
-    "without caching it (the block returns unhashed, to the front of the free queue)"
-))
 def test_async_final_update_caches_the_last_full_block() -> None:
     """Async: a 4-token prompt with 5 outputs computes 8 tokens; the final update fills
     block 1 and caches it before the request's blocks are freed, so both blocks stay
@@ -722,13 +708,6 @@ def test_async_final_update_caches_the_last_full_block() -> None:
     assert core.kv.longest_hit([a.block_hash(0), a.block_hash(1)]) == (2, 2)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Without async scheduling, vLLM caches a request's blocks only in allocate_slots, "
-    "capped at num_tokens (the base Scheduler._update_request_with_output caches nothing; "
-    "only AsyncScheduler's override does: vllm/v1/core/sched/scheduler.py, "
-    "async_scheduler.py); EngineCore.update_from_output caches in both modes, so a "
-    "block filled by accepted drafts is cached one step early, and survives a preemption"
-))
 def test_sync_update_does_not_cache_blocks() -> None:
     """Sync + spec decoding: accepted drafts fill block 0, but it is cached only when the
     next step's allocation runs; a preemption before that frees it unhashed."""

@@ -294,18 +294,10 @@ class _Req:
 class RefVllm:
     """vLLM 0.26.0's Scheduler / AsyncScheduler, KVCacheManager (one full-attention group)
     and BlockPool, transcribed from the source with real block objects and a real free
-    list; no connectors, encoders, LoRA, structured output or pipeline parallelism.
+    list; no connectors, encoders, LoRA, structured output or pipeline parallelism."""
 
-    `mimic=True` copies the simulator's known divergences, each shown by a strict xfail in
-    test_scheduler.py, so that the comparison guards every other rule: KVCache keeps one
-    block per hash where vLLM caches duplicates
-    (test_duplicate_prefix_block_stays_cached_in_lru_order), and a finishing request is
-    freed without the async final cache_blocks
-    (test_async_final_update_caches_the_last_full_block), and the sync engine caches on
-    output too (test_sync_update_does_not_cache_blocks). Drop each as it is fixed."""
-
-    def __init__(self, cfg: CoreConfig, acceptance: float, *, mimic: bool = True) -> None:
-        self.cfg, self.alpha, self.rng, self.mimic = cfg, acceptance, random.Random(7), mimic
+    def __init__(self, cfg: CoreConfig, acceptance: float) -> None:
+        self.cfg, self.alpha, self.rng = cfg, acceptance, random.Random(7)
         self.free: dict[int, _Blk] = {i: _Blk(i) for i in range(cfg.num_blocks)}  # ordered
         self.cached: dict[int, dict[int, _Blk]] = {}
         self.running: list[_Req] = []
@@ -345,8 +337,6 @@ class RefVllm:
             return
         for i in range(r.ncached, full):
             b, h = r.blocks[i], r.hash(i)
-            if self.mimic and h in self.cached:
-                continue  # the simulator's known divergence: the duplicate stays unhashed
             b.h = h
             self.cached.setdefault(h, {})[b.id] = b  # vLLM: no de-duplication (NOTE #1)
         r.ncached = full
@@ -522,7 +512,7 @@ class RefVllm:
             if cfg.async_scheduling:
                 r.ph -= new
                 assert r.ph >= 0
-                if before == "running" and not (stopped and self.mimic):
+                if before == "running":
                     self._cache_blocks(r, r.computed - r.ph)
             if stopped:
                 r.status = "finished"
@@ -532,11 +522,8 @@ class RefVllm:
                 else:
                     self.waiting.remove(r)
                     heapq.heapify(self.waiting) if cfg.policy == "priority" else None
-            elif not cfg.async_scheduling:
-                if self.mimic and before == "running":
-                    self._cache_blocks(r, r.computed)
-                if cfg.spec_k:
-                    r.spec = cfg.spec_k  # update_draft_token_ids: k drafts after a sample
+            elif not cfg.async_scheduling and cfg.spec_k:
+                r.spec = cfg.spec_k  # update_draft_token_ids: k drafts after a sample
             out.append((r.rid, new, stopped))
         return out
 

@@ -247,18 +247,15 @@ class EngineCore:
         hashes = r.hashes
         shared_end = min(full, r.prefix_blocks)
         for i in range(start, shared_end):  # shared prefix: another request may have it
-            h = r.prefix_base - i
-            if kv.register(h):
-                hashes.append(h)
+            hashes.append(kv.cache(r.prefix_base - i))
         if shared_end > start:
             start = shared_end
         if start >= full:
             return
         if r.preemptions:  # its own blocks may still be cached from before the preemption
+            base = r.rid << _UNIQUE_SHIFT
             for i in range(start, full):
-                h = (r.rid << _UNIQUE_SHIFT) | i
-                if kv.register(h):
-                    hashes.append(h)
+                hashes.append(kv.cache(base | i))
         else:  # blocks unique to a request never seen before: none can be cached yet
             base = r.rid << _UNIQUE_SHIFT
             new = range(base | start, base | full)
@@ -508,11 +505,15 @@ class EngineCore:
             if kv.caching and max_hit > r.pinned_blocks:
                 hit_hashes = [r.block_hash(j) for j in range(r.pinned_blocks, max_hit)]
                 hit_blocks, evictable = kv.longest_hit(hit_hashes)
+                del hit_hashes[hit_blocks:]
                 if cfg.drop_eagle_block and hit_blocks:
                     # single_type_kv_cache_manager.py find_longest_cache_hit: drop_eagle_block
                     hit_blocks -= 1
-                    evictable = sum(h in kv.free_hashed for h in hit_hashes[:hit_blocks])
-                del hit_hashes[hit_blocks:]
+                    del hit_hashes[hit_blocks:]
+                    hit_hashes = kv.hit_keys(hit_hashes)
+                    evictable = sum(k in kv.free_hashed for k in hit_hashes)
+                else:
+                    hit_hashes = kv.hit_keys(hit_hashes)
             computed = (r.pinned_blocks + hit_blocks) * bs
             n = num_tokens - computed
             pad = 0
@@ -656,6 +657,11 @@ class EngineCore:
             if async_:
                 ph = r.placeholders - new
                 r.placeholders = ph if ph > 0 else 0
+            # AsyncScheduler._update_request_with_output caches the blocks the new tokens
+            # filled, also on the update that finishes the request (before it is freed); the
+            # synchronous Scheduler caches only when it allocates
+            if async_ and r.status == RUNNING and (r.computed - r.placeholders) // bs > r.n_reg:
+                self._cache_blocks(r, r.computed - r.placeholders)
             if o >= r.max_tokens or r.prompt + o >= max_len:
                 r.status = FINISHED
                 finished_any = True
@@ -663,9 +669,6 @@ class EngineCore:
                     self._free(r)
                 out.append((r, new, True))
                 continue
-            # AsyncScheduler._update_request_with_output caches blocks the new tokens filled
-            if r.status == RUNNING and (r.computed - r.placeholders) // bs > r.n_reg:
-                self._cache_blocks(r, r.computed - r.placeholders)
             if k and not async_:
                 r.spec = k  # the drafter proposes k tokens after each sampled step
             out.append((r, new, False))

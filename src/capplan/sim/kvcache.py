@@ -12,6 +12,10 @@ Rules followed (vLLM 0.26.0):
 - vllm/v1/core/kv_cache_utils.py: block hashes chain over all earlier blocks, so block i of
   two prompts has the same hash only if tokens [0, (i+1)*block_size) are the same. Here a
   hash is an int: shared-prefix blocks share it, every other block is unique to its request.
+- vllm/v1/core/block_pool.py BlockHashToBlockMap: cached blocks are not de-duplicated; a
+  block filled with content already cached is cached too, under the same hash, and a lookup
+  returns the oldest copy. Here a duplicate copy gets a key of its own (`dup_hash` maps it
+  back), so it is freed to the LRU tail and evicted like any cached block.
 
 The free queue is always [blocks without hash..., blocks with hash in LRU order]: the
 first part is kept as a count, the second as an OrderedDict.
@@ -25,7 +29,17 @@ from collections import OrderedDict
 class KVCache:
     """Block accounting for one replica."""
 
-    __slots__ = ("block_size", "caching", "free_hashed", "free_unhashed", "num_blocks", "ref")
+    __slots__ = (
+        "_next_dup",
+        "block_size",
+        "caching",
+        "dup_hash",
+        "dups",
+        "free_hashed",
+        "free_unhashed",
+        "num_blocks",
+        "ref",
+    )
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool) -> None:
         if num_blocks < 1:
@@ -37,6 +51,9 @@ class KVCache:
         # evictable cached blocks, LRU first (OrderedDict: O(1) pops from the front)
         self.free_hashed: OrderedDict[int, None] = OrderedDict()
         self.ref: dict[int, int] = {}  # cached blocks in use -> number of requests holding them
+        self.dups: dict[int, list[int]] = {}  # hash -> keys of its duplicate copies, oldest first
+        self.dup_hash: dict[int, int] = {}  # duplicate copy's key -> its hash
+        self._next_dup = 1 << 62  # above every request-unique hash
 
     @property
     def num_free(self) -> int:
@@ -53,16 +70,27 @@ class KVCache:
         if not self.caching:
             return 0, 0
         n = evictable = 0
-        ref, free = self.ref, self.free_hashed
+        ref, free, dups = self.ref, self.free_hashed, self.dups
         for h in hashes:
             if h in ref:
                 n += 1
             elif h in free:
                 n += 1
                 evictable += 1
+            elif dups and h in dups:
+                n += 1
+                if dups[h][0] in free:
+                    evictable += 1
             else:
                 break
         return n, evictable
+
+    def hit_keys(self, hashes: list[int]) -> list[int]:
+        """The cached copy each hit hash resolves to (get_one_block: the oldest)."""
+        ref, free, dups = self.ref, self.free_hashed, self.dups
+        if not dups:
+            return hashes
+        return [h if h in ref or h in free else dups[h][0] for h in hashes]
 
     def touch(self, hashes: list[int]) -> None:
         """Take a reference on cached blocks hit by a newly admitted request."""
@@ -83,16 +111,32 @@ class KVCache:
             if n > len(self.free_hashed):
                 raise RuntimeError("allocate called without enough free blocks")
             pop = self.free_hashed.popitem
+            dup_hash = self.dup_hash
             for _ in range(n):
-                pop(last=False)
+                key, _none = pop(last=False)
+                if dup_hash and key in dup_hash:  # evicting a duplicate copy
+                    h = dup_hash.pop(key)
+                    copies = self.dups[h]
+                    copies.remove(key)
+                    if not copies:
+                        del self.dups[h]
+
+    def cache(self, h: int) -> int:
+        """Cache a block that just became full; returns the key its copy is held under:
+        `h` itself, or a duplicate's own key when content `h` is cached already."""
+        if h in self.ref or h in self.free_hashed or h in self.dups:
+            key = self._next_dup
+            self._next_dup += 1
+            self.dups.setdefault(h, []).append(key)
+            self.dup_hash[key] = h
+            self.ref[key] = 1
+            return key
+        self.ref[h] = 1
+        return h
 
     def register(self, h: int) -> bool:
-        """Cache a block that just became full. False if another request cached the same
-        content first: the block then stays private (vLLM keeps such duplicates too)."""
-        if h in self.ref or h in self.free_hashed:
-            return False
-        self.ref[h] = 1
-        return True
+        """Cache a full block; False if it became a duplicate of a cached one."""
+        return self.cache(h) == h
 
     def free(self, hashes: list[int], private_blocks: int) -> None:
         """Release a request's blocks: `hashes` (in block order) and its private blocks."""
