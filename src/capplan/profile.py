@@ -38,10 +38,15 @@ _FROZEN = ConfigDict(frozen=True, extra="forbid")
 def cudagraph_capture_sizes(
     max_num_seqs: int, max_num_batched_tokens: int, spec_k: int = 0
 ) -> list[int]:
-    """vLLM 0.26.0's default capture sizes (vllm/config/vllm.py: _set_cudagraph_sizes)."""
+    """vLLM 0.26.0's default capture sizes (vllm/config/vllm.py: _set_cudagraph_sizes), rounded
+    up to multiples of 1 + k with speculative decoding (vllm/config/compilation.py:
+    adjust_cudagraph_sizes_for_spec_decode)."""
     largest = min(max_num_seqs * (1 + spec_k) * 2, 512, max_num_batched_tokens)
-    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, largest + 1, 16)]
-    return [s for s in sizes if s <= largest]
+    sizes = [s for s in (1, 2, 4, *range(8, 256, 8), *range(256, largest + 1, 16)) if s <= largest]
+    q = 1 + spec_k
+    if q > 1:
+        sizes = sorted({-(-s // q) * q for s in sizes if -(-s // q) * q <= largest}) or [q]
+    return sizes
 
 
 class StepModel(BaseModel):
