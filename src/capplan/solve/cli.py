@@ -233,15 +233,17 @@ def sweep(traffic: Path, growth_text: str, out: Path | None, plot: Path | None, 
     import polars as pl
 
     from capplan.mix import load_mix
-    from capplan.solve.options import size_mix
+    from capplan.solve.options import floors_of, size_mix
 
     mix = load_mix(traffic)
     console = _console()
     plans: list[Plan] = []
+    floors: dict[tuple[str, str], int] = {}
     for g in sorted(_growths(growth_text)):
         try:
             plans.append(size_mix(mix, growth=g, spare=spare, seed=seed, quick=quick,
-                                  advice=False))
+                                  advice=False, floors=floors))
+            floors = floors_of(plans[-1])
         except InfeasibleError as e:
             # more traffic never needs fewer GPUs: every larger growth is infeasible too
             console.print(f"[red]growth ×{g:g} and above: infeasible: {_one_line(str(e))}[/]")

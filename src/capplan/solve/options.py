@@ -86,7 +86,12 @@ class PoolChoice:
 
 
 def choose(
-    mix: TrafficMix, pool_name: str, settings: SearchSettings, *, spare: int = 0
+    mix: TrafficMix,
+    pool_name: str,
+    settings: SearchSettings,
+    *,
+    spare: int = 0,
+    floors: dict[tuple[str, str], int] | None = None,
 ) -> PoolChoice:
     """Search every candidate configuration of a pool at probe level, confirm the cheapest
     (and the next while confirmation makes the leader dearer than it), keep the cheapest."""
@@ -95,7 +100,8 @@ def choose(
     for o in opts:
         if o.setup is None:
             continue
-        o.sizer = Sizer(with_pool(mix, o.pool), pool_name, settings, setup=o.setup)
+        floor = (floors or {}).get((pool_name, _precision(o.pool)), 1)
+        o.sizer = Sizer(with_pool(mix, o.pool), pool_name, settings, setup=o.setup, floor=floor)
         try:
             o.probe_replicas = o.sizer.search()
         except InfeasibleError as e:
@@ -210,9 +216,11 @@ def size_mix(
     quick: bool = False,
     advice: bool = True,
     pools: list[str] | None = None,
+    floors: dict[tuple[str, str], int] | None = None,
 ) -> Plan:
     """Size every pool of `mix` (or those named) at peak traffic x `growth`, plus `spare`
-    replicas each for failures."""
+    replicas each for failures. `floors[(pool, precision)]`: replicas known to be needed
+    (see `floors_of`)."""
     if spare < 0:
         raise ConfigError(f"spare must be >= 0, got {spare}", field="--spare")
     settings = SearchSettings(seed=seed, rate_scale=growth, quick=quick)
@@ -223,7 +231,7 @@ def size_mix(
             continue
         if not m.workloads_of(pool.name):
             continue
-        choice = choose(m, pool.name, settings, spare=spare)
+        choice = choose(m, pool.name, settings, spare=spare, floors=floors)
         notes: list[Advice] = []
         if advice:
             chosen = with_pool(m, choice.sizing.setup.pool)
@@ -239,3 +247,13 @@ def size_mix(
         mix=mix.name, source=mix.source, growth=growth, spare=spare,
         seed=mix.simulation.seed if seed is None else seed, quick=quick, pools=plans,
     )
+
+
+def floors_of(plan: Plan) -> dict[tuple[str, str], int]:
+    """Replicas each (pool, precision) of `plan` needed: the floor at higher traffic."""
+    out = {(p.pool, p.precision): p.replicas_for_slo for p in plan.pools}
+    for p in plan.pools:
+        for r in p.runners_up:
+            if r.replicas is not None and r.note == "confirmed":
+                out[(p.pool, r.precision)] = r.replicas - p.spare
+    return out

@@ -148,8 +148,12 @@ class Sizer:
         settings: SearchSettings | None = None,
         *,
         setup: PoolSetup | None = None,
+        floor: int = 1,
     ) -> None:
+        """`floor`: a count known to be needed (a sweep's answer at lower traffic: more
+        traffic never needs fewer replicas); the search starts at or above it."""
         self.settings = (settings or SearchSettings()).scaled()
+        self.floor = floor
         self.pool = mix.pool(pool_name)
         self.workloads = mix.workloads_of(pool_name)
         self.setup = setup or setup_pool(self.pool, source=mix.source)
@@ -261,8 +265,14 @@ class Sizer:
         """Probe-level answer: gallop up from the analytic estimate, then bisect."""
         self.check_feasible()
         cap = self.pool.max_replicas
-        lo = self.bracket.lower - 1  # below the work/KV floor: fails without simulating
-        n = min(self.bracket.estimate, cap)
+        lower = max(self.bracket.lower, self.floor)
+        if lower > cap:
+            raise InfeasibleError(
+                f"no replica count ≤ {cap} carries pool {self.pool.name} ({self.precision}): "
+                f"{lower} were needed at lower traffic"
+            )
+        lo = lower - 1  # below the work/KV floor: fails without simulating
+        n = min(max(self.bracket.estimate, lower), cap)
         if self._probe(n):
             hi = n
         else:
