@@ -150,13 +150,18 @@ def test_json_changes_with_seed(tmp_path: Path) -> None:
 
 
 def test_table_names_profile_source(tmp_path: Path) -> None:
-    """The table says which profile ran and, loudly, when it is the analytic estimate."""
-    path = write_mix(tmp_path)
-    res = sim(path)
+    """The table says which profile ran: the measured one where calibration/ has it, and,
+    loudly, the analytic estimate where it does not (no FP8-KV profile was measured)."""
+    res = sim(write_mix(tmp_path))
     assert res.exit_code == 0, res.output
-    assert "h200/llama-3.1-8b/bf16" in res.stdout
-    assert "ANALYTIC" in res.stdout
+    assert "h200/llama-3.1-8b/bf16: measured" in res.stdout
     assert "chat" in res.stdout and "ttft_p99_s" in res.stdout
+    mix = yaml.safe_load(write_mix(tmp_path).read_text())
+    mix["pools"][0].setdefault("engine", {})["kv_cache_dtype"] = "fp8"
+    res = sim(write_mix(tmp_path, mix, "kvfp8.yaml"))
+    assert res.exit_code == 0, res.output
+    assert "h200/llama-3.1-8b/bf16-kvfp8" in res.stdout
+    assert "ANALYTIC" in res.stdout
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
