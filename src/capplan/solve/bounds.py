@@ -67,27 +67,31 @@ def _quantile(w: Workload, q: float) -> float:
     return float(np.percentile(x, q)) + extra
 
 
-def infeasible_reason(st: PoolSetup, w: Workload, t: SloTarget) -> str | None:
-    """Why `t` cannot be met at any replica count, from the step model alone; None if it can.
+def slo_floor(st: PoolSetup, w: Workload, t: SloTarget) -> tuple[float, str] | None:
+    """The least value `t`'s metric can take at any replica count, and why; None if unknown.
 
     TTFT at percentile p is at least one prefill of the p-th percentile prompt (uncached part);
-    ITL is at least one batch-1 decode step (skipped with speculative decoding, whose tokens
-    arrive in bursts)."""
+    ITL is at least one batch-1 decode step (not bounded with speculative decoding, whose
+    tokens arrive in bursts)."""
     if isinstance(w.arrival, ReplayArrival) or w.input_tokens is None:
         return None
     if t.metric == "ttft":
         prompt = _quantile(w, t.percentile) * (1 - cached_fraction(w))
         floor = prefill_time_s(st, prompt)
-        if t.limit_s < floor:
-            return (
-                f"one prefill of {prompt:.0f} uncached tokens (p{t.percentile:g} prompt) alone "
-                f"takes {floor:.3g} s"
-            )
+        return floor, (
+            f"one prefill of {prompt:.0f} uncached tokens (p{t.percentile:g} prompt) alone "
+            f"takes {floor:.3g} s"
+        )
     if t.metric in ("itl", "tpot") and st.profile.spec_k == 0:
         floor = decode_step_s(st, 1, w.mean_input_tokens)
-        if t.limit_s < floor:
-            return f"one decode step at batch 1 alone takes {floor:.3g} s"
+        return floor, f"one decode step at batch 1 alone takes {floor:.3g} s"
     return None
+
+
+def infeasible_reason(st: PoolSetup, w: Workload, t: SloTarget) -> str | None:
+    """Why `t` cannot be met at any replica count, from the step model alone; None if it can."""
+    found = slo_floor(st, w, t)
+    return found[1] if found and t.limit_s < found[0] else None
 
 
 @dataclass(frozen=True, slots=True)

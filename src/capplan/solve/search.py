@@ -25,6 +25,7 @@ from capplan.solve.bounds import (
     bracket,
     infeasible_reason,
     rate_of,
+    slo_floor,
     tail_e2e_s,
     unloaded_e2e_s,
 )
@@ -255,10 +256,16 @@ class Sizer:
         found = worst_check(res)
         assert found is not None
         wl, c = found
+        why = ""
+        w = next(x for x in self.workloads if x.name == wl)
+        t = next(x for x in w.slo.targets if x.key == c.key)
+        floor = slo_floor(self.setup, w, t)
+        if floor is not None:
+            why = f" ({floor[1]})"
         return InfeasibleError(
             f"no replica count ≤ {n} meets {c.key} ≤ {c.limit_s:g} s for workload {wl} in pool "
             f"{self.pool.name} ({self.precision}): best {_fmt(c.value_s)} at {n} "
-            "replicas"
+            f"replica{'s' * (n != 1)}{why}"
         )
 
     def search(self) -> int:
