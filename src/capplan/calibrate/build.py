@@ -21,6 +21,7 @@ import polars as pl
 from capplan.calibrate import fit as F
 from capplan.calibrate import store
 from capplan.errors import CalibrationError
+from capplan.hardware import GPUS
 from capplan.profile import Box, Profile
 
 UTILS = (0.85, 0.90, 0.95)
@@ -121,13 +122,14 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
         fixed = {"decode_ctx_s": base.step.decode_ctx_s}
         notes.append(f"decode_ctx_s from {g.model}/bf16 (sweep reached decode context "
                      f"{_max_decode_context(df):.0f} < {MIN_DECODE_CONTEXT})")
+    kv_meta = meta["kv"]
+    kv_bytes = round(kv_meta["kv_tensor_bytes"] / kv_meta["kv_tokens"])
     res = F.fit_step_model(s, max_num_seqs=eng["max_num_seqs"],
                            max_num_batched_tokens=eng["max_num_batched_tokens"],
-                           spec_k=k, fixed=fixed, seed=seed)
+                           spec_k=k, fixed=fixed, seed=seed,
+                           floors=F.physical_floors(kv_bytes, GPUS[gpu].hbm_bytes_per_s))
     kvs = store.kv_points(g.metas, UTILS)
-    kv_meta = meta["kv"]
-    kv = F.fit_kv_capacity(kvs, bytes_per_token=round(kv_meta["kv_tensor_bytes"]
-                                                      / kv_meta["kv_tokens"]))
+    kv = F.fit_kv_capacity(kvs, bytes_per_token=kv_bytes)
     derived = [p["gpu_memory_utilization"] for p in kvs if p["derived"]]
     if derived:
         notes.append("KV at util " + ", ".join(f"{u:.2f}" for u in derived)

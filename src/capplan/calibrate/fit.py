@@ -3,9 +3,11 @@
 The model is `capplan.profile.StepTimer`'s, term for term, so a fitted `StepModel` is
 evaluated exactly as it was fitted. Linear coefficients come from non-negative least
 squares on relative residuals (each unit weighted by 1 / its time: the target is the
-percentage error); `knee_tokens` from a 1-D grid search around them. The unit of fit and
-of error is a window of consecutive steps (see `windows`); training windows far off a
-first fit are trimmed before the second, the held-out error keeps every window.
+percentage error), each held at or above its physical floor where one is given (no KV read
+is faster than the HBM's peak bandwidth); `knee_tokens` from a 1-D grid search around them.
+The unit of fit and of error is a window of consecutive steps (see `windows`); training
+windows far off a first fit are trimmed before the second, the held-out error keeps every
+window.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 import numpy as np
-from scipy.optimize import nnls
+from scipy.optimize import lsq_linear
 
 from capplan.errors import CalibrationError
 from capplan.profile import FitQuality, KvCapacity, StepModel, cudagraph_capture_sizes
@@ -78,13 +80,19 @@ def design(s: Samples, knee: float, sizes: list[int], spec_k: int) -> np.ndarray
     ])
 
 
-def _solve(x: np.ndarray, y: np.ndarray, free: np.ndarray, fixed: np.ndarray) -> np.ndarray:
-    """NNLS on relative residuals for the free columns, fixed ones subtracted first."""
+def _solve(x: np.ndarray, y: np.ndarray, free: np.ndarray, fixed: np.ndarray,
+           floor: np.ndarray) -> np.ndarray:
+    """Bounded least squares on relative residuals for the free columns (each >= its floor,
+    0 unless physics gives one), fixed ones subtracted first."""
     target = y - x[:, ~free] @ fixed[~free]
     w = 1.0 / y
     beta = fixed.copy()
     if free.any():
-        beta[free] = nnls(x[:, free] * w[:, None], target * w, maxiter=2000)[0]
+        a = x[:, free] * w[:, None]
+        scale = np.maximum(np.abs(a).max(axis=0), 1e-300)  # columns span 12 decades
+        res = lsq_linear(a / scale, target * w, bounds=(floor[free] * scale, np.inf),
+                         method="bvls", max_iter=2000)
+        beta[free] = res.x / scale
     return beta
 
 
@@ -119,12 +127,13 @@ def _window_sum(x: np.ndarray, win: np.ndarray) -> np.ndarray:
 
 
 def _fit_once(s: Samples, win: np.ndarray, sizes: list[int], spec_k: int,
-              free: np.ndarray, fixed: np.ndarray, knees: np.ndarray) -> tuple[float, np.ndarray]:
+              free: np.ndarray, fixed: np.ndarray, knees: np.ndarray,
+              floor: np.ndarray) -> tuple[float, np.ndarray]:
     y = _window_sum(s["step_s"], win)
     best: tuple[float, float, np.ndarray] | None = None
     for knee in knees:
         x = _window_sum(design(s, float(knee), sizes, spec_k), win)
-        beta = _solve(x, y, free, fixed)
+        beta = _solve(x, y, free, fixed, floor)
         loss = float(np.sum(((x @ beta - y) / y) ** 2))
         if best is None or loss < best[0] - 1e-12:
             best = (loss, float(knee), beta)
@@ -152,6 +161,7 @@ def fit_step_model(
     max_num_batched_tokens: int,
     spec_k: int = 0,
     fixed: Mapping[str, float] | None = None,
+    floors: Mapping[str, float] | None = None,
     seed: int = 0,
     test_fraction: float = 0.2,
 ) -> FitResult:
@@ -159,7 +169,8 @@ def fit_step_model(
 
     `fixed` holds coefficients taken from elsewhere (a spec-decode profile keeps its base
     model's and fits only the draft terms; a profile without long-context decodes borrows
-    the attention term of the same model's BF16 profile, whose kernel and KV it shares)."""
+    the attention term of the same model's BF16 profile, whose kernel and KV it shares).
+    `floors` holds physical lower bounds of free coefficients (see `physical_floors`)."""
     win = windows(s, seed)
     if len(win) < 8:
         raise CalibrationError(f"only {len(win)} usable step windows; need at least 8 to fit")
@@ -174,12 +185,13 @@ def fit_step_model(
     if not spec_k:
         free[-2:] = False  # draft terms
     fixed_vec = np.array([fixed.get(c, 0.0) for c in COEFS])
+    floor = np.array([(floors or {}).get(c, 0.0) for c in COEFS])
     knees = np.array([fixed["knee_tokens"]]) if "knee_tokens" in fixed else KNEE_GRID
 
-    first = _model(*_fit_once(s, train, sizes, spec_k, free, fixed_vec, knees))
+    first = _model(*_fit_once(s, train, sizes, spec_k, free, fixed_vec, knees, floor))
     ape = window_ape(s, train, first, sizes, spec_k)
     good = train[ape <= max(TRIM_APE, 4 * float(np.median(ape)))]
-    step = _model(*_fit_once(s, good, sizes, spec_k, free, fixed_vec, knees))
+    step = _model(*_fit_once(s, good, sizes, spec_k, free, fixed_vec, knees, floor))
     test_ape = window_ape(s, test, step, sizes, spec_k)
     nan = float("nan")
     quality = FitQuality(
@@ -191,12 +203,13 @@ def fit_step_model(
     return FitResult(step=step, quality=quality, trimmed=len(train) - len(good),
                      test_ape=test_ape,
                      single_step_ape=window_ape(s, single, step, sizes, spec_k),
-                     cv_ape=_cross_validate(s, win, sizes, spec_k, free, fixed_vec, knees, seed))
+                     cv_ape=_cross_validate(s, win, sizes, spec_k, free, fixed_vec, knees,
+                                            floor, seed))
 
 
 def _cross_validate(s: Samples, win: np.ndarray, sizes: list[int], spec_k: int,
-                    free: np.ndarray, fixed: np.ndarray, knees: np.ndarray, seed: int,
-                    folds: int = 5) -> np.ndarray:
+                    free: np.ndarray, fixed: np.ndarray, knees: np.ndarray,
+                    floor: np.ndarray, seed: int, folds: int = 5) -> np.ndarray:
     """Every window's error under a model fitted without it (seeded k-fold): a steadier
     figure than one 20 % hold-out when a sweep yields few windows."""
     fold = np.random.default_rng(seed + 2).integers(0, folds, len(win))
@@ -205,10 +218,17 @@ def _cross_validate(s: Samples, win: np.ndarray, sizes: list[int], spec_k: int,
         test = fold == f
         if test.all() or not test.any():
             continue
-        step = _model(*_fit_once(s, win[~test], sizes, spec_k, free, fixed, knees))
+        step = _model(*_fit_once(s, win[~test], sizes, spec_k, free, fixed, knees, floor))
         out[test] = window_ape(s, win[test], step, sizes, spec_k)
     kept: np.ndarray = out[~np.isnan(out)]
     return kept
+
+
+def physical_floors(kv_bytes_per_token: float, hbm_bytes_per_s: float) -> dict[str, float]:
+    """Lower bounds physics sets: a decode step reads each context token's KV from HBM at
+    most at the datasheet's peak bandwidth (the kernels that do it run after the GEMMs,
+    not under them)."""
+    return {"decode_ctx_s": kv_bytes_per_token / hbm_bytes_per_s}
 
 
 def fit_kv_capacity(
