@@ -3,11 +3,11 @@
 vllm/benchmarks/serve.py (calculate_metrics) and vllm/benchmarks/lib/endpoint_request_func.py:
 TTFT = first streamed chunk - request sent; ITL = gap between consecutive streamed chunks
 (one chunk per engine step, however many tokens it carries); TPOT = (E2E - TTFT) /
-(output tokens - 1); E2E = last chunk - request sent. Percentiles use numpy's default
-(linear) interpolation, as vllm bench does.
+(output tokens - 1); E2E = last chunk - request sent.
 
-Per-request figures are kept in compact arrays; per-token gaps (ITL) go into a fine
-log-spaced histogram, so memory grows with requests, never with tokens.
+Percentiles come from fine log-spaced histograms (0.1 % bins: within 0.1 % of the numpy
+interpolation vllm bench reports), so memory stays flat however long the simulation; one
+row per request is kept too unless the caller opts out (sizing does).
 """
 
 from __future__ import annotations
@@ -70,12 +70,17 @@ class GapHistogram:
         self.counts += other.counts
         self.n += other.n
 
-    def percentile(self, q: float) -> float:
-        """The q-th percentile (0-100), at the geometric centre of its bin; NaN if empty."""
+    def percentile(self, q: float, missing: int = 0) -> float:
+        """The q-th percentile (0-100), at the geometric centre of its bin; NaN if empty.
+        `missing` observations count as infinitely long (requests that never finished):
+        inf when the rank falls among them."""
         self._flush()
-        if self.n == 0:
+        total = self.n + missing
+        if total == 0:
             return float("nan")
-        rank = q / 100 * (self.n - 1)
+        rank = q / 100 * (total - 1)
+        if rank > self.n - 1:
+            return math.inf
         i = int(np.searchsorted(np.cumsum(self.counts), rank, side="right"))
         return math.exp(_LOG_LO + (i + 0.5) / _BINS_PER_E)
 
@@ -107,34 +112,63 @@ REQUEST_FIELDS = (
 
 
 class WorkloadRecorder:
-    """Measured requests of one workload, and token counts in the measurement window."""
+    """Measured requests of one workload: latency histograms (memory flat in duration),
+    totals, token counts in the measurement window and, if asked, one row per request."""
 
-    __slots__ = ("cols", "input_tokens_in_window", "itl", "output_tokens_in_window")
+    __slots__ = (
+        "cached_tokens",
+        "cols",
+        "completed",
+        "e2e",
+        "input_tokens",
+        "input_tokens_in_window",
+        "itl",
+        "output_tokens_in_window",
+        "preempted",
+        "queue",
+        "tpot",
+        "ttft",
+    )
 
-    def __init__(self) -> None:
-        self.cols = {f: array("d") for f in REQUEST_FIELDS}
-        self.itl = GapHistogram()
+    def __init__(self, *, keep_requests: bool = True) -> None:
+        self.cols = {f: array("d") for f in REQUEST_FIELDS} if keep_requests else None
+        self.ttft, self.e2e, self.tpot, self.queue, self.itl = (GapHistogram() for _ in range(5))
+        self.completed = 0
+        self.input_tokens = 0
+        self.cached_tokens = 0
+        self.preempted = 0
         self.output_tokens_in_window = 0
         self.input_tokens_in_window = 0
 
-    def add_request(self, *values: float) -> None:
-        for col, v in zip(self.cols.values(), values, strict=True):
-            col.append(v)
+    def add_request(
+        self,
+        arrival_s: float,
+        ttft_s: float,
+        e2e_s: float,
+        queue_s: float,
+        input_tokens: int,
+        output_tokens: int,
+        cached_tokens: int,
+        preemptions: int,
+        replica: int,
+    ) -> None:
+        self.completed += 1
+        self.ttft.add(ttft_s)
+        self.e2e.add(e2e_s)
+        self.queue.add(queue_s)
+        if output_tokens > 1:  # vllm bench: TPOT = (E2E - TTFT) / (output tokens - 1)
+            self.tpot.add((e2e_s - ttft_s) / (output_tokens - 1))
+        self.input_tokens += input_tokens
+        self.cached_tokens += cached_tokens
+        if preemptions:
+            self.preempted += 1
+        if self.cols is not None:
+            values = (arrival_s, ttft_s, e2e_s, queue_s, input_tokens, output_tokens,
+                      cached_tokens, preemptions, replica)
+            for col, v in zip(self.cols.values(), values, strict=True):
+                col.append(v)
 
     def column(self, name: str) -> np.ndarray:
-        return np.frombuffer(self.cols[name], dtype=np.float64) if self.cols[name] else np.zeros(0)
-
-    @property
-    def completed(self) -> int:
-        return len(self.cols["arrival_s"])
-
-
-def pct(x: np.ndarray, q: float) -> float:
-    """numpy's linear-interpolation percentile (vllm bench's convention); NaN when empty,
-    inf when the rank reaches requests that never finished (stored as inf)."""
-    if not len(x):
-        return float("nan")
-    hi = math.ceil(q / 100 * (len(x) - 1))
-    if np.partition(x, hi)[hi] == math.inf:
-        return math.inf
-    return float(np.percentile(x, q))
+        if self.cols is None or not self.cols[name]:
+            return np.zeros(0)
+        return np.frombuffer(self.cols[name], dtype=np.float64)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import polars as pl
 from pydantic import BaseModel, ConfigDict, field_serializer
 
-from capplan.sim.metrics import REQUEST_FIELDS, WorkloadRecorder, pct
+from capplan.sim.metrics import REQUEST_FIELDS, WorkloadRecorder
 from capplan.traffic import Workload
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -129,42 +128,24 @@ class SimResult(BaseModel):
         return pl.DataFrame(rows)
 
 
-def metric_values(rec: WorkloadRecorder, metric: str) -> np.ndarray:
-    """Per-request values of ttft/e2e/tpot (ITL lives in the histogram)."""
-    ttft = rec.column("ttft_s")
-    if metric == "ttft":
-        return ttft
-    e2e = rec.column("e2e_s")
-    if metric == "e2e":
-        return e2e
-    out = rec.column("output_tokens")
-    ok = out > 1
-    tpot: np.ndarray = (e2e[ok] - ttft[ok]) / (out[ok] - 1)
-    return tpot
-
-
 def summarise(
     w: Workload, rec: WorkloadRecorder, created: int, window_s: float
 ) -> WorkloadResult:
     """Percentiles and SLO checks; requests still unfinished at the end count as infinitely
     late (so an overloaded pool fails its tail SLOs instead of looking fast)."""
     missing = max(created - rec.completed, 0)
-    pad = np.full(missing, np.inf)
+    hist = {"ttft": rec.ttft, "itl": rec.itl, "tpot": rec.tpot, "e2e": rec.e2e}
 
     def value(metric: str, q: float) -> float:
-        if metric == "itl":
-            if missing and q >= 100 * (1 - missing / max(created, 1)):
-                return math.inf
-            return rec.itl.percentile(q)
-        x = np.concatenate([metric_values(rec, metric), pad])
-        return pct(x, q)
+        h = hist[metric]
+        if metric in ("itl", "tpot"):  # per token: scale the unfinished share to its count
+            return h.percentile(q, round(missing / max(created, 1) * h.n))
+        return h.percentile(q, missing)
 
     checks = []
     for t in w.slo.targets:
         v = value(t.metric, t.percentile)
         checks.append(SloCheck(key=t.key, limit_s=t.limit_s, value_s=v, met=v <= t.limit_s))
-    inp = rec.column("input_tokens")
-    cached = rec.column("cached_tokens")
     return WorkloadResult(
         name=w.name,
         requests=created,
@@ -180,11 +161,11 @@ def summarise(
         e2e_p50_s=value("e2e", 50),
         e2e_p90_s=value("e2e", 90),
         e2e_p99_s=value("e2e", 99),
-        queue_p99_s=pct(np.concatenate([rec.column("queue_s"), pad]), 99),
+        queue_p99_s=rec.queue.percentile(99, missing),
         output_tokens_per_s=rec.output_tokens_in_window / window_s,
         input_tokens_per_s=rec.input_tokens_in_window / window_s,
-        prefix_hit_rate=float(cached.sum() / inp.sum()) if inp.sum() else 0.0,
-        preempted_requests=int((rec.column("preemptions") > 0).sum()),
+        prefix_hit_rate=rec.cached_tokens / rec.input_tokens if rec.input_tokens else 0.0,
+        preempted_requests=rec.preempted,
         slo=checks,
     )
 
@@ -192,7 +173,7 @@ def summarise(
 def requests_frame(names: list[str], recs: list[WorkloadRecorder]) -> pl.DataFrame:
     frames = []
     for name, rec in zip(names, recs, strict=True):
-        if rec.completed:
+        if rec.cols is not None and rec.completed:
             d = {f: rec.column(f) for f in REQUEST_FIELDS}
             ints = ("input_tokens", "output_tokens", "cached_tokens", "preemptions", "replica")
             frames.append(pl.DataFrame(d).with_columns(

@@ -8,6 +8,7 @@ and the unfinished ones count as infinitely late).
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from capplan.sim.metrics import WorkloadRecorder
 from capplan.sim.replica import Replica, Window
 from capplan.sim.results import PoolRunResult, SimResult, requests_frame, summarise
 from capplan.sim.router import Router
-from capplan.sim.workload import TARGET_HIT_RATE, ClosedLoopSampler, generate
+from capplan.sim.workload import TARGET_HIT_RATE, ArrivalStream, ClosedLoopSampler
 from capplan.traffic import ClosedLoop, Workload
 
 _GROUP_SHIFT = 22  # block-index bits of a shared-prefix hash
@@ -88,11 +89,13 @@ def simulate(
     profile: Profile | None = None,
     setup: PoolSetup | None = None,
     decode_cohort: bool = True,
+    keep_requests: bool = True,
 ) -> SimResult:
     """Simulate `replicas` replicas of `pool` serving its workloads (rates x rate_scale).
 
     `decode_cohort=False` walks every request every step (the reference path the cohort's
-    shortcut is tested against)."""
+    shortcut is tested against); `keep_requests=False` keeps no per-request rows (memory
+    then stays flat in the duration; the percentiles are the same)."""
     if replicas < 1:
         raise ConfigError(f"replicas must be >= 1, got {replicas}", field="replicas")
     p = mix.pool(pool)
@@ -107,7 +110,7 @@ def simulate(
     )
     seed = sim.seed if seed is None else seed
     return _Run(mix, st, workloads, replicas, duration, warmup, sim.drain_s, seed,
-                rate_scale, decode_cohort).run()
+                rate_scale, decode_cohort, keep_requests).run()
 
 
 class _Run:
@@ -123,12 +126,13 @@ class _Run:
         seed: int,
         rate_scale: float,
         decode_cohort: bool = True,
+        keep_requests: bool = True,
     ) -> None:
         self.mix, self.st, self.workloads = mix, st, workloads
         self.duration, self.warmup, self.drain, self.seed = duration, warmup, drain, seed
         self.rate_scale = rate_scale
         self.env = simpy.Environment()
-        self.recorders = [WorkloadRecorder() for _ in workloads]
+        self.recorders = [WorkloadRecorder(keep_requests=keep_requests) for _ in workloads]
         self.window = Window(warmup, duration, self.recorders)
         self.created = [0] * len(workloads)  # measured requests created, per workload
         self.pending = 0  # measured requests not yet finished
@@ -136,8 +140,9 @@ class _Run:
         self.done = self.env.event()
         self.rid = 0
         self.bs = st.pool.engine.block_size
-        rng = np.random.default_rng(seed)
-        self.rng = rng
+        # Independent random streams: arrivals per workload ([seed, 1, w]), closed-loop
+        # users ([seed, 3, w]), each replica's draft acceptance ([seed, 2, r]); so the same
+        # traffic meets every replica count and configuration (common random numbers).
         eng = st.pool.engine
         spec = eng.speculative
         k = st.profile.spec_k if spec else 0
@@ -165,7 +170,8 @@ class _Run:
         self.timers = []
         self.replicas = []
         for i in range(replicas):
-            core = EngineCore(cfg, random.Random(int(rng.integers(2**63))), acceptance)
+            replica_rng = np.random.default_rng([seed, 2, i])
+            core = EngineCore(cfg, random.Random(int(replica_rng.integers(2**63))), acceptance)
             timer = StepTimer(
                 st.profile,
                 max_num_seqs=eng.max_num_seqs,
@@ -174,7 +180,7 @@ class _Run:
             self.timers.append(timer)
             self.replicas.append(Replica(self.env, i, core, timer, self.window, self._finished))
         self.router = Router(st.pool.router, self.replicas)
-        self.samplers: dict[int, ClosedLoopSampler] = {}
+        self.samplers: dict[int, tuple[ClosedLoopSampler, np.random.Generator]] = {}
 
     # -- request making ---------------------------------------------------------------------
     def _request(
@@ -211,8 +217,7 @@ class _Run:
             self.pending -= 1
             self._check_done()
         if r.user >= 0:
-            sampler = self.samplers[r.wl]
-            think = sampler.think_time_s
+            think = self.samplers[r.wl][0].think_time_s
             if think:
                 self.env.process(self._think(r.wl, r.user, think))
             else:
@@ -226,7 +231,8 @@ class _Run:
         now = self.env.now
         if now >= self.duration:
             return  # the benchmark's last requests have been sent
-        inp, out, group, ptoks, img = self.samplers[wl].next(self.rng)
+        sampler, rng = self.samplers[wl]
+        inp, out, group, ptoks, img = sampler.next(rng)
         self._submit(self._request(
             wl, now, int(inp), int(out), int(group), int(ptoks), int(img), user
         ))
@@ -237,41 +243,52 @@ class _Run:
 
     # -- arrival processes ------------------------------------------------------------------
     def _open_loop(self) -> Generator[simpy.Event, Any, None]:
+        """Open-loop arrivals of every workload, merged in time order, a chunk at a time."""
         horizon = self.duration + self.drain
-        batches = []
+        streams: list[ArrivalStream] = []
         for i, w in enumerate(self.workloads):
-            if isinstance(w.arrival, ClosedLoop):
-                continue
-            b = generate(w, i, horizon * self.rate_scale, self.rng, base_dir=self.mix.base_dir)
-            batches.append((b.arrival_s / self.rate_scale, i, b))
-        if batches:
-            t = np.concatenate([a for a, _, _ in batches])
-            wl = np.concatenate([np.full(len(a), i) for a, i, _ in batches])
-            cols = [
-                np.concatenate([getattr(b, c) for _, _, b in batches])
-                for c in (
-                    "input_tokens", "output_tokens", "prefix_group", "prefix_tokens", "image_tokens"
-                )
-            ]
-            order = np.argsort(t, kind="stable")
-            env = self.env
-            for j in order.tolist():
-                at = float(t[j])
-                if at >= self.duration and not self.arrivals_done:
-                    self.arrivals_done = True
-                    self._check_done()
-                    if self.done.triggered:
-                        return
-                if at > env.now:
-                    yield env.timeout(at - env.now)
-                if self.done.triggered:
-                    return
-                self._submit(self._request(
-                    int(wl[j]), at, int(cols[0][j]), int(cols[1][j]), int(cols[2][j]),
-                    int(cols[3][j]), int(cols[4][j]),
+            if not isinstance(w.arrival, ClosedLoop):
+                streams.append(ArrivalStream(
+                    w, i, horizon, np.random.default_rng([self.seed, 1, i]),
+                    rate_scale=self.rate_scale, base_dir=self.mix.base_dir,
                 ))
-        if self.env.now < self.duration:
-            yield self.env.timeout(self.duration - self.env.now)
+        rows: list[list[tuple[float, int, int, int, int, int]]] = [[] for _ in streams]
+        heap: list[tuple[float, int, int]] = []  # (arrival, stream, row), ties by stream
+
+        def refill(k: int) -> None:
+            batch = streams[k].next_batch()
+            while batch is not None and not len(batch):
+                batch = streams[k].next_batch()
+            rows[k] = [] if batch is None else list(zip(
+                batch.arrival_s.tolist(), batch.input_tokens.tolist(),
+                batch.output_tokens.tolist(), batch.prefix_group.tolist(),
+                batch.prefix_tokens.tolist(), batch.image_tokens.tolist(), strict=True,
+            ))
+            if rows[k]:
+                heapq.heappush(heap, (rows[k][0][0], k, 0))
+
+        for k in range(len(streams)):
+            refill(k)
+        env = self.env
+        while heap:
+            at, k, j = heapq.heappop(heap)
+            if at >= self.duration and not self.arrivals_done:
+                self.arrivals_done = True
+                self._check_done()
+            if self.done.triggered:
+                return
+            if at > env.now:
+                yield env.timeout(at - env.now)
+            if self.done.triggered:
+                return
+            _, inp, out, group, ptoks, img = rows[k][j]
+            self._submit(self._request(streams[k].index, at, inp, out, group, ptoks, img))
+            if j + 1 < len(rows[k]):
+                heapq.heappush(heap, (rows[k][j + 1][0], k, j + 1))
+            else:
+                refill(k)
+        if env.now < self.duration:
+            yield env.timeout(self.duration - env.now)
         self.arrivals_done = True
         self._check_done()
 
@@ -280,7 +297,8 @@ class _Run:
         user = 0
         for i, w in enumerate(self.workloads):
             if isinstance(w.arrival, ClosedLoop):
-                self.samplers[i] = ClosedLoopSampler(w, i)
+                rng = np.random.default_rng([self.seed, 3, i])
+                self.samplers[i] = (ClosedLoopSampler(w, i), rng)
                 for _ in range(w.arrival.concurrency):
                     self._next_closed(i, user)
                     user += 1

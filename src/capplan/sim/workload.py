@@ -29,6 +29,7 @@ from capplan.traffic import (
 __all__ = [
     "NO_PREFIX",
     "TARGET_HIT_RATE",
+    "ArrivalStream",
     "ClosedLoopSampler",
     "RequestBatch",
     "generate",
@@ -205,6 +206,66 @@ def generate(
         raise TypeError(f"unknown arrival {type(arr).__name__}")
     input_tokens, output, group, prefix, image = _draw(workload, len(arrival), rng)
     return RequestBatch(arrival, input_tokens, output, group, prefix, image, index)
+
+
+class ArrivalStream:
+    """Open-loop requests of one workload, a chunk at a time, so memory stays flat however
+    long the simulation: the renewal process continues from the last arrival, so chunks
+    join exactly (Poisson and gamma alike). Replay files are read whole (`generate`).
+    Rates scale by `rate_scale` (arrival times divided by it)."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        index: int,
+        horizon_s: float,
+        rng: np.random.Generator,
+        *,
+        rate_scale: float = 1.0,
+        base_dir: Path | None = None,
+        chunk: int = 2048,
+    ) -> None:
+        arr = workload.arrival
+        if isinstance(arr, ClosedLoop):
+            raise ValueError(f"workload {workload.name!r} is closed loop; use ClosedLoopSampler")
+        self.workload, self.index, self.rng = workload, index, rng
+        self.horizon_s, self.rate_scale, self._chunk = horizon_s, rate_scale, chunk
+        self._replay: RequestBatch | None = None
+        self._rate, self._cv = 0.0, None
+        if isinstance(arr, ReplayArrival):
+            b = generate(workload, index, horizon_s * rate_scale, rng, base_dir=base_dir)
+            self._replay = RequestBatch(b.arrival_s / rate_scale, b.input_tokens,
+                                        b.output_tokens, b.prefix_group, b.prefix_tokens,
+                                        b.image_tokens, index)
+        elif isinstance(arr, PoissonArrival):
+            self._rate = arr.rate_rps * rate_scale
+        elif isinstance(arr, GammaArrival):
+            self._rate, self._cv = arr.rate_rps * rate_scale, arr.cv
+        elif isinstance(arr, DailyArrival):  # the peak hour, as `generate`
+            self._rate, self._cv = arr.peak_rate_rps * rate_scale, arr.cv
+        self._t = 0.0
+        self._done = False
+
+    def next_batch(self) -> RequestBatch | None:
+        """The next requests in arrival order; None once past the horizon."""
+        if self._done:
+            return None
+        if self._replay is not None:
+            self._done = True
+            return self._replay
+        rng, rate, cv, n = self.rng, self._rate, self._cv, self._chunk
+        if cv is None:
+            gaps = rng.exponential(1.0 / rate, n)
+        else:
+            shape = 1.0 / cv**2
+            gaps = rng.gamma(shape, 1.0 / (rate * shape), n)
+        arrival = self._t + np.cumsum(gaps)
+        self._t = float(arrival[-1])
+        if self._t >= self.horizon_s:
+            self._done = True
+            arrival = arrival[arrival < self.horizon_s]
+        cols = _draw(self.workload, len(arrival), rng)
+        return RequestBatch(arrival, *cols, self.index)
 
 
 class ClosedLoopSampler:
