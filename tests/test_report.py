@@ -18,7 +18,7 @@ from capplan.report import render_report
 from capplan.report.cli import report
 from capplan.report.runs import QUICK_DURATION_S, QUICK_LOAD_SCALES, LoadPoint, PoolRuns
 from capplan.solve.options import size_mix
-from capplan.solve.plan import Plan
+from capplan.solve.plan import Advice, Candidate, Plan
 
 MIX = """\
 schema_version: 1
@@ -117,6 +117,22 @@ def test_analytic_profile_flagged_loudly(small: tuple[Path, Path, Plan, str]) ->
     assert "Analytic profile" in top and pool.pool in top
     assert "ANALYTIC – not measured" in page
     assert "<img" not in page and "no traffic mix given" in page
+
+
+def test_runners_up_and_advice_shown(small: tuple[Path, Path, Plan, str]) -> None:
+    """The configuration section lists the runners-up with why they lost, and the advice."""
+    plan = small[2]
+    pool = plan.pools[0].model_copy(update={
+        "runners_up": [Candidate(precision="fp8", replicas=3, gpus=3, usd_per_month=7665.0,
+                                 profile_source="measured", note="dearer: 3 GPUs vs 2")],
+        "advice": [Advice(kind="split", message="longdocs in its own pool saves 1 GPU",
+                          gpus_saved=1)],
+    })
+    page = render_report(plan.model_copy(update={"pools": [pool]}), None)
+    config = page[page.index("Configuration chosen"):]
+    for text in ("runners-up", "fp8", "dearer: 3 GPUs vs 2", "$7,665",
+                 "longdocs in its own pool saves 1 GPU", "GPUs saved: 1"):
+        assert text in config, text
 
 
 def test_knee_is_last_pass_and_first_miss() -> None:

@@ -111,18 +111,23 @@ def latency_cdfs(pp: PoolPlan, res: SimResult, mix_slos: dict[str, list[Any]]) -
                 ax.set_yticks([0.01, 0.1, 0.5, 0.9, 0.99, 0.999])
                 ax.set_yticklabels(["1%", "10%", "50%", "90%", "99%", "99.9%"])
                 ax.yaxis.set_minor_locator(NullLocator())
+                labels = []
                 for t in mix_slos.get(name, []):
                     if t.metric != metric:
                         continue
                     q = t.percentile / 100
                     ax.axvline(t.limit_s, color="crimson", ls="--", lw=1.2)
                     ax.axhline(q, color="crimson", ls=":", lw=0.9)
-                    ax.annotate(f"SLO p{t.percentile:g} ≤ {_ms(t.limit_s)}", (t.limit_s, q),
-                                xytext=(-4, 4), textcoords="offset points", ha="right",
-                                color="crimson", fontsize=8)
+                    seen = next((c.value_s for c in wr.slo if c.key == t.key), math.nan)
+                    here = _ms(seen) if math.isfinite(seen) else "unfinished"
+                    labels.append(f"SLO p{t.percentile:g} ≤ {_ms(t.limit_s)}: here {here}")
                     if len(x):
                         lo, hi = ax.get_xlim()
                         ax.set_xlim(min(lo, t.limit_s / 2), max(hi, t.limit_s * 1.5))
+                if labels:
+                    ax.text(0.02, 0.97, "\n".join(labels), transform=ax.transAxes, va="top",
+                            color="crimson", fontsize=8,
+                            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8})
                 ax.set_title(f"{name}: {label}", loc="left")
                 if i == len(names) - 1:
                     ax.set_xlabel("latency (log scale)")
@@ -190,7 +195,10 @@ def gpus_vs_growth(plan: Plan, runs: dict[str, PoolRuns]) -> str:
             c = COLORS[k % 10]
             g = [p.growth for p in r.growth]
             est = [p.estimate_gpus for p in r.growth]
-            ax.plot(g, est, marker="o", ms=4, color=c, label=f"{pp.pool}: plan scaled")
+            # earlier pools drawn wider, so a pool hidden under another's equal line shows
+            lw = max(1.2, 3.6 - 1.0 * k)
+            ax.plot(g, est, marker="osD^v"[k % 5], ms=4, lw=lw, color=c,
+                    label=f"{pp.pool}: plan scaled")
             ax.plot(g, [p.floor_gpus for p in r.growth], ls=":", color=c,
                     label=f"{pp.pool}: analytic floor")
             if r.sweep:
@@ -233,7 +241,8 @@ def kv_and_prefix(pp: PoolPlan, res: SimResult) -> str:
         a_kv.axhline(1.0, color="crimson", ls="--", lw=1)
         a_kv.set_ylim(0, max(1.05, peak * 1.1))
         a_kv.yaxis.set_major_formatter(PercentFormatter(1.0))
-        a_kv.set_title(f"KV cache in use (peak {peak:.1%}; 100 % = preemptions)", loc="left")
+        a_kv.set_title(f"KV cache in use (peak {peak:.1%} of {pp.kv_tokens_per_replica:,} "
+                       "tokens)", loc="left")
         a_kv.set_xlabel("simulated time (s)")
         if kv["replica"].n_unique() <= 8:
             a_kv.legend(fontsize=7, ncol=2, loc="upper left")

@@ -24,7 +24,7 @@ from capplan.solve.plan import Plan, PoolPlan
 _CSS = """
 body{font:14px/1.45 -apple-system,"Segoe UI",Roboto,"DejaVu Sans",Helvetica,Arial,sans-serif;
  color:#1d232b;margin:0;background:#f4f6f8}
-main{max-width:1240px;margin:0 auto;padding:20px 28px 60px;background:#fff}
+main{max-width:1240px;box-sizing:border-box;margin:0 auto;padding:20px 28px 60px;background:#fff}
 h1{font-size:24px;margin:4px 0 2px}h2{font-size:19px;margin:30px 0 8px;
  border-bottom:2px solid #dfe3e8;padding-bottom:4px}h3{font-size:15px;margin:18px 0 6px}
 .sub{color:#5b6673;margin:0 0 12px}
@@ -34,7 +34,7 @@ h1{font-size:24px;margin:4px 0 2px}h2{font-size:19px;margin:30px 0 8px;
 table{border-collapse:collapse;margin:6px 0 10px;font-size:13px}
 th,td{padding:4px 10px;border-bottom:1px solid #e4e7eb;text-align:left;vertical-align:top}
 th{background:#f0f3f6;font-weight:600}td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
-.ok{color:#137333;font-weight:600}.bad{color:#b3261e;font-weight:700}
+.ok{color:#137333;font-weight:600}.thin{color:#b06000;font-weight:700}.bad{color:#b3261e;font-weight:700}
 .badge{display:inline-block;border-radius:4px;padding:0 6px;font-size:12px;font-weight:600}
 .measured{background:#e6f4ea;color:#137333}.analytic{background:#b3261e;color:#fff}
 .warn{background:#fdecea;border:2px solid #b3261e;border-radius:8px;padding:10px 14px;
@@ -46,9 +46,14 @@ figure{margin:10px 0 18px}figcaption{color:#5b6673;font-size:12.5px;max-width:98
 .cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(360px,1fr));gap:14px}
 .card{border:1px solid #dfe3e8;border-radius:8px;padding:8px 14px;min-width:0}
 .card table{width:100%;table-layout:fixed}.card td{overflow-wrap:anywhere}
-.card td:first-child{width:38%}
+.card td:first-child{width:30%}.card table.eng td:first-child{width:55%}
+.card code{font-size:11.5px}
 code{background:#f0f3f6;padding:0 3px;border-radius:3px;font-size:12.5px}
 """
+
+
+THIN_MARGIN = 0.1
+"""Binding margins below this are shown in amber: one noisy hour could cross the line."""
 
 
 def _version() -> str:
@@ -79,7 +84,7 @@ def _usd(v: float | None) -> str:
 
 
 def _table(head: Iterable[str] | None, rows: Iterable[Iterable[str]],
-           num: Iterable[int] = ()) -> str:
+           num: Iterable[int] = (), cls: str = "") -> str:
     """A table; cells are trusted HTML (escape before), columns in `num` align right."""
     num = set(num)
     h = "".join(f'<th class="n">{c}</th>' if i in num else f"<th>{c}</th>"
@@ -90,7 +95,8 @@ def _table(head: Iterable[str] | None, rows: Iterable[Iterable[str]],
         for r in rows
     )
     thead = f"<thead><tr>{h}</tr></thead>" if h else ""
-    return f"<table>{thead}<tbody>{body}</tbody></table>"
+    attr = f' class="{cls}"' if cls else ""
+    return f"<table{attr}>{thead}<tbody>{body}</tbody></table>"
 
 
 def _source_badge(p: PoolPlan) -> str:
@@ -139,7 +145,8 @@ def _plan_table(plan: Plan) -> str:
     for p in plan.pools:
         reps = f"{p.replicas}" + (f" ({p.replicas_for_slo}+{p.spare})" if p.spare else "")
         m = p.binding_margin
-        margin = f'<span class="{"ok" if m is not None and m >= 0 else "bad"}">{_pct(m)}</span>'
+        cls = "bad" if m is None or m < 0 else "thin" if m < THIN_MARGIN else "ok"
+        margin = f'<span class="{cls}">{_pct(m)}</span>'
         rows.append([
             f"<b>{_e(p.pool)}</b>", _e(p.model), f"{_e(p.gpu)} ×TP{p.tp}", reps, str(p.gpus),
             _e(p.precision), f"{_e(p.binding_workload)} / {_e(p.binding_slo)}", margin,
@@ -207,7 +214,7 @@ def _config(p: PoolPlan) -> str:
                           if p.cost.tokens_per_usd else "")],
     ]
     out = f"<div class='card'><h3>{_e(p.pool)}</h3>" + _table(None, facts)
-    out += "<b>engine</b>" + _table(["setting", "value"], eng)
+    out += "<b>engine</b>" + _table(["setting", "value"], eng, cls="eng")
     if p.runners_up:
         rows = [[_e(r.precision), _e(r.replicas if r.replicas is not None else "–"),
                  _e(r.gpus if r.gpus is not None else "–"), _usd(r.usd_per_month),
