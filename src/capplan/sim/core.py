@@ -317,14 +317,25 @@ class EngineCore:
     def _schedule_with_cohort(
         self, plan: StepPlan, budget: int, cohort: DecodeCohort
     ) -> tuple[int, bool]:
-        """The cohort's shortcut when every running request gets all it asks for; else
+        """The cohort's shortcut when the ordered walk's order cannot matter: every running
+        request gets all it asks for, or the members all come before the explicit requests
+        in the running list (then they take their tokens first and the explicit ones share
+        what is left, in order, as the walk would) and no request would be preempted. Else
         dissolve the cohort and walk the running list in order."""
         for r in cohort.due(plan.idx):
             self._leave(r)  # near its last token: the explicit path handles the end
-        others = [r for r in self.running if not r.lazy]
+        others: list[SimRequest] = []
+        members_first = True
+        for r in self.running:
+            if not r.lazy:
+                others.append(r)
+            elif others:
+                members_first = False
         size = cohort.size
         crossings = cohort.crossings(plan.idx)
-        if not self._fits(others, budget - size, self.kv.num_free - crossings):
+        if size > budget or not self._fits(
+            others, budget - size, self.kv.num_free - crossings, clamp=members_first
+        ):
             for r in cohort.dissolve():
                 self._register_decoded(r)
             return self._schedule_running(plan, self.running, budget)
@@ -353,8 +364,12 @@ class EngineCore:
         if (r.computed - r.placeholders) // self.cfg.block_size > r.n_reg:
             self._cache_blocks(r, r.computed - r.placeholders)
 
-    def _fits(self, others: list[SimRequest], budget: int, free_blocks: int) -> bool:
-        """Would the ordered walk give each of `others` all it asks for?"""
+    def _fits(
+        self, others: list[SimRequest], budget: int, free_blocks: int, *, clamp: bool
+    ) -> bool:
+        """Would the ordered walk over `others` allocate without preempting, each getting
+        all it asks for (or, with `clamp`, what the budget left by then allows, as the
+        walk itself cuts chunks)?"""
         cfg = self.cfg
         bs, max_len, threshold, la = (
             cfg.block_size, cfg.max_model_len, cfg.long_prefill_token_threshold, self.lookahead
@@ -372,6 +387,8 @@ class EngineCore:
                 n = max_len - computed - 1
             if n <= 0:
                 continue
+            if clamp and n > budget:
+                n = budget
             budget -= n
             end = min(computed + n + la, max_len)
             need = -(-end // bs) - r.blocks - r.pinned_blocks
@@ -379,6 +396,8 @@ class EngineCore:
                 free_blocks -= need
             if budget < 0 or free_blocks < 0:
                 return False
+            if clamp and budget == 0:
+                return True  # the walk stops here: the rest get nothing this step
         return True
 
     def _join_cohort(self, plan: StepPlan, cohort: DecodeCohort) -> None:
