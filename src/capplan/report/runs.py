@@ -152,18 +152,18 @@ def growth_curve(
 
 def _job(
     mix: TrafficMix, pool: str, replicas: int, st: PoolSetup, duration_s: float, seed: int,
-    growth: float, scale: float,
+    growth: float, scale: float, *, keep_requests: bool = True,
 ) -> SimResult:
     """One re-simulation (module level, so a worker process can run it)."""
     m = _grown(mix, growth * scale)
     return simulate(m, pool, replicas, duration_s=duration_s, seed=seed,
-                    rate_scale=growth * scale, setup=st)
+                    rate_scale=growth * scale, setup=st, keep_requests=keep_requests)
 
 
 def _load_job(*args: Any) -> LoadPoint | str:
-    """A scaled run reduced to its margins in the worker (the frames stay there)."""
+    """A scaled run reduced to its margins in the worker (no per-request rows kept)."""
     try:
-        return _point(args[-1], _job(*args))
+        return _point(args[-1], _job(*args, keep_requests=False))
     except CapplanError as e:
         return str(e)
 
