@@ -15,6 +15,8 @@ Each flag's kind follows `_compute_kwargs` in arg_utils.py from the config field
 `argparse.BooleanOptionalAction`, which also registers `--no-<flag>`; a Literal gives choices.
 
 Usage: python scripts/extract_vllm_flags.py [--wheel vllm-0.26.0-*.whl] [--out FILE]
+Where vllm and torch do import: `--check-with-vllm [--commands ARGV.json]` builds vLLM's real
+parser and reports where it and the inventory differ.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class Module:
     tree: ast.Module
     classes: dict[str, ast.ClassDef] = field(default_factory=dict)
     aliases: dict[str, ast.expr] = field(default_factory=dict)
+    imports: dict[str, str] = field(default_factory=dict)  # name -> dotted module (vllm only)
 
     @classmethod
     def parse(cls, path: str, text: str) -> Module:
@@ -72,6 +75,10 @@ class Module:
                     self.aliases[node.target.id] = node.value
             elif isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
                 self._scan(node.orelse)  # at run time TYPE_CHECKING is False
+            elif (isinstance(node, ast.ImportFrom) and node.module
+                  and node.module.startswith("vllm")):
+                for a in node.names:
+                    self.imports[a.asname or a.name] = node.module
 
 
 class Wheel:
@@ -130,8 +137,18 @@ class Resolver:
     CONTAINERS = frozenset({"dict", "list", "tuple", "set", "Mapping", "Sequence"})
 
     def __init__(self, wheel: Wheel) -> None:
+        self.wheel = wheel
         self.modules = wheel.config_modules()
         self.config_classes = {name for m in self.modules for name in m.classes}
+
+    def imported(self, dotted: str, name: str) -> tuple[Module, ast.expr] | None:
+        """A type alias imported from another vllm module, if it is one."""
+        base = dotted.replace(".", "/")
+        for path in (f"{base}.py", f"{base}/__init__.py"):
+            if path in self.wheel.zip.namelist():
+                m = self.wheel.module(path)
+                return (m, m.aliases[name]) if name in m.aliases else None
+        return None
 
     def find_class(self, name: str) -> tuple[Module, ast.ClassDef]:
         for m in self.modules:
@@ -202,6 +219,8 @@ class Resolver:
                 h.names.add(name)
             elif name in module.aliases:
                 self.hints(module.aliases[name], module, h)
+            elif name in module.imports and (found := self.imported(module.imports[name], name)):
+                self.hints(found[1], found[0], h)
             elif name in self.config_classes:
                 h.dataclasses.add(name)
             elif name == "Any":
@@ -221,8 +240,10 @@ class Resolver:
             return "bool_or_str", None
         if "bool" in h.names:
             return "bool", None
-        if h.literals:
-            return "choice", list(h.literals)
+        if h.literals and "str" in h.names:
+            return "str", None  # literal_to_kwargs: with str allowed, a metavar, not choices
+        if h.literals:  # literal_to_kwargs sorts; optional_type also accepts "None"
+            return "choice", sorted(h.literals, key=str) + (["None"] if "None" in h.names else [])
         if h.names & {"tuple", "list", "set"}:
             return "list", None
         if "int" in h.names:
@@ -448,11 +469,82 @@ def extract(wheel_path: Path) -> dict[str, Any]:
     }
 
 
+def vllm_serve_parser() -> argparse.ArgumentParser:
+    """vLLM's own `vllm serve` parser (needs vllm and torch importable). On a machine with no
+    accelerator the platform is forced to CPU, which registers no options of its own."""
+    import vllm.platforms as platforms
+
+    if not platforms.current_platform.device_type:
+        from vllm.platforms.cpu import CpuPlatform
+
+        platforms._current_platform = CpuPlatform()
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser: argparse.ArgumentParser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    return parser
+
+
+def compare_with_parser(parser: argparse.ArgumentParser, flags: dict[str, Any]) -> list[str]:
+    """Where the inventory and a real parser disagree: option strings, booleans, choices."""
+    diffs = []
+    real: dict[str, argparse.Action] = {
+        o: a for a in parser._actions for o in a.option_strings if o not in ("-h", "--help")
+    }
+    diffs += [f"only in parser: {o}" for o in sorted(set(real) - set(flags))]
+    diffs += [f"only in inventory: {o}" for o in sorted(set(flags) - set(real))]
+    for o, a in sorted(real.items()):
+        f = flags.get(o)
+        if f is None:
+            continue
+        is_bool = isinstance(a, argparse.BooleanOptionalAction)
+        if is_bool != (f["kind"] in ("bool", "bool_negation")):
+            diffs.append(f"{o}: parser {type(a).__name__}, inventory {f['kind']}")
+        if f["kind"] == "choice" and {str(c) for c in a.choices or ()} != {
+                str(c) for c in f["choices"]}:
+            diffs.append(f"{o}: choices differ")
+    return diffs
+
+
+def check_with_vllm(inventory_path: Path, commands_path: Path | None) -> dict[str, Any]:
+    """Build vLLM's real parser, compare it with the inventory and parse each command
+    (`vllm serve MODEL ...`) from a JSON list of argv lists."""
+    import vllm
+
+    parser = vllm_serve_parser()
+    report: dict[str, Any] = {
+        "vllm_version": vllm.__version__,
+        "checked_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "differences": compare_with_parser(parser, json.loads(inventory_path.read_text())["flags"]),
+        "commands": [],
+    }
+    for argv in json.loads(commands_path.read_text()) if commands_path else []:
+        entry: dict[str, Any] = {"argv": argv}
+        try:
+            entry["parsed"] = vars(parser.parse_args(argv[2:]))
+            entry["ok"] = True
+        except BaseException as e:  # argparse exits on errors
+            entry["ok"] = False
+            entry["error"] = f"{type(e).__name__}: {e}"
+        report["commands"].append(entry)
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--wheel", default=DEFAULT_WHEEL, help="path or glob of the vLLM wheel")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--check-with-vllm", action="store_true",
+                    help="instead: compare --out's inventory with vLLM's real parser "
+                         "(needs vllm and torch importable) and print a JSON report")
+    ap.add_argument("--commands", type=Path, default=None,
+                    help="with --check-with-vllm: JSON list of argv lists to parse")
     args = ap.parse_args(argv)
+    if args.check_with_vllm:
+        report = check_with_vllm(args.out, args.commands)
+        print(json.dumps(report, indent=1, default=repr))
+        ok = not report["differences"] and all(c["ok"] for c in report["commands"])
+        return 0 if ok else 1
     found = sorted(glob.glob(args.wheel))
     if len(found) != 1:
         print(f"error: --wheel {args.wheel} matches {len(found)} files; need exactly one",

@@ -135,19 +135,52 @@ def test_inventory_knows_the_flag_drift_of_0_26_0() -> None:
 WHEELS = glob.glob("/tmp/vsrc/vllm-0.26.0-*.whl")
 
 
-@pytest.mark.skipif(len(WHEELS) != 1, reason="the vLLM 0.26.0 wheel is not at /tmp/vsrc")
-def test_inventory_matches_a_fresh_extraction() -> None:
-    """The committed inventory is what the script extracts from the wheel now (refresh it
-    deliberately, with the diff as the review)."""
+def _extractor() -> Any:
+    """scripts/extract_vllm_flags.py as a module."""
     spec = importlib.util.spec_from_file_location(
         "extract_vllm_flags", ROOT / "scripts/extract_vllm_flags.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
     spec.loader.exec_module(mod)
-    fresh = mod.extract(Path(WHEELS[0]))
+    return mod
+
+
+@pytest.mark.skipif(len(WHEELS) != 1, reason="the vLLM 0.26.0 wheel is not at /tmp/vsrc")
+def test_inventory_matches_a_fresh_extraction() -> None:
+    """The committed inventory is what the script extracts from the wheel now (refresh it
+    deliberately, with the diff as the review)."""
+    fresh = _extractor().extract(Path(WHEELS[0]))
     assert fresh["flags"] == FLAGS
     assert fresh["provenance"]["wheel_sha256"] == INVENTORY["provenance"]["wheel_sha256"]
+
+
+def _vllm_importable() -> bool:
+    try:
+        import torch  # noqa: F401
+        import vllm
+    except Exception:  # vllm needs torch and its own dependencies
+        return False
+    return str(vllm.__version__).startswith("0.26.0")
+
+
+@pytest.mark.skipif(not _vllm_importable(), reason="vllm 0.26.0 (and torch) not importable")
+def test_real_vllm_parser_agrees_and_accepts_every_command() -> None:
+    """Where vLLM 0.26.0 imports, its own `vllm serve` parser has exactly the inventory's
+    options (booleans and choices alike) and parses every command to the planned values."""
+    mod = _extractor()
+    parser = mod.vllm_serve_parser()
+    assert mod.compare_with_parser(parser, FLAGS) == []
+    for d in VARIANTS:
+        argv = serve_command(d)
+        ns = parser.parse_args(argv[2:])
+        assert ns.model_tag == argv[2]
+        assert ns.tensor_parallel_size == d.tp
+        assert ns.max_num_batched_tokens == d.engine.max_num_batched_tokens
+        assert ns.enable_prefix_caching is d.engine.enable_prefix_caching
+        assert ns.scheduling_policy == d.engine.scheduling_policy
+        assert ns.limit_mm_per_prompt == (d.engine.limit_mm_per_prompt or {})
+        assert (ns.speculative_config is None) is (d.engine.speculative is None)
 
 
 # -- vllm serve ------------------------------------------------------------------------------
