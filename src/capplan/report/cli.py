@@ -9,6 +9,8 @@ from pathlib import Path
 import click
 
 from capplan.errors import CapplanError, ConfigError
+from capplan.mix import TrafficMix
+from capplan.solve.plan import Plan
 
 
 def _one_line(text: str) -> str:
@@ -35,14 +37,6 @@ def _build(plan_path: Path, traffic: Path | None, out: Path, quick: bool,
     from pydantic import ValidationError
 
     from capplan.mix import load_mix
-    from capplan.report.render import render_report
-    from capplan.report.runs import (
-        DURATION_S,
-        LOAD_SCALES,
-        QUICK_DURATION_S,
-        QUICK_LOAD_SCALES,
-    )
-    from capplan.solve.plan import Plan
 
     t0 = time.perf_counter()
     try:
@@ -55,11 +49,28 @@ def _build(plan_path: Path, traffic: Path | None, out: Path, quick: bool,
     if traffic is None and Path(plan.source).is_file():
         traffic = Path(plan.source)
     mix = load_mix(traffic) if traffic is not None else None
+    size = write_report(plan, mix, out, quick=quick,
+                        sweep=_read_sweep(sweep) if sweep is not None else None, workers=workers)
+    return size, time.perf_counter() - t0
+
+
+def write_report(plan: Plan, mix: TrafficMix | None, out: Path, *, quick: bool = False,
+                 sweep: list[dict[str, object]] | None = None,
+                 workers: int | None = None) -> int:
+    """Render the plan's report into `out`; returns its size in bytes."""
+    from capplan.report.render import render_report
+    from capplan.report.runs import (
+        DURATION_S,
+        LOAD_SCALES,
+        QUICK_DURATION_S,
+        QUICK_LOAD_SCALES,
+    )
+
     page = render_report(
         plan, mix,
         duration_s=QUICK_DURATION_S if quick else DURATION_S,
         scales=QUICK_LOAD_SCALES if quick else LOAD_SCALES,
-        sweep=_read_sweep(sweep) if sweep is not None else None,
+        sweep=sweep,
         workers=workers if workers is not None else (os.cpu_count() or 1),
     )
     try:
@@ -67,7 +78,7 @@ def _build(plan_path: Path, traffic: Path | None, out: Path, quick: bool,
     except OSError as e:
         raise ConfigError(f"cannot write report ({e.strerror})", file=str(out),
                           field="--out") from e
-    return len(page.encode()), time.perf_counter() - t0
+    return len(page.encode())
 
 
 @click.command()

@@ -145,18 +145,25 @@ _quick = click.option("--quick", is_flag=True,
 @_spare
 @_seed
 @_quick
+@click.option("--report", "report_out", type=click.Path(path_type=Path), default=None,
+              help="also write the plan's HTML report (as `capplan report` does)")
 @_errors_as_lines
 def size(traffic: Path, fmt: str, out: Path | None, growth: float, spare: int,
-         seed: int | None, quick: bool) -> None:
+         seed: int | None, quick: bool, report_out: Path | None) -> None:
     """Fewest GPUs per pool that hold every workload's SLOs, with cost and why."""
     from capplan.mix import load_mix
     from capplan.solve.options import size_mix
 
     t0 = time.perf_counter()
-    plan = size_mix(load_mix(traffic), growth=growth, spare=spare, seed=seed, quick=quick)
+    mix = load_mix(traffic)
+    plan = size_mix(mix, growth=growth, spare=spare, seed=seed, quick=quick)
     elapsed = time.perf_counter() - t0
     if out is not None:
         _write_plan(plan, out)
+    if report_out is not None:
+        from capplan.report.cli import write_report
+
+        write_report(plan, mix, report_out, quick=quick)
     if fmt == "json":
         click.echo(plan.to_json())
     elif fmt == "csv":

@@ -77,6 +77,13 @@ def traffic() -> None:
     default=None,
     help="metrics with one scrape: the request rate to assume",
 )
+@click.option(
+    "--slo",
+    "slos",
+    multiple=True,
+    metavar="KEY=SECONDS",
+    help="an SLO for every fitted workload, e.g. --slo ttft_p99_s=0.5 --slo itl_p99_s=0.05",
+)
 @_errors_as_lines
 def from_trace(
     trace: Path,
@@ -89,9 +96,20 @@ def from_trace(
     second_scrape: Path | None,
     interval_s: float | None,
     rate_rps: float | None,
+    slos: tuple[str, ...],
 ) -> None:
     """Fit arrival rate, burstiness, lengths and prefix sharing from TRACE; print the YAML."""
     from capplan.tracefit import fit_trace_report, to_yaml
+
+    slo: dict[str, float] = {}
+    for item in slos:
+        key, _, value = item.partition("=")
+        try:
+            slo[key.strip()] = float(value)
+        except ValueError:
+            raise ConfigError(
+                f"expected KEY=SECONDS such as ttft_p99_s=0.5, got {item!r}", field="--slo"
+            ) from None
 
     fit = fit_trace_report(
         trace,
@@ -103,6 +121,7 @@ def from_trace(
         second_scrape=second_scrape,
         interval_s=interval_s,
         rate_rps=rate_rps,
+        slo=slo or None,
     )
     text = to_yaml(fit)
     if out is None:
