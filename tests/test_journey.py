@@ -46,3 +46,16 @@ def test_bad_slo_flag_is_one_line(tmp_path: Path) -> None:
     assert res.exit_code == 2
     assert "--slo" in res.output and "KEY=SECONDS" in res.output
     assert not out.exists()
+
+
+def test_size_verbose_explains_each_search_step() -> None:
+    """`capplan size --verbose` tells, on stderr, every simulation of the search and what it
+    found, so a person can follow why the answer is what it is."""
+    mix = Path(__file__).resolve().parents[1] / "examples" / "chat-only.yaml"
+    res = CliRunner().invoke(main, ["size", "--traffic", str(mix), "--quick", "--verbose"])
+    assert res.exit_code == 0, res.output
+    steps = [line for line in res.stderr.splitlines() if "replica(s)" in line]
+    assert steps, res.stderr
+    assert all("seed" in line and ("meets every SLO" in line or "misses" in line)
+               for line in steps)
+    assert "plan for" in res.stdout

@@ -14,6 +14,15 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from capplan.errors import CapplanError, ConfigError, InfeasibleError
@@ -147,16 +156,20 @@ _quick = click.option("--quick", is_flag=True,
 @_quick
 @click.option("--report", "report_out", type=click.Path(path_type=Path), default=None,
               help="also write the plan's HTML report (as `capplan report` does)")
+@click.option("--verbose", "-v", is_flag=True,
+              help="explain each search step (every simulation and what it found) on stderr")
 @_errors_as_lines
 def size(traffic: Path, fmt: str, out: Path | None, growth: float, spare: int,
-         seed: int | None, quick: bool, report_out: Path | None) -> None:
+         seed: int | None, quick: bool, report_out: Path | None, verbose: bool) -> None:
     """Fewest GPUs per pool that hold every workload's SLOs, with cost and why."""
     from capplan.mix import load_mix
     from capplan.solve.options import size_mix
 
     t0 = time.perf_counter()
     mix = load_mix(traffic)
-    plan = size_mix(mix, growth=growth, spare=spare, seed=seed, quick=quick)
+    with _Feedback(verbose) as fb:
+        plan = size_mix(mix, growth=growth, spare=spare, seed=seed, quick=quick,
+                        log=fb.log, on_pool=fb.pool)
     elapsed = time.perf_counter() - t0
     if out is not None:
         _write_plan(plan, out)
@@ -170,6 +183,44 @@ def size(traffic: Path, fmt: str, out: Path | None, growth: float, spare: int,
         click.echo(plan.to_csv(), nl=False)
     else:
         print_plan(plan, _console(), elapsed)
+
+
+class _Feedback:
+    """What a person waiting on a long search sees, on stderr: a progress bar over the pools
+    with elapsed time on a terminal (nothing when piped), and with --verbose every step."""
+
+    def __init__(self, verbose: bool) -> None:
+        self.console = Console(stderr=True)
+        if not self.console.is_terminal:
+            self.console = Console(stderr=True, width=160)  # logs: do not wrap at 80
+        self.verbose = verbose
+        self.progress: Progress | None = None
+        self.task: TaskID | None = None
+
+    def __enter__(self) -> _Feedback:
+        if self.console.is_terminal and not self.verbose:
+            self.progress = Progress(
+                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                MofNCompleteColumn(), TimeElapsedColumn(), console=self.console, transient=True,
+            )
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def pool(self, name: str, i: int, n: int) -> None:
+        if self.progress is not None:
+            if self.task is None:
+                self.task = self.progress.add_task("sizing", total=n)
+            self.progress.update(self.task, completed=i, description=f"sizing pool {name}")
+        elif self.verbose:
+            self.console.print(f"[bold]pool {name}[/] ({i + 1}/{n})")
+
+    def log(self, line: str) -> None:
+        if self.verbose:
+            self.console.print(f"  {line}", highlight=False)
 
 
 def _growths(text: str) -> list[float]:

@@ -8,6 +8,7 @@ analytic one); the cheapest that meets the SLOs wins, the seeds' rule: choose by
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from capplan.errors import ConfigError, InfeasibleError
@@ -217,20 +218,25 @@ def size_mix(
     advice: bool = True,
     pools: list[str] | None = None,
     floors: dict[tuple[str, str], int] | None = None,
+    log: Callable[[str], None] | None = None,
+    on_pool: Callable[[str, int, int], None] | None = None,
 ) -> Plan:
     """Size every pool of `mix` (or those named) at peak traffic x `growth`, plus `spare`
     replicas each for failures. `floors[(pool, precision)]`: replicas known to be needed
-    (see `floors_of`)."""
+    (see `floors_of`). `log` is told every simulation of the search; `on_pool(name, i, n)`
+    when pool i of n starts."""
     if spare < 0:
         raise ConfigError(f"spare must be >= 0, got {spare}", field="--spare")
-    settings = SearchSettings(seed=seed, rate_scale=growth, quick=quick)
+    settings = SearchSettings(seed=seed, rate_scale=growth, quick=quick, log=log)
     m = grown(mix, growth)
     plans: list[PoolPlan] = []
-    for pool in m.pools:
-        if pools is not None and pool.name not in pools:
-            continue
-        if not m.workloads_of(pool.name):
-            continue
+    todo = [
+        p for p in m.pools
+        if (pools is None or p.name in pools) and m.workloads_of(p.name)
+    ]
+    for i, pool in enumerate(todo):
+        if on_pool is not None:
+            on_pool(pool.name, i, len(todo))
         choice = choose(m, pool.name, settings, spare=spare, floors=floors)
         notes: list[Advice] = []
         if advice:

@@ -13,8 +13,9 @@ import math
 import multiprocessing
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from capplan.errors import ConfigError, InfeasibleError
 from capplan.mix import TrafficMix
@@ -50,6 +51,8 @@ class SearchSettings:
     workers: int | None = None
     """Processes for the confirmation runs (None: $CAPPLAN_WORKERS, else 1). Opt-in: on a
     shared 2-core machine the process start-up and contention ate the gain."""
+    log: Callable[[str], None] | None = field(default=None, compare=False)
+    """Told each simulation the search runs and what it found (`capplan size --verbose`)."""
 
     def scaled(self) -> SearchSettings:
         if not self.quick:
@@ -196,10 +199,25 @@ class Sizer:
             self._cache[key] = simulate(
                 self.probe_mix if probe else self.mix, self.pool.name, replicas,
                 duration_s=duration_s, seed=seed, rate_scale=self.settings.rate_scale,
-                setup=self.setup,
+                setup=self.setup, keep_requests=False,
             )
             self.wall_s += time.perf_counter() - t0
+            self._tell(key, self._cache[key], time.perf_counter() - t0)
         return self._cache[key]
+
+    def _tell(self, key: tuple[int, float, int, bool], res: SimResult, wall_s: float) -> None:
+        log = self.settings.log
+        if log is None:
+            return
+        replicas, duration_s, seed, probe = key
+        verdict = "meets every SLO" if res.slo_met else "misses"
+        worst = ""
+        found = worst_check(res)
+        if found is not None:
+            wl, check = found
+            worst = f"; tightest {wl} {check.key} {_fmt(check.value_s)} vs {check.limit_s:g} s"
+        log(f"{self.pool.name}: {replicas} replica(s), {'probe' if probe else 'full'} "
+            f"{duration_s:g} s, seed {seed}: {verdict}{worst} ({wall_s:.1f} s)")
 
     def prefetch(self, runs: list[tuple[int, int, bool]]) -> None:
         """Run the confirmation-length simulations (replicas, seed, probe) not yet cached, in
