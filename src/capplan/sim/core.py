@@ -277,7 +277,10 @@ class EngineCore:
 
     def _free(self, r: SimRequest) -> None:
         """_free_request_blocks: release every block, tail first."""
-        self.kv.free(r.hashes, r.blocks - len(r.hashes))
+        # entry k of r.hashes is block pinned_blocks + k; only shared-prefix blocks can be
+        # held by other requests too
+        shared = max(0, r.prefix_blocks - r.pinned_blocks)
+        self.kv.free(r.hashes, r.blocks - len(r.hashes), shared)
         r.blocks = 0
         r.hashes = []
         r.n_reg = 0
@@ -325,17 +328,17 @@ class EngineCore:
         for r in cohort.due(plan.idx):
             self._leave(r)  # near its last token: the explicit path handles the end
         others: list[SimRequest] = []
-        members_first = True
+        before: list[int] = []  # members ahead of each explicit request in the running list
+        seen = 0
         for r in self.running:
-            if not r.lazy:
+            if r.lazy:
+                seen += 1
+            else:
                 others.append(r)
-            elif others:
-                members_first = False
+                before.append(seen)
         size = cohort.size
         crossings = cohort.crossings(plan.idx)
-        if size > budget or not self._fits(
-            others, budget - size, self.kv.num_free - crossings, clamp=members_first
-        ):
+        if not self._fits(others, before, size, budget, self.kv.num_free - crossings):
             for r in cohort.dissolve():
                 self._register_decoded(r)
             return self._schedule_running(plan, self.running, budget)
@@ -348,10 +351,10 @@ class EngineCore:
         plan.cohort_all = tuple(cohort.all_w)
         plan.cohort_meas = tuple(cohort.meas_w)
         cohort.ctx += size
-        budget, preempted = self._schedule_running(plan, others, budget - size)
+        budget, preempted = self._schedule_running(plan, others, budget, before)
         if preempted:  # _fits guaranteed every allocation; a preemption here is a bug
             raise RuntimeError("decode cohort: preemption in a step that fits")
-        return budget, False
+        return budget - (size - (before[-1] if others else 0)), False
 
     def _leave(self, r: SimRequest) -> None:
         assert self.cohort is not None
@@ -365,18 +368,29 @@ class EngineCore:
             self._cache_blocks(r, r.computed - r.placeholders)
 
     def _fits(
-        self, others: list[SimRequest], budget: int, free_blocks: int, *, clamp: bool
+        self,
+        others: list[SimRequest],
+        before: list[int],
+        members: int,
+        budget: int,
+        free_blocks: int,
     ) -> bool:
-        """Would the ordered walk over `others` allocate without preempting, each getting
-        all it asks for (or, with `clamp`, what the budget left by then allows, as the
-        walk itself cuts chunks)?"""
+        """Can the cohort's shortcut stand in for the ordered walk this step? It can when the
+        walk would serve every member (one token each, at its place in the running list)
+        before the budget runs out, and would allocate without preempting. The explicit
+        requests get what the walk gives them: all they ask for, or a chunk cut to the
+        budget left at their place (`before[j]` members ahead of others[j])."""
         cfg = self.cfg
         bs, max_len, threshold, la = (
             cfg.block_size, cfg.max_model_len, cfg.long_prefill_token_threshold, self.lookahead
         )
-        if budget < 0 or free_blocks < 0:
+        if free_blocks < 0:
             return False
-        for r in others:
+        used = 0  # tokens the explicit requests take
+        for r, ahead in zip(others, before, strict=True):
+            avail = budget - ahead - used
+            if avail <= 0:  # the walk stops here: members after this point would starve
+                return ahead >= members and avail == 0
             computed, ph = r.computed, r.placeholders
             if ph and computed + 2 - ph >= r.prompt + r.max_tokens:
                 continue
@@ -387,18 +401,16 @@ class EngineCore:
                 n = max_len - computed - 1
             if n <= 0:
                 continue
-            if clamp and n > budget:
-                n = budget
-            budget -= n
+            if n > avail:
+                n = avail
+            used += n
             end = min(computed + n + la, max_len)
             need = -(-end // bs) - r.blocks - r.pinned_blocks
             if need > 0:
                 free_blocks -= need
-            if budget < 0 or free_blocks < 0:
-                return False
-            if clamp and budget == 0:
-                return True  # the walk stops here: the rest get nothing this step
-        return True
+                if free_blocks < 0:
+                    return False
+        return used + members <= budget
 
     def _join_cohort(self, plan: StepPlan, cohort: DecodeCohort) -> None:
         """Explicit requests that will take one decode token a step from now on (their
@@ -410,10 +422,16 @@ class EngineCore:
                 cohort.join(r, s0, self.lookahead, cfg.max_model_len)
 
     def _schedule_running(
-        self, plan: StepPlan, running: list[SimRequest], budget: int
+        self,
+        plan: StepPlan,
+        running: list[SimRequest],
+        budget: int,
+        members_before: list[int] | None = None,
     ) -> tuple[int, bool]:
         """The RUNNING walk of Scheduler.schedule over `running`, in order; preemption
-        takes victims from self.running. Returns (budget left, whether it preempted)."""
+        takes victims from self.running. `members_before[i]`: decode-cohort members that come
+        before running[i] in the full list (each takes one token of the budget first).
+        Returns (budget left, whether it preempted)."""
         cfg = self.cfg
         max_len = cfg.max_model_len
         threshold = cfg.long_prefill_token_threshold
@@ -427,7 +445,13 @@ class EngineCore:
 
         # First, the RUNNING requests, in order.
         i = 0
+        served = 0  # cohort members whose token has been taken from the budget
         while i < len(running) and budget > 0:
+            if members_before is not None and members_before[i] > served:
+                budget -= members_before[i] - served
+                served = members_before[i]
+                if budget <= 0:
+                    break
             r = running[i]
             computed = r.computed
             ph = r.placeholders

@@ -23,7 +23,7 @@ first part is kept as a count, the second as an OrderedDict.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 
 class KVCache:
@@ -138,11 +138,20 @@ class KVCache:
         """Cache a full block; False if it became a duplicate of a cached one."""
         return self.cache(h) == h
 
-    def free(self, hashes: list[int], private_blocks: int) -> None:
-        """Release a request's blocks: `hashes` (in block order) and its private blocks."""
+    def free(self, hashes: list[int], private_blocks: int, shared: int | None = None) -> None:
+        """Release a request's blocks: `hashes` (in block order) and its private blocks.
+        Only the first `shared` entries can be held by other requests too (None: any); the
+        rest are the request's own, each freed straight to the LRU tail."""
         self.free_unhashed += private_blocks
         ref, free = self.ref, self.free_hashed
-        for h in reversed(hashes):
+        if shared is None:
+            shared = len(hashes)
+        if shared < len(hashes):
+            own = hashes[shared:]
+            own.reverse()
+            deque(map(ref.pop, own), maxlen=0)
+            free.update(dict.fromkeys(own))
+        for h in reversed(hashes[:shared]):
             r = ref[h] - 1
             if r:
                 ref[h] = r
