@@ -18,6 +18,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from capplan._cli import fail, one_line
 from capplan.errors import CapplanError, ConfigError
 
 LAZY_COMMANDS: dict[str, str] = {
@@ -31,20 +32,11 @@ LAZY_COMMANDS: dict[str, str] = {
 """Subcommands living in later stages, as `module:attribute`, imported on first use."""
 
 
-def _one_line(text: str) -> str:
-    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
-
-
-def _fail(message: str, exit_code: int) -> None:
-    click.secho(f"error: {_one_line(message)}", fg="red", err=True)
-    raise click.exceptions.Exit(exit_code)
-
-
 def _unavailable(name: str, target: str, reason: str) -> click.Command:
     """A stand-in for a lazy command whose module cannot be imported: fails only when used."""
 
     def run() -> None:
-        _fail(f"`capplan {name}` is unavailable: cannot load {target} ({reason})", 1)
+        fail(f"`capplan {name}` is unavailable: cannot load {target} ({reason})", 1)
 
     return click.Command(
         name,
@@ -75,7 +67,7 @@ class CapplanGroup(click.Group):
         try:
             obj = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as e:
-            return _unavailable(cmd_name, target, _one_line(str(e)) or type(e).__name__)
+            return _unavailable(cmd_name, target, one_line(str(e)) or type(e).__name__)
         if not isinstance(obj, click.Command):
             return _unavailable(cmd_name, target, f"{attr} is not a click command")
         return obj
@@ -84,7 +76,7 @@ class CapplanGroup(click.Group):
         try:
             return super().invoke(ctx)
         except CapplanError as e:
-            _fail(str(e), e.exit_code)
+            fail(str(e), e.exit_code)
 
 
 @click.group(cls=CapplanGroup, lazy=LAZY_COMMANDS)

@@ -8,13 +8,10 @@ from pathlib import Path
 
 import click
 
-from capplan.errors import CapplanError, ConfigError
+from capplan._cli import errors_as_lines, one_line
+from capplan.errors import ConfigError
 from capplan.mix import TrafficMix
 from capplan.solve.plan import Plan
-
-
-def _one_line(text: str) -> str:
-    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
 def _read_sweep(path: Path) -> list[dict[str, object]]:
@@ -23,7 +20,7 @@ def _read_sweep(path: Path) -> list[dict[str, object]]:
     try:
         df = pl.read_csv(path)
     except (OSError, pl.exceptions.PolarsError) as e:
-        raise ConfigError(f"cannot read sweep CSV ({_one_line(str(e))})", file=str(path),
+        raise ConfigError(f"cannot read sweep CSV ({one_line(str(e))})", file=str(path),
                           field="--sweep") from e
     missing = {"growth", "pool", "gpus"} - set(df.columns)
     if missing:
@@ -45,7 +42,7 @@ def _build(plan_path: Path, traffic: Path | None, out: Path, quick: bool,
         raise ConfigError(f"cannot read plan ({e.strerror})", file=str(plan_path)) from e
     except ValidationError as e:
         raise ConfigError(f"not a capplan plan (write one with `capplan size --out plan.json`): "
-                          f"{_one_line(str(e))}", file=str(plan_path)) from e
+                          f"{one_line(str(e))}", file=str(plan_path)) from e
     if traffic is None and Path(plan.source).is_file():
         traffic = Path(plan.source)
     mix = load_mix(traffic) if traffic is not None else None
@@ -93,13 +90,10 @@ def write_report(plan: Plan, mix: TrafficMix | None, out: Path, *, quick: bool =
               help="CSV from `capplan sweep --out`: simulated points on the growth curve")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="processes for the re-simulations (default: the CPU count)")
+@errors_as_lines
 def report(plan_path: Path, traffic: Path | None, out: Path, quick: bool, sweep: Path | None,
            workers: int | None) -> None:
     """One self-contained HTML report of a plan: tables, latency CDFs against the SLOs, SLO
     margin versus load, GPUs versus growth, KV and prefix caching, configuration chosen."""
-    try:
-        size, elapsed = _build(plan_path, traffic, out, quick, sweep, workers)
-    except CapplanError as e:
-        click.secho(f"error: {_one_line(str(e))}", fg="red", err=True)
-        raise click.exceptions.Exit(e.exit_code) from None
+    size, elapsed = _build(plan_path, traffic, out, quick, sweep, workers)
     click.echo(f"wrote {out} ({size / 1e6:.1f} MB) in {elapsed:.1f} s")

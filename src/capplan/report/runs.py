@@ -16,8 +16,8 @@ from capplan.hardware import Precision
 from capplan.mix import TrafficMix
 from capplan.sim.results import SimResult
 from capplan.sim.run import PoolSetup, setup_pool, simulate
+from capplan.solve.options import grown
 from capplan.solve.plan import Plan, PoolPlan
-from capplan.traffic import ClosedLoop
 
 LOAD_SCALES = (0.5, 0.75, 1.0, 1.25, 1.5)
 """Load as a multiple of the planned traffic for the attainment-versus-load curves."""
@@ -78,20 +78,6 @@ class PoolRuns:
         return ok, None, ""
 
 
-def _grown(mix: TrafficMix, factor: float) -> TrafficMix:
-    """Closed-loop users scaled by `factor` (open-loop rates scale through `rate_scale`)."""
-    if factor == 1 or not any(isinstance(w.arrival, ClosedLoop) for w in mix.workloads):
-        return mix
-    wls = []
-    for w in mix.workloads:
-        if isinstance(w.arrival, ClosedLoop):
-            users = max(1, math.ceil(w.arrival.concurrency * factor))
-            arrival = w.arrival.model_copy(update={"concurrency": users})
-            w = w.model_copy(update={"arrival": arrival})
-        wls.append(w)
-    return mix.model_copy(update={"workloads": wls})
-
-
 def planned_mix(
     plan: Plan, mix: TrafficMix
 ) -> tuple[TrafficMix, dict[str, PoolSetup], dict[str, str]]:
@@ -142,8 +128,8 @@ def growth_curve(
 
     out = []
     for g in growths:
-        grown = _grown(mix, g * growth)
-        b = bracket(st, grown.workloads_of(pp.pool), rate_scale=g * growth,
+        grown_mix = grown(mix, g * growth)
+        b = bracket(st, grown_mix.workloads_of(pp.pool), rate_scale=g * growth,
                     base_dir=mix.base_dir)
         est = max(b.lower, math.ceil(pp.replicas_for_slo * g - 1e-9))
         out.append(GrowthPoint(g, b.lower * pp.tp, (est + pp.spare) * pp.tp))
@@ -155,7 +141,7 @@ def _job(
     growth: float, scale: float, *, keep_requests: bool = True,
 ) -> SimResult:
     """One re-simulation (module level, so a worker process can run it)."""
-    m = _grown(mix, growth * scale)
+    m = grown(mix, growth * scale)
     return simulate(m, pool, replicas, duration_s=duration_s, seed=seed,
                     rate_scale=growth * scale, setup=st, keep_requests=keep_requests)
 

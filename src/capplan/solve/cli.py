@@ -6,11 +6,9 @@ the same run alone (tests, CliRunner) as under the `capplan` group.
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 from rich.console import Console
@@ -25,26 +23,10 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from capplan.errors import CapplanError, ConfigError, InfeasibleError
+from capplan._cli import errors_as_lines as _errors_as_lines
+from capplan._cli import one_line as _one_line
+from capplan.errors import ConfigError, InfeasibleError
 from capplan.solve.plan import Plan, PoolPlan
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _one_line(text: str) -> str:
-    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
-
-
-def _errors_as_lines(fn: F) -> F:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except CapplanError as e:
-            click.secho(f"error: {_one_line(str(e))}", fg="red", err=True)
-            raise click.exceptions.Exit(e.exit_code) from None
-
-    return wrapper  # type: ignore[return-value]
 
 
 def _console() -> Console:

@@ -7,31 +7,14 @@ one red line and its exit code here too, so the group behaves the same run alone
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from capplan.errors import CapplanError, ConfigError
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _errors_as_lines(fn: F) -> F:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except CapplanError as e:
-            line = "; ".join(s.strip() for s in str(e).splitlines() if s.strip())
-            click.secho(f"error: {line}", fg="red", err=True)
-            raise click.exceptions.Exit(e.exit_code) from None
-
-    return wrapper  # type: ignore[return-value]
+from capplan._cli import errors_as_lines as _errors_as_lines
+from capplan.errors import ConfigError
 
 
 @click.group()
