@@ -78,6 +78,17 @@ def test_unknown_yaml_key_names_key_and_file(tmp_path: Path) -> None:
     assert_one_line_error(sim(path), ConfigError.exit_code, "rate_rsp", str(path), "unknown key")
 
 
+def test_misspelt_key_is_named_before_the_key_it_hides(tmp_path: Path) -> None:
+    """A misspelt key makes the intended one look missing too; the error names the typo and
+    suggests the key it resembles, rather than reporting the missing one."""
+    bad = json.loads(json.dumps(MIX))
+    arrival = bad["workloads"][0]["arrival"]
+    arrival["rate_rsp"] = arrival.pop("rate_rps")
+    path = write_mix(tmp_path, bad)
+    assert_one_line_error(sim(path), ConfigError.exit_code, "unknown key 'rate_rsp'",
+                          "did you mean 'rate_rps'?", str(path))
+
+
 def test_negative_rate_is_rejected(tmp_path: Path) -> None:
     """A negative arrival rate is a ConfigError naming the field."""
     bad = json.loads(json.dumps(MIX))

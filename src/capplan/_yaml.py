@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,11 +32,20 @@ def read_mapping(path: Path) -> dict[str, Any]:
 
 
 def validation_message(err: ValidationError) -> tuple[str, str]:
-    """The first error of a pydantic ValidationError as (dotted field, what to fix)."""
-    e = err.errors()[0]
+    """The most telling error of a pydantic ValidationError as (dotted field, what to fix).
+    An unknown key comes first (a typo also makes the intended key look missing), with the
+    missing key it most resembles as the suggestion."""
+    errors = err.errors()
+    unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+    e = unknown[0] if unknown else errors[0]
     loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
     if e["type"] == "extra_forbidden":
-        return loc, "unknown key; remove it or fix its spelling"
+        key = str(e["loc"][-1])
+        missing = [str(m["loc"][-1]) for m in errors
+                   if m["type"] == "missing" and m["loc"][:-1] == e["loc"][:-1]]
+        close = difflib.get_close_matches(key, missing, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return loc, f"unknown key {key!r}{hint}; remove it or fix its spelling"
     if e["type"] == "missing":
         return loc, "required key is missing"
     msg = e["msg"].removeprefix("Value error, ")
