@@ -160,7 +160,7 @@ def _print_table(res: Any, console: Console) -> None:
     else:
         console.print(f"profile {p.profile}: {p.profile_source}")
     console.print(
-        f"KV cache {p.kv_tokens_per_replica:,} tokens/replica · utilisation {p.utilisation:.1%}"
+        f"KV cache {p.kv_tokens_per_replica:,} tokens/replica · engine busy {p.utilisation:.1%}"
         f" · KV usage mean {p.kv_usage_mean:.1%} peak {p.kv_usage_peak:.1%}"
         f" · prefix hit rate {p.prefix_hit_rate:.1%} · preemptions {p.preemptions:,}"
         f" · {p.steps:,} steps · {p.output_tokens_per_s:,.0f} out tok/s"

@@ -84,7 +84,7 @@ class PoolRunResult(BaseModel):
     warmup_s: float
     simulated_s: float
     steps: int
-    utilisation: float
+    utilisation: float  # fraction of time the engine ran a step (busy whenever any request is in)
     kv_usage_mean: float
     kv_usage_peak: float
     prefix_hit_rate: float

@@ -51,7 +51,7 @@ def print_plan(plan: Plan, console: Console, elapsed_s: float | None = None) -> 
         title += f" (growth ×{plan.growth:g}, N+{plan.spare})"
     table = Table(title=title, title_justify="left")
     for col in ("pool", "GPUs", "replicas", "precision", "binding workload / SLO", "margin",
-                "utilisation", "$/month"):
+                "engine busy", "$/month"):
         table.add_column(col, justify="left" if col in ("pool", "precision") or "/" in col
                          else "right")
     for p in plan.pools:
