@@ -66,6 +66,15 @@ def setup_pool(pool: Pool, *, profile: Profile | None = None, source: str = "") 
     kv_tokens = prof.kv.tokens(eng.gpu_memory_utilization, text_only=eng.text_only)
     num_blocks = kv_tokens // eng.block_size - 1  # block_pool.py: one null block
     limit = max_model_len(pool, spec)
+    if num_blocks < 1:
+        raise ConfigError(
+            f"pool {pool.name!r}: at gpu_memory_utilization {eng.gpu_memory_utilization} the "
+            f"weights of {spec.name} ({pool.precision}) and the activations leave no room for "
+            "a KV cache (vLLM refuses to start); raise gpu_memory_utilization or pick a "
+            "smaller precision",
+            file=source or None,
+            field="engine.gpu_memory_utilization",
+        )
     if num_blocks * eng.block_size < limit:
         raise ConfigError(
             f"pool {pool.name!r}: KV cache holds {num_blocks * eng.block_size} tokens, fewer "
