@@ -14,11 +14,12 @@ from dataclasses import dataclass, replace
 from capplan.errors import ConfigError, InfeasibleError
 from capplan.hardware import Precision
 from capplan.mix import TrafficMix
-from capplan.pool import Pool
+from capplan.pool import Pool, SpeculativeConfig
+from capplan.profiles import list_profiles
 from capplan.sim.run import PoolSetup, setup_pool
 from capplan.solve.plan import Advice, Candidate, Plan, PoolPlan, pool_plan
 from capplan.solve.search import PoolSizing, SearchSettings, Sizer, worst_check
-from capplan.traffic import ClosedLoop
+from capplan.traffic import ClosedLoop, Workload
 
 AUTO_PRECISIONS = (Precision.BF16, Precision.FP8, Precision.NVFP4, Precision.AWQ)
 
@@ -187,6 +188,75 @@ def split_advice(mix: TrafficMix, choice: PoolChoice, settings: SearchSettings) 
     )
 
 
+def _batch_like(w: Workload) -> bool:
+    """A workload promised only end-to-end latency (or nothing): no TTFT or per-token SLO."""
+    return all(t.metric == "e2e" for t in w.slo.targets)
+
+
+def _speculative_for(pool: Pool) -> SpeculativeConfig | None:
+    """The drafter the seeds' batch pool uses, where capplan has a profile for it: a measured
+    speculative profile of this model and precision (the largest k), else the shipped draft
+    model for Llama targets (analytic)."""
+    measured = [
+        p for p in list_profiles()
+        if p.spec_k and p.model == pool.model and p.precision == pool.precision
+        and p.gpu == pool.gpu and p.tp == pool.tp and p.spec_method
+    ]
+    if measured:
+        best = max(measured, key=lambda p: p.spec_k)
+        return SpeculativeConfig(method=best.spec_method,
+                                 num_speculative_tokens=best.spec_k)
+    if pool.model.startswith("llama-3"):
+        return SpeculativeConfig(method="draft_model", num_speculative_tokens=4)
+    return None
+
+
+def batch_pool_advice(
+    mix: TrafficMix, choice: PoolChoice, settings: SearchSettings
+) -> Advice | None:
+    """The seeds' pool table, computed: batch workloads (end-to-end SLOs only) sharing a pool
+    with latency-bound ones move to a batch pool with speculative decoding and low priority;
+    GPUs of both pools by probe runs, against the shared pool's probe answer."""
+    pool = choice.sizing.setup.pool
+    wls = mix.workloads_of(pool.name)
+    batch = [w.name for w in wls if _batch_like(w)]
+    if not batch or len(batch) == len(wls) or pool.engine.speculative is not None:
+        return None
+    spec = _speculative_for(pool)
+    if spec is None:
+        return None
+    engine = pool.engine.model_copy(update={"speculative": spec, "scheduling_policy": "priority"})
+    bpool = pool.model_copy(update={"name": f"{pool.name}-batch", "engine": engine})
+    low = max(w.priority for w in wls) + 1
+    split = mix.model_copy(update={
+        "pools": [*mix.pools, bpool],
+        "workloads": [
+            w.model_copy(update={"pool": bpool.name, "priority": low}) if w.name in batch else w
+            for w in mix.workloads
+        ],
+    })
+    try:
+        rest = Sizer(split, pool.name, settings, setup=choice.sizer.setup).search()
+        alone = Sizer(split, bpool.name, settings).search()
+    except InfeasibleError as e:
+        return Advice(kind="batch_pool", message=f"a batch pool for {', '.join(batch)}: "
+                      f"infeasible ({e})")
+    now = choice.probe_replicas * pool.tp
+    after = (rest + alone) * pool.tp
+    saved = now - after
+    verdict = f"saves {saved}" if saved > 0 else ("saves nothing" if saved == 0 else
+                                                  f"costs {-saved} more")
+    return Advice(
+        kind="batch_pool",
+        message=(
+            f"batch workload(s) {', '.join(batch)} in a batch pool ({spec.method} k = "
+            f"{spec.num_speculative_tokens}, low priority): {alone * pool.tp} GPUs for them + "
+            f"{rest * pool.tp} for the rest = {after} vs {now} shared (probe runs): {verdict}"
+        ),
+        gpus_saved=saved,
+    )
+
+
 def text_only_advice(mix: TrafficMix, setup: PoolSetup) -> Advice | None:
     """A pool with no image workload that still reserves the vision encoder's memory."""
     pool = setup.pool
@@ -242,6 +312,7 @@ def size_mix(
         if advice:
             chosen = with_pool(m, choice.sizing.setup.pool)
             for a in (split_advice(chosen, choice, settings),
+                      batch_pool_advice(chosen, choice, settings),
                       text_only_advice(chosen, choice.sizing.setup)):
                 if a is not None:
                     notes.append(a)
