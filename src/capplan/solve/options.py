@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from capplan.errors import ConfigError, InfeasibleError
 from capplan.hardware import Precision
@@ -173,17 +174,21 @@ def split_advice(mix: TrafficMix, choice: PoolChoice, settings: SearchSettings) 
         alone = Sizer(split, own.name, settings, setup=replace(sizer.setup, pool=own)).search()
     except InfeasibleError as e:
         return Advice(kind="split", message=f"moving {wl} to its own pool: infeasible ({e})")
-    now = choice.probe_replicas * pool.tp
-    after = (rest + alone) * pool.tp
+    return _split_advice("split", f"binding workload {wl} in its own pool", "it",
+                         choice.probe_replicas, alone, rest, pool.tp)
+
+
+def _split_advice(kind: Literal["split", "batch_pool"], what: str, them: str, shared: int,
+                  alone: int, rest: int, tp: int) -> Advice:
+    """GPUs after a split (probe runs on both sides) against the shared pool's."""
+    now, after = shared * tp, (rest + alone) * tp
     saved = now - after
     verdict = f"saves {saved}" if saved > 0 else ("saves nothing" if saved == 0 else
                                                   f"costs {-saved} more")
     return Advice(
-        kind="split",
-        message=(
-            f"binding workload {wl} in its own pool: {alone * pool.tp} GPUs for it + "
-            f"{rest * pool.tp} for the rest = {after} vs {now} shared (probe runs): {verdict}"
-        ),
+        kind=kind,
+        message=(f"{what}: {alone * tp} GPUs for {them} + {rest * tp} for the rest = {after} "
+                 f"vs {now} shared (probe runs): {verdict}"),
         gpus_saved=saved,
     )
 
@@ -241,20 +246,9 @@ def batch_pool_advice(
     except InfeasibleError as e:
         return Advice(kind="batch_pool", message=f"a batch pool for {', '.join(batch)}: "
                       f"infeasible ({e})")
-    now = choice.probe_replicas * pool.tp
-    after = (rest + alone) * pool.tp
-    saved = now - after
-    verdict = f"saves {saved}" if saved > 0 else ("saves nothing" if saved == 0 else
-                                                  f"costs {-saved} more")
-    return Advice(
-        kind="batch_pool",
-        message=(
-            f"batch workload(s) {', '.join(batch)} in a batch pool ({spec.method} k = "
-            f"{spec.num_speculative_tokens}, low priority): {alone * pool.tp} GPUs for them + "
-            f"{rest * pool.tp} for the rest = {after} vs {now} shared (probe runs): {verdict}"
-        ),
-        gpus_saved=saved,
-    )
+    what = (f"batch workload(s) {', '.join(batch)} in a batch pool ({spec.method} k = "
+            f"{spec.num_speculative_tokens}, low priority)")
+    return _split_advice("batch_pool", what, "them", choice.probe_replicas, alone, rest, pool.tp)
 
 
 def text_only_advice(mix: TrafficMix, setup: PoolSetup) -> Advice | None:
