@@ -15,24 +15,10 @@ from typing import Any
 import pytest
 
 from capplan.mix import TrafficMix
-from capplan.profile import Box, KvCapacity, Profile, Provenance, StepModel
 from capplan.sim.run import simulate
+from helpers import constant_profile
 
 C = 0.01  # seconds per engine step
-
-
-def constant_profile(step_s: float = C) -> Profile:
-    """Every step costs step_s whatever the batch; KV is plentiful."""
-    return Profile(
-        gpu="h200",
-        model="llama-3.1-8b",
-        precision="bf16",
-        step=StepModel(fixed_s=step_s, per_token_s=0.0, knee_tokens=0.0, prefill_attn_s=0.0,
-                       decode_ctx_s=0.0, per_seq_s=0.0),
-        kv=KvCapacity(bytes_per_token=1, slope_tokens=1 << 20, intercept_tokens=0.0),
-        box=Box(max_tokens=1 << 20, max_seqs=1 << 16, max_context_tokens=1 << 24),
-        provenance=Provenance(source="analytic", note="test: constant step time"),
-    )
 
 
 def mix(arrival: dict[str, Any], *, prompt: Any = 16, out: Any = 10,
@@ -59,7 +45,7 @@ def test_lone_request_takes_one_step_per_token(async_scheduling: bool) -> None:
     exactly, in both engine loops (core.py step and step_with_batch_queue)."""
     n = 10
     res = simulate(mix(CLOSED1, out=n, async_scheduling=async_scheduling), "p", 1, seed=0,
-                   profile=constant_profile())
+                   profile=constant_profile(C))
     req = res.requests()
     assert len(req) > 10
     assert req["ttft_s"].to_numpy() == pytest.approx(C, rel=1e-9)
@@ -75,7 +61,7 @@ def test_chunked_prompt_costs_one_step_per_chunk() -> None:
     token, then one step per further token: E2E = (ceil(P/B) + n - 1) * C."""
     p, b, n = 1000, 256, 5
     res = simulate(mix(CLOSED1, prompt=p, out=n, max_num_batched_tokens=b), "p", 1, seed=0,
-                   profile=constant_profile())
+                   profile=constant_profile(C))
     req = res.requests()
     chunks = math.ceil(p / b)
     assert req["ttft_s"].to_numpy() == pytest.approx(chunks * C, rel=1e-9)
@@ -89,7 +75,7 @@ def test_closed_loop_throughput_is_min_of_users_and_seqs_per_step(
     """Every step costs C whatever its batch, so output tokens/s = min(users, max_num_seqs)/C:
     max_num_seqs is a cap on the batch, not a speed knob."""
     res = simulate(mix({"kind": "closed", "concurrency": users}, max_num_seqs=max_num_seqs),
-                   "p", 1, seed=0, profile=constant_profile())
+                   "p", 1, seed=0, profile=constant_profile(C))
     assert res.workload("w").output_tokens_per_s == pytest.approx(
         min(users, max_num_seqs) / C, rel=0.01
     )
@@ -129,7 +115,7 @@ def test_light_load_latency_is_the_isolated_service_time() -> None:
     median E2E is the lone-request figure n*C plus at most the step it waits to join."""
     n = 10
     m = mix({"kind": "poisson", "rate_rps": 1.0}, out=n, duration_s=60.0)
-    res = simulate(m, "p", 1, seed=2, profile=constant_profile())
+    res = simulate(m, "p", 1, seed=2, profile=constant_profile(C))
     e2e = res.requests()["e2e_s"].to_numpy()
     assert e2e.min() == pytest.approx(n * C, rel=1e-9)
     assert sorted(e2e)[len(e2e) // 2] == pytest.approx(n * C, rel=1e-9)

@@ -16,11 +16,12 @@ import pytest
 import simpy
 
 from capplan.mix import TrafficMix
-from capplan.profile import Box, KvCapacity, Profile, Provenance, StepModel, StepTimer
+from capplan.profile import StepTimer
 from capplan.sim.core import PREEMPTED, CoreConfig, EngineCore, SimRequest, StepPlan
 from capplan.sim.metrics import WorkloadRecorder
 from capplan.sim.replica import Replica, Window
 from capplan.sim.run import simulate
+from helpers import constant_profile
 
 BS = 16
 
@@ -453,20 +454,6 @@ def test_spec_decode_stops_exactly_at_max_tokens() -> None:
 
 
 # --- async scheduling --------------------------------------------------------------------------
-
-
-def constant_profile(step_s: float) -> Profile:
-    """Every step costs step_s seconds whatever the batch."""
-    return Profile(
-        gpu="h200",
-        model="test",
-        precision="bf16",
-        step=StepModel(fixed_s=step_s, per_token_s=0.0, knee_tokens=0.0, prefill_attn_s=0.0,
-                       decode_ctx_s=0.0, per_seq_s=0.0),
-        kv=KvCapacity(bytes_per_token=1, slope_tokens=1 << 20, intercept_tokens=0.0),
-        box=Box(max_tokens=1 << 20, max_seqs=1 << 16, max_context_tokens=1 << 24),
-        provenance=Provenance(source="analytic", note="test: constant step time"),
-    )
 
 
 def run_replica(

@@ -69,55 +69,56 @@ class Uniform(_Dist):
         return self.high
 
 
-class Normal(_Dist):
-    """Rounded normal, clipped to [min, max]; the mean reported is the clipped one's."""
+class _Clipped(_Dist):
+    """A continuous shape around a mean, rounded to tokens and clipped to [min, max]; the
+    mean it reports is the clipped one's (estimated from a fixed-seed sample)."""
 
-    kind: Literal["normal"] = "normal"
     mean_tokens: float = Field(gt=0, alias="mean")
-    std: float = Field(ge=0)
     min_tokens: int = Field(default=1, ge=1, alias="min")
     max_tokens: int = Field(alias="max")
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
+    def _draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        raise NotImplementedError
+
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        x = np.rint(rng.normal(self.mean_tokens, self.std, n))
-        return np.clip(x, self.min_tokens, self.max_tokens).astype(np.int64)
+        x: np.ndarray = np.clip(np.rint(self._draw(rng, n)), self.min_tokens, self.max_tokens)
+        return x.astype(np.int64)
+
+    @property
+    def mean(self) -> float:
+        return float(self.sample(np.random.default_rng(0), 200_000).mean())
+
+    @property
+    def max(self) -> int:
+        return self.max_tokens
+
+
+class Normal(_Clipped):
+    """Rounded normal, clipped to [min, max]."""
+
+    kind: Literal["normal"] = "normal"
+    std: float = Field(ge=0)
+
+    def _draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.normal(self.mean_tokens, self.std, n)
 
     @property
     def mean(self) -> float:
         if self.std == 0:
             return float(np.clip(round(self.mean_tokens), self.min_tokens, self.max_tokens))
-        return _clipped_mean(self.sample(np.random.default_rng(0), 200_000))
-
-    @property
-    def max(self) -> int:
-        return self.max_tokens
+        return super().mean
 
 
-class LogNormal(_Dist):
+class LogNormal(_Clipped):
     """Lognormal with the given mean (not median) and sigma of log, clipped to [min, max]."""
 
     kind: Literal["lognormal"] = "lognormal"
-    mean_tokens: float = Field(gt=0, alias="mean")
     sigma: float = Field(gt=0)
-    min_tokens: int = Field(default=1, ge=1, alias="min")
-    max_tokens: int = Field(alias="max")
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
-
-    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        mu = math.log(self.mean_tokens) - self.sigma**2 / 2
-        x = np.rint(rng.lognormal(mu, self.sigma, n))
-        return np.clip(x, self.min_tokens, self.max_tokens).astype(np.int64)
-
-    @property
-    def mean(self) -> float:
-        return _clipped_mean(self.sample(np.random.default_rng(0), 200_000))
-
-    @property
-    def max(self) -> int:
-        return self.max_tokens
+    def _draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.lognormal(math.log(self.mean_tokens) - self.sigma**2 / 2, self.sigma, n)
 
 
 class Empirical(_Dist):
@@ -152,10 +153,6 @@ class Empirical(_Dist):
     @property
     def max(self) -> int:
         return max(self.values)
-
-
-def _clipped_mean(x: np.ndarray) -> float:
-    return float(x.mean())
 
 
 LengthDist = Annotated[
