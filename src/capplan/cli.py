@@ -28,6 +28,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "traffic": "capplan.tracefit.cli:traffic",
     "deploy": "capplan.deploy.cli:deploy",
     "report": "capplan.report.cli:report",
+    "validate": "capplan.validate.cli:validate",
 }
 """Subcommands living in later stages, as `module:attribute`, imported on first use."""
 

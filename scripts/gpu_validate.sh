@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# gpu_validate.sh GPU DEADLINE_S JOB.json... - run validation jobs, one engine at a time, on
+# one GPU of the host (CUDA_VISIBLE_DEVICES=GPU), so that several lanes can run side by side.
+#
+# Each job gets what is left of DEADLINE_S (the runner skips experiments that would end
+# later); after every job the lane's raw output is packed into $OUT/validate-gpuGPU.tgz, so
+# whatever finished comes back even if a later job dies.
+set -u
+gpu=${1:?usage: gpu_validate.sh GPU DEADLINE_S JOB.json...}
+deadline=${2:?usage: gpu_validate.sh GPU DEADLINE_S JOB.json...}
+shift 2
+RAW=${RAW:-/tmp/capplan-validate}/gpu$gpu
+OUT=${OUT:-/tmp/capplan-out}
+mkdir -p "$RAW" "$OUT"
+start=$SECONDS
+pack() { tar czf "$OUT/validate-gpu$gpu.tgz.tmp" -C "$RAW" . && mv "$OUT/validate-gpu$gpu.tgz.tmp" "$OUT/validate-gpu$gpu.tgz"; }
+for job in "$@"; do
+  name=$(basename "$job" .json)
+  left=$(( deadline - (SECONDS - start) ))
+  if (( left < 120 )); then echo "[gpu$gpu] SKIP $name: ${left}s left"; continue; fi
+  echo "[gpu$gpu] === $name (${left}s left) $(date -u +%T)"
+  t0=$SECONDS
+  CUDA_VISIBLE_DEVICES=$gpu timeout --signal=INT --kill-after=20 "$left" \
+    python3 src/capplan/validate/runner.py --job "$job" --out "$RAW/$name" \
+    --time-budget-s $(( left - 25 )) > "$RAW/$name.log" 2>&1
+  rc=$?
+  grep -E '^(ENGINE|EXP|SKIP|FAIL)|capplan-runner|Traceback|Error' "$RAW/$name.log" | sed "s/^/[gpu$gpu] /" | tail -n 40
+  echo "[gpu$gpu] === END $name rc=$rc $((SECONDS - t0))s"
+  [[ $rc != 0 ]] && tail -n 25 "$RAW/$name.log" | sed "s/^/[gpu$gpu] /"
+  pack
+done
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv > "$RAW/nvidia-smi.csv" 2>&1
+pack
+echo "[gpu$gpu] LANE END $((SECONDS - start))s"

@@ -1,0 +1,164 @@
+"""`capplan validate`: measure real vLLM, predict the same experiments, compare.
+
+    capplan validate emit SUITE --out DIR        # runner jobs, one per engine (any machine)
+    capplan validate measure SUITE --engine NAME # on a GPU host: run it, store it, compare
+    capplan validate ingest SUITE RAW            # store runner output under calibration/
+    capplan validate compare                     # every stored run, measured vs predicted
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from capplan._cli import errors_as_lines
+from capplan.calibrate.store import CALIBRATION_DIR
+from capplan.errors import CalibrationError
+from capplan.validate.suite import RUNNER, Suite, emit_job, load_suite
+
+MODELS_DIR = Path(__file__).resolve().parents[3] / "models"
+
+
+def _write_json(path: Path, obj: object) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, separators=(",", ":")) + "\n")
+    tmp.replace(path)
+
+
+def _engines(suite: Suite, names: tuple[str, ...]) -> list[str]:
+    return [suite.engine(n).name for n in names] if names else [e.name for e in suite.engines]
+
+
+@click.group()
+def validate() -> None:
+    """Prove predictions against real vLLM: measure experiments on a GPU, predict them, compare."""
+
+
+@validate.command()
+@click.argument("suite_file", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="folder for job files")
+@click.option("--engine", "engines", multiple=True, help="only these engine runs (repeatable)")
+@click.option("--models", type=click.Path(path_type=Path), default=Path("models"),
+              show_default=True, help="models folder as the GPU host sees it")
+@errors_as_lines
+def emit(suite_file: Path, out: Path, engines: tuple[str, ...], models: Path) -> None:
+    """Write one runner job per engine run of SUITE_FILE (request shapes included)."""
+    suite = load_suite(suite_file)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in _engines(suite, engines):
+        job = emit_job(suite.engine(name), models, out)
+        _write_json(out / f"{name}.json", job)
+        n = sum(1 for e in job["experiments"] if not e.get("warmup"))
+        click.echo(f"{out / (name + '.json')}: {n} experiment runs")
+
+
+@validate.command()
+@click.argument("suite_file", type=click.Path(path_type=Path))
+@click.argument("raw", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--engine", "engines", multiple=True, help="only these engine runs (repeatable)")
+@click.option("--root", type=click.Path(path_type=Path), default=CALIBRATION_DIR,
+              show_default=True, help="calibration folder to store into")
+@errors_as_lines
+def ingest(suite_file: Path, raw: Path, engines: tuple[str, ...], root: Path) -> None:
+    """Store the runner output in RAW (one folder per engine run, found at any depth; one
+    configuration started several times is merged, first folder first) under calibration/."""
+    from capplan.validate.store import ingest as store
+
+    suite = load_suite(suite_file)
+    found = 0
+    for name in _engines(suite, engines):
+        folders = sorted(p for p in raw.rglob(name) if (p / "engine.json").exists())
+        if not folders:
+            continue
+        dest = store(folders, suite.engine(name), root, gpu=suite.gpu, vllm_version=suite.vllm)
+        click.echo(f"{name}: stored in {dest}")
+        found += 1
+    if not found:
+        raise CalibrationError(f"{raw}: no runner output for any engine of {suite_file}")
+
+
+def _fmt(metric: str, v: float) -> str:
+    if not math.isfinite(v):
+        return "-"
+    if metric == "output_tok_s":
+        return f"{v:,.0f}"
+    return f"{v * 1e3:,.1f}" if v < 1 else f"{v:,.2f}s"
+
+
+@validate.command()
+@click.option("--root", type=click.Path(path_type=Path), default=CALIBRATION_DIR,
+              show_default=True, help="calibration folder holding validation runs")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
+              show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), help="write here instead of stdout")
+@errors_as_lines
+def compare(root: Path, fmt: str, out: Path | None) -> None:
+    """Predict every stored validation run again and show measured vs predicted."""
+    from capplan.validate.compare import METRICS, TARGETS, compare_all, to_frame
+
+    rows = compare_all(root)
+    if not rows:
+        raise CalibrationError(f"{root}: no stored validation runs (capplan validate ingest)")
+    df = to_frame(rows)
+    if fmt == "csv":
+        text = df.write_csv()
+    elif fmt == "json":
+        text = df.write_json()
+    else:
+        table = Table(title="measured / predicted (error); ms unless marked s; throughput tok/s")
+        for col in ("engine", "run", "workload", *METRICS):
+            table.add_column(col.removesuffix("_s"), justify="left" if col in
+                             ("engine", "run", "workload") else "right")
+        for r in rows:
+            cells = []
+            for m in METRICS:
+                err = r.error(m)
+                style = "green" if abs(err) <= TARGETS[m] else "red"
+                cells.append(f"{_fmt(m, r.measured[m])} / {_fmt(m, r.predicted[m])} "
+                             f"[{style}]({err:+.0%})[/{style}]")
+            table.add_row(r.engine, r.run, r.workload, *cells)
+        console = Console(width=220, file=sys.stdout if out is None else open(out, "w"))  # noqa: SIM115
+        console.print(table)
+        return
+    if out is None:
+        click.echo(text)
+    else:
+        out.write_text(text)
+
+
+@validate.command()
+@click.argument("suite_file", type=click.Path(path_type=Path))
+@click.option("--engine", "engines", multiple=True, help="only these engine runs (repeatable)")
+@click.option("--root", type=click.Path(path_type=Path), default=CALIBRATION_DIR,
+              show_default=True, help="calibration folder to store into")
+@click.option("--time-budget-s", type=float, default=3600.0, show_default=True,
+              help="per engine: skip experiments that would end later")
+@errors_as_lines
+def measure(suite_file: Path, engines: tuple[str, ...], root: Path, time_budget_s: float) -> None:
+    """On a GPU host with vLLM 0.26.0: run each engine's experiments, store them, compare."""
+    from capplan.validate.store import ingest as store
+
+    suite = load_suite(suite_file)
+    with tempfile.TemporaryDirectory(prefix="capplan-validate-") as tmp:
+        work = Path(tmp)
+        for name in _engines(suite, engines):
+            job_path = work / f"{name}.json"
+            _write_json(job_path, emit_job(suite.engine(name), MODELS_DIR, work))
+            cmd = [sys.executable, str(RUNNER), "--job", str(job_path), "--out",
+                   str(work / name), "--time-budget-s", str(time_budget_s)]
+            click.echo(f"{name}: starting vLLM ({' '.join(cmd[1:])})", err=True)
+            rc = subprocess.call(cmd)
+            if rc != 0 and not (work / name / "engine.json").exists():
+                raise CalibrationError(f"{name}: the runner failed (exit {rc}); see its output")
+            dest = store(work / name, suite.engine(name), root, gpu=suite.gpu,
+                         vllm_version=suite.vllm, command=" ".join(sys.argv))
+            click.echo(f"{name}: stored in {dest}", err=True)
+    compare.callback(root=root, fmt="table", out=None)  # type: ignore[misc]

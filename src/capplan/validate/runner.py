@@ -1,0 +1,390 @@
+"""GPU side of `capplan validate`: replay experiments against vLLM's AsyncLLM, as a client.
+
+Runs as a plain script on the GPU host (vllm + numpy + stdlib, nothing from capplan):
+
+    python3 runner.py --job job.json --out DIR
+
+The job (written by `capplan validate emit`) names one engine configuration and a list of
+experiments. The engine is vLLM's AsyncLLM, the engine behind `vllm serve`, with its engine
+core in a child process (vLLM's default); every request is streamed (`RequestOutputKind.DELTA`)
+and timed on the client side the way `vllm bench serve` times it
+(vllm/benchmarks/lib/endpoint_request_func.py): the send, every streamed chunk, the end.
+
+Load follows the simulator's rules (capplan/sim/run.py), so a prediction replays the same
+experiment: closed-loop users send their next request when the last one ends, until
+`duration_s`; open-loop requests arrive at the job's times and keep arriving after
+`duration_s` until every request sent before it has finished (later ones are aborted and not
+measured). Request shapes come from the job, so the simulator sees the very same requests.
+Prompts are random token ids; a request of prefix group g starts with that group's shared
+token ids. Prefix caching "off" is a unique `cache_salt` per request.
+
+Writes DIR/<experiment>.jsonl (one line per measured request), DIR/<experiment>.metrics-{0,1}.txt
+(the engine's Prometheus exposition before and after, as `/metrics` serves it) and
+DIR/engine.json (engine settings, KV capacity, versions, errors).
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # flashinfer is not bundled
+
+EXIT_NO_VLLM = 3
+EXIT_ENGINE = 4
+T_START = time.perf_counter()
+
+
+def write_json(path, obj):
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+class Prompts:
+    """Token ids for requests: a shared head per (workload, prefix group), a random tail."""
+
+    def __init__(self, vocab, seed):
+        import numpy as np
+
+        self.np = np
+        self.vocab = vocab
+        self.rng = np.random.default_rng([seed, 7])
+        self.seed = seed
+        self.heads = {}
+
+    def head(self, workload, group, length):
+        key = (workload, group)
+        ids = self.heads.get(key)
+        if ids is None or len(ids) < length:
+            rng = self.np.random.default_rng([self.seed, 11, workload, group])
+            ids = rng.integers(1000, self.vocab - 1000, max(length, 1)).tolist()
+            self.heads[key] = ids
+        return ids[:length]
+
+    def make(self, workload, input_tokens, group, prefix_tokens):
+        shared = self.head(workload, group, prefix_tokens) if group >= 0 and prefix_tokens else []
+        tail = self.rng.integers(1000, self.vocab - 1000, input_tokens - len(shared)).tolist()
+        return shared + tail
+
+
+def percentile(xs, q):
+    import numpy as np
+
+    return float(np.percentile(np.asarray(xs, dtype=float), q)) if len(xs) else float("nan")
+
+
+class Experiment:
+    """One experiment's load, replayed against a live engine."""
+
+    def __init__(self, engine, exp, prompts, out_path, sampling_params):
+        self.engine = engine
+        self.sampling_params = sampling_params  # max_tokens -> streamed, ignore-EOS params
+        self.exp = exp
+        self.prompts = prompts
+        self.out_path = out_path
+        self.duration = float(exp["duration_s"])
+        self.salted = not exp.get("prefix_caching", True)
+        self.records = []
+        self.measured_pending = 0
+        self.sent_open = []
+        self.t0 = 0.0
+        self.all_measured_done = asyncio.Event()
+        self.open_done_sending = False
+        self.tasks = set()
+        self.errors = []
+        self.n = 0
+
+    def now(self):
+        return time.perf_counter() - self.t0
+
+    async def request(self, wl, inp, out, group, ptoks, priority, measured):
+        self.n += 1
+        rid = f"{self.exp['name']}-{self.n}"
+        ids = self.prompts.make(wl, inp, group, ptoks)
+        prompt = {"prompt_token_ids": ids}  # vllm.inputs.TokensPrompt is this TypedDict
+        if self.salted:
+            prompt["cache_salt"] = rid
+        sp = self.sampling_params(out)
+        t_send = self.now()
+        chunks, cached, n_out = [], None, 0
+        kw = {"priority": priority} if priority else {}
+        error = None
+        try:
+            async for o in self.engine.generate(prompt, sp, rid, **kw):
+                t = self.now()
+                k = len(o.outputs[0].token_ids)
+                if cached is None and o.num_cached_tokens is not None:
+                    cached = o.num_cached_tokens
+                if k:
+                    chunks.append((t, k))
+                    n_out += k
+        except asyncio.CancelledError:
+            await self.engine.abort(rid)
+            raise
+        except Exception as e:  # counted, not lost: a silent failure would hang the run
+            error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            self.errors.append(error)
+        if measured:
+            self.records.append({
+                "workload": wl, "send_s": round(t_send, 6), "input_tokens": inp,
+                "output_tokens": n_out, "max_tokens": out, "cached_tokens": cached or 0,
+                "prefix_group": group, "prefix_tokens": ptoks, "priority": priority,
+                "ttft_s": round(chunks[0][0] - t_send, 6) if chunks else None,
+                "e2e_s": round(chunks[-1][0] - t_send, 6) if chunks else None,
+                "chunk_t": [round(t - t_send, 6) for t, _ in chunks],
+                "chunk_k": [k for _, k in chunks],
+                **({"error": error} if error else {}),
+            })
+            self.measured_pending -= 1
+            if self.measured_pending == 0 and self.open_done_sending:
+                self.all_measured_done.set()
+
+    def spawn(self, coro):
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def user(self, wl, spec, rows, cursor):
+        """One closed-loop user: next request when the last ends, until duration_s."""
+        while self.now() < self.duration:
+            i = cursor[0]
+            cursor[0] += 1
+            inp, out, group, ptoks = rows[i % len(rows)]
+            self.measured_pending += 1
+            await self.request(wl, inp, out, group, ptoks, spec.get("priority", 0), True)
+
+    async def open_loop(self, arrivals):
+        """Open-loop arrivals in time order; after duration_s they keep coming (unmeasured)
+        until every measured request has finished."""
+        for at, wl, inp, out, group, ptoks, prio in arrivals:
+            if at >= self.duration and not self.open_done_sending:
+                self.open_done_sending = True
+                if self.measured_pending == 0:
+                    self.all_measured_done.set()
+            if self.all_measured_done.is_set():
+                return
+            delay = at - self.now()
+            if delay > 0 and self.open_done_sending:
+                try:
+                    await asyncio.wait_for(self.all_measured_done.wait(), delay)
+                    return
+                except asyncio.TimeoutError:
+                    pass
+            elif delay > 0:
+                await asyncio.sleep(delay)
+            measured = at < self.duration
+            if measured:
+                self.measured_pending += 1
+            self.spawn(self.request(wl, inp, out, group, ptoks, prio, measured))
+        self.open_done_sending = True
+        if self.measured_pending == 0:
+            self.all_measured_done.set()
+
+    async def run(self):
+        exp = self.exp
+        arrivals, users = [], []
+        for w in exp["workloads"]:
+            wl = w["index"]
+            if w["kind"] == "closed":
+                rows = list(zip(w["input_tokens"], w["output_tokens"], w["prefix_group"],
+                                w["prefix_tokens"], strict=True))
+                users.append((wl, w, rows))
+            else:
+                arrivals += list(zip(w["arrival_s"], [wl] * len(w["arrival_s"]),
+                                     w["input_tokens"], w["output_tokens"], w["prefix_group"],
+                                     w["prefix_tokens"], [w.get("priority", 0)] * len(w["arrival_s"]),
+                                     strict=True))
+        arrivals.sort(key=lambda a: a[0])
+        self.t0 = time.perf_counter()
+        closed = []
+        for wl, w, rows in users:
+            cursor = [0]
+            closed += [self.spawn(self.user(wl, w, rows, cursor)) for _ in range(w["concurrency"])]
+        if arrivals:
+            await self.open_loop(arrivals)
+            await self.all_measured_done.wait()
+        if closed:
+            await asyncio.gather(*closed)
+        wall = self.now()
+        for t in list(self.tasks):  # unmeasured open-loop requests still running
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        with open(self.out_path, "w") as f:
+            for r in self.records:
+                f.write(json.dumps(r) + "\n")
+        return wall, summary(self.records, self.duration)
+
+
+def summary(records, duration):
+    ttft = [r["ttft_s"] for r in records if r["ttft_s"] is not None]
+    e2e = [r["e2e_s"] for r in records if r["e2e_s"] is not None]
+    itl = [b - a for r in records for a, b in zip(r["chunk_t"], r["chunk_t"][1:])]
+    out = sum(r["output_tokens"] for r in records)
+    end = max((r["send_s"] + r["e2e_s"] for r in records if r["e2e_s"] is not None), default=0)
+    start = min((r["send_s"] for r in records), default=0)
+    return {
+        "requests": len(records),
+        "output_tok_s": round(out / max(end - start, 1e-9), 1),
+        "ttft_p50_ms": round(1e3 * percentile(ttft, 50), 2),
+        "ttft_p99_ms": round(1e3 * percentile(ttft, 99), 2),
+        "itl_p50_ms": round(1e3 * percentile(itl, 50), 2),
+        "itl_p99_ms": round(1e3 * percentile(itl, 99), 2),
+        "e2e_p99_s": round(percentile(e2e, 99), 3),
+    }
+
+
+def versions():
+    out = {"python": sys.version.split()[0]}
+    try:
+        import torch
+        import vllm
+
+        out.update(vllm=vllm.__version__, torch=torch.__version__, cuda=torch.version.cuda)
+        if torch.cuda.is_available():
+            out["gpu_name"] = torch.cuda.get_device_name(0)
+            out["gpu_total_bytes"] = torch.cuda.mem_get_info()[1]
+    except Exception as e:  # provenance is best effort; the run itself will fail loudly
+        out["version_error"] = repr(e)
+    try:
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=False)
+        line = smi.stdout.strip().splitlines()[0] if smi.stdout.strip() else ""
+        out["nvidia_smi"] = line
+        out["driver"] = line.split(",")[1].strip() if "," in line else None
+    except (OSError, subprocess.SubprocessError) as e:
+        out["nvidia_smi"] = repr(e)
+    return out
+
+
+def engine_settings(engine):
+    cfg = engine.vllm_config
+    sc, cc, comp = cfg.scheduler_config, cfg.cache_config, cfg.compilation_config
+    spec = cfg.speculative_config
+    return {
+        "max_num_seqs": sc.max_num_seqs,
+        "max_num_batched_tokens": sc.max_num_batched_tokens,
+        "async_scheduling": sc.async_scheduling,
+        "scheduling_policy": str(sc.policy),
+        "max_model_len": cfg.model_config.max_model_len,
+        "quantization": cfg.model_config.quantization,
+        "gpu_memory_utilization": cc.gpu_memory_utilization,
+        "block_size": cc.block_size,
+        "num_gpu_blocks": cc.num_gpu_blocks,
+        "kv_tokens": (cc.num_gpu_blocks or 0) * cc.block_size,
+        "kv_cache_dtype": str(cc.cache_dtype),
+        "enable_prefix_caching": cc.enable_prefix_caching,
+        "cudagraph_mode": str(comp.cudagraph_mode),
+        "spec_method": getattr(spec, "method", None),
+        "spec_k": getattr(spec, "num_speculative_tokens", 0) or 0,
+    }
+
+
+def scrape():
+    import prometheus_client
+    from vllm.v1.metrics.prometheus import get_prometheus_registry
+
+    return prometheus_client.generate_latest(get_prometheus_registry()).decode()
+
+
+async def amain(args):
+    with open(args.job) as f:
+        job = json.load(f)
+    os.makedirs(args.out, exist_ok=True)
+    meta_path = os.path.join(args.out, "engine.json")
+    meta = {"job": job["name"], "argv": sys.argv, "started_unix": time.time(),
+            "versions": versions(), "engine_kwargs": job["engine"], "experiments": {}}
+    try:
+        from vllm import SamplingParams
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
+    except ImportError as e:
+        meta["error"] = f"vLLM is not installed here ({e}); validate runs on a GPU host"
+        write_json(meta_path, meta)
+        print(f"capplan-runner: {meta['error']}", file=sys.stderr)
+        return EXIT_NO_VLLM
+    with open(os.path.join(job["engine"]["model"], "config.json")) as f:
+        hf = json.load(f)
+    vocab = hf.get("vocab_size") or hf.get("text_config", {}).get("vocab_size") or 32000
+    t = time.perf_counter()
+    try:
+        engine = AsyncLLM.from_engine_args(
+            AsyncEngineArgs(**job["engine"]), usage_context=UsageContext.OPENAI_API_SERVER)
+    except Exception as e:
+        meta["error"] = f"engine failed to start: {type(e).__name__}: {e}".splitlines()[0][:400]
+        write_json(meta_path, meta)
+        print(f"capplan-runner: {meta['error']}", file=sys.stderr)
+        return EXIT_ENGINE
+    meta["engine_start_s"] = round(time.perf_counter() - t, 2)
+    meta["engine"] = engine_settings(engine)
+    write_json(meta_path, meta)
+    print("ENGINE", job["name"], json.dumps({"start_s": meta["engine_start_s"],
+                                             "kv_tokens": meta["engine"]["kv_tokens"]}), flush=True)
+    prompts = Prompts(vocab, job.get("seed", 0))
+
+    def streamed_params(max_tokens):
+        return SamplingParams(max_tokens=max_tokens, ignore_eos=True, detokenize=False,
+                              output_kind=RequestOutputKind.DELTA)
+
+    deadline = T_START + args.time_budget_s  # counted from the process start
+    rc = 0
+    try:
+        for exp in job["experiments"]:
+            name = exp["name"]
+            need = 1.3 * exp["duration_s"] + 10  # sending, then the last requests' drain
+            if time.perf_counter() + need > deadline:
+                meta["experiments"][name] = {"skipped": "time budget"}
+                print("SKIP", name, flush=True)
+                continue
+            await engine.reset_prefix_cache()
+            before = scrape()
+            x = Experiment(engine, exp, prompts, os.path.join(args.out, f"{name}.jsonl"),
+                           streamed_params)
+            limit = exp.get("timeout_s", 4 * exp["duration_s"] + 120)
+            try:
+                wall, summ = await asyncio.wait_for(x.run(), limit)
+                if x.errors:
+                    raise RuntimeError(f"{len(x.errors)} requests failed, first: {x.errors[0]}")
+            except Exception as e:
+                msg = f"{type(e).__name__}: {e}".splitlines()[0][:400]
+                meta["experiments"][name] = {"error": msg}
+                write_json(meta_path, meta)
+                print("FAIL", name, msg, flush=True)
+                rc = EXIT_ENGINE
+                break  # a dead engine fails every later experiment the same way
+            if not exp.get("warmup"):
+                with open(os.path.join(args.out, f"{name}.metrics-0.txt"), "w") as f:
+                    f.write(before)
+                with open(os.path.join(args.out, f"{name}.metrics-1.txt"), "w") as f:
+                    f.write(scrape())
+            meta["experiments"][name] = {"wall_s": round(wall, 3), **summ}
+            write_json(meta_path, meta)
+            print("EXP", name, f"{wall:.1f}s", json.dumps(summ), flush=True)
+    finally:
+        meta["finished_unix"] = time.time()
+        write_json(meta_path, meta)
+        engine.shutdown()
+    return rc
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--job", required=True, help="job JSON from `capplan validate emit`")
+    ap.add_argument("--out", required=True, help="folder for the measurements")
+    ap.add_argument("--time-budget-s", type=float, default=600.0,
+                    help="seconds from start; skip experiments that would end later")
+    args = ap.parse_args(argv)
+    raise SystemExit(asyncio.run(amain(args)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Validation measurements on disk:
+`calibration/<gpu>/vllm-<version>/<model>/validation/<engine run>/` holding
+`run.json` (the engine configuration and its experiments, enough to predict them again),
+`requests.parquet` (every measured request: send time, TTFT, E2E, streamed-chunk times),
+`measured.json` (per-run engine facts: KV capacity, draft acceptance) and `provenance.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from capplan.calibrate.store import CALIBRATION_DIR
+from capplan.errors import CalibrationError
+from capplan.tracefit.metrics import parse_metrics
+from capplan.validate.suite import EngineRun
+
+ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+NUM_DRAFTS = "vllm:spec_decode_num_drafts_total"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+
+
+def validation_dir(root: Path, gpu: str, vllm_version: str, model: str, run: str) -> Path:
+    return root / gpu / f"vllm-{vllm_version}" / model / "validation" / run
+
+
+def stored_runs(root: Path = CALIBRATION_DIR) -> list[Path]:
+    return sorted(p.parent for p in root.glob("*/vllm-*/*/validation/*/run.json"))
+
+
+def _counter(text: str, name: str) -> dict[str, float]:
+    """Counter values by their `position` label ('' when unlabelled), summed over engines."""
+    out: dict[str, float] = {}
+    for s in parse_metrics(text).samples:
+        if s.name == name:
+            key = s.label("position") or ""
+            out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def draft_acceptance(before: str, after: str) -> dict[str, float] | None:
+    """Speculative decoding between two scrapes: drafts, draft tokens, tokens accepted, and
+    the acceptance of the first draft position (P(first draft token accepted))."""
+    drafts = _counter(after, NUM_DRAFTS).get("", 0.0) - _counter(before, NUM_DRAFTS).get("", 0.0)
+    if drafts <= 0:
+        return None
+    tok = _counter(after, DRAFT_TOKENS).get("", 0.0) - _counter(before, DRAFT_TOKENS).get("", 0.0)
+    acc = _counter(after, ACCEPTED).get("", 0.0) - _counter(before, ACCEPTED).get("", 0.0)
+    pos_a, pos_b = _counter(after, ACCEPTED_PER_POS), _counter(before, ACCEPTED_PER_POS)
+    first = pos_a.get("0", 0.0) - pos_b.get("0", 0.0)
+    return {"drafts": drafts, "draft_tokens": tok, "accepted_tokens": acc,
+            "first_position_acceptance": first / drafts}
+
+
+def read_raw_requests(raws: list[Path], run: EngineRun) -> pl.DataFrame:
+    """Request rows of every run; a run measured in several folders counts from the first."""
+    frames = []
+    for exp in run.experiments:
+        for name in exp.runs():
+            path = next((r / f"{name}.jsonl" for r in raws if (r / f"{name}.jsonl").exists()),
+                        None)
+            if path is None:
+                continue
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            if not rows:
+                continue
+            names = {i: w.name for i, w in enumerate(exp.workloads)}
+            frames.append(pl.DataFrame({
+                "experiment": [exp.name] * len(rows),
+                "run": [name] * len(rows),
+                "workload": [names[r["workload"]] for r in rows],
+                "send_s": [r["send_s"] for r in rows],
+                "ttft_s": [r["ttft_s"] for r in rows],
+                "e2e_s": [r["e2e_s"] for r in rows],
+                "input_tokens": [r["input_tokens"] for r in rows],
+                "output_tokens": [r["output_tokens"] for r in rows],
+                "max_tokens": [r["max_tokens"] for r in rows],
+                "cached_tokens": [r["cached_tokens"] for r in rows],
+                "prefix_group": [r["prefix_group"] for r in rows],
+                "prefix_tokens": [r["prefix_tokens"] for r in rows],
+                "priority": [r["priority"] for r in rows],
+                "chunk_t": [r["chunk_t"] for r in rows],
+                "chunk_k": [r["chunk_k"] for r in rows],
+                "error": [r.get("error") for r in rows],
+            }, schema_overrides={"chunk_t": pl.List(pl.Float32), "chunk_k": pl.List(pl.Int16),
+                                 "error": pl.String, "ttft_s": pl.Float64, "e2e_s": pl.Float64}))
+    if not frames:
+        raise CalibrationError(f"{raws[0]}: no measured requests for engine run {run.name!r}")
+    return pl.concat(frames)
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).parent, timeout=10, check=False)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def ingest(raws: Path | list[Path], run: EngineRun, root: Path = CALIBRATION_DIR, *,
+           gpu: str = "h200", vllm_version: str = "0.26.0", command: str = "") -> Path:
+    """Store one engine run's raw output (runner folders) under `root`; all or nothing.
+
+    Several folders may hold the same engine configuration started more than once (a run
+    cut short by its time budget, finished by a second start); each experiment run is taken
+    from the first folder that has it, and the provenance lists every start."""
+    raws = [raws] if isinstance(raws, Path) else list(raws)
+    metas = []
+    for raw in raws:
+        meta_path = raw / "engine.json"
+        if not meta_path.exists():
+            raise CalibrationError(f"{raw}: no engine.json; is this a `capplan validate` "
+                                   "runner output folder?")
+        meta = json.loads(meta_path.read_text())
+        if "engine" not in meta:
+            raise CalibrationError(f"{meta_path}: the engine never started: {meta.get('error')}")
+        metas.append(meta)
+    reqs = read_raw_requests(raws, run)
+    runs: dict[str, Any] = {}
+    for exp in run.experiments:
+        for name in exp.runs():
+            for raw, meta in zip(raws, metas, strict=True):
+                if not (raw / f"{name}.jsonl").exists():
+                    continue
+                info = dict(meta.get("experiments", {}).get(name, {}))
+                m0, m1 = raw / f"{name}.metrics-0.txt", raw / f"{name}.metrics-1.txt"
+                if m0.exists() and m1.exists():
+                    acc = draft_acceptance(m0.read_text(), m1.read_text())
+                    if acc is not None:
+                        info["spec"] = acc
+                info["engine_start"] = raws.index(raw)
+                runs[name] = info
+                break
+    v = metas[0].get("versions", {})
+    prov = {
+        "source": "measured",
+        "gpu_name": v.get("gpu_name"), "driver": v.get("driver"), "cuda": v.get("cuda"),
+        "torch": v.get("torch"), "vllm": v.get("vllm"), "python": v.get("python"),
+        "starts": [{"date": _iso(m.get("started_unix")), "finished": _iso(m.get("finished_unix")),
+                    "engine_start_s": m.get("engine_start_s"),
+                    "kv_tokens": m["engine"].get("kv_tokens")} for m in metas],
+        "command": command or " ".join(metas[0].get("argv", [])),
+        "git_commit": _git_commit(), "engine_kwargs": metas[0].get("engine_kwargs"),
+    }
+    measured = {"engine": metas[0]["engine"], "runs": runs}
+    dest = validation_dir(root, gpu, vllm_version, run.pool.model, run.name)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{run.name}.", dir=dest.parent))
+    (tmp / "run.json").write_text(run.model_dump_json(indent=1, by_alias=True) + "\n")
+    reqs.write_parquet(tmp / "requests.parquet", compression="zstd", compression_level=19)
+    (tmp / "measured.json").write_text(json.dumps(measured, indent=1) + "\n")
+    (tmp / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
+    if dest.exists():
+        old = dest.with_name(f".{dest.name}.old")
+        os.replace(dest, old)
+        os.replace(tmp, dest)
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+    else:
+        os.replace(tmp, dest)
+    return dest
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="seconds")
+
+
+def load_run(folder: Path) -> tuple[EngineRun, pl.DataFrame, dict[str, Any]]:
+    run = EngineRun.model_validate_json((folder / "run.json").read_text())
+    reqs = pl.read_parquet(folder / "requests.parquet")
+    measured = json.loads((folder / "measured.json").read_text())
+    return run, reqs, measured

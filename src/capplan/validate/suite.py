@@ -1,0 +1,246 @@
+"""A validation suite: engine configurations, and the experiments each one serves.
+
+One experiment is a traffic mix of one pool and one replica, run for `duration_s`: the GPU
+runner replays it against real vLLM, `capplan simulate` predicts it, and the two are
+compared. The request shapes the runner sends are drawn here, by the simulator's own
+generators and random streams (capplan/sim/run.py: arrivals [seed, 1, w], closed-loop users
+[seed, 3, w]), so both sides see the very same requests.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from capplan._yaml import load_model, read_mapping
+from capplan.calibrate.jobs import QUANT_CONFIGS
+from capplan.errors import ConfigError
+from capplan.hardware import Precision
+from capplan.mix import SimulationSettings, TrafficMix
+from capplan.modelspec import load_model_spec
+from capplan.pool import Pool
+from capplan.sim.workload import ArrivalStream, ClosedLoopSampler
+from capplan.traffic import ClosedLoop, PoissonArrival, GammaArrival, Workload
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+RUNNER = Path(__file__).with_name("runner.py")
+CLOSED_ROWS = 4096  # closed-loop request shapes sent to the runner (cycled if exceeded)
+
+
+class Experiment(BaseModel):
+    """One measured run: the workloads of one replica for `duration_s`."""
+
+    model_config = _FROZEN
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    workloads: list[Workload] = Field(min_length=1)
+    duration_s: float = Field(gt=0, le=600)
+    prefix_caching: bool = Field(
+        default=True, description="off: a unique cache_salt per request (no prefix hits)"
+    )
+    seed: int = 0
+    repeat: int = Field(default=1, ge=1, le=10, description="runs of the same experiment")
+    tags: list[str] = Field(default_factory=list, description="groups rows in the report")
+
+    @model_validator(mode="after")
+    def _replayable(self) -> Experiment:
+        for w in self.workloads:
+            if not isinstance(w.arrival, ClosedLoop | PoissonArrival | GammaArrival):
+                raise ValueError(f"workload {w.name!r}: validation replays closed, poisson or "
+                                 "gamma arrivals only")
+            if w.image is not None:
+                raise ValueError(f"workload {w.name!r}: images are not replayed (text only)")
+            if w.prefix is not None and w.prefix.target_hit_rate is not None:
+                raise ValueError(f"workload {w.name!r}: target_hit_rate is a simulator "
+                                 "shortcut; describe shared_tokens and groups instead")
+        return self
+
+    def runs(self) -> list[str]:
+        """Run names: the experiment's, or name-r1, name-r2, ... when repeated."""
+        if self.repeat == 1:
+            return [self.name]
+        return [f"{self.name}-r{i + 1}" for i in range(self.repeat)]
+
+
+class EngineRun(BaseModel):
+    """One engine configuration (one engine start) and the experiments it serves."""
+
+    model_config = _FROZEN
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    pool: Pool
+    draft_model: str | None = Field(default=None, description="models/<name> of the drafter")
+    experiments: list[Experiment] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> EngineRun:
+        names = [r for e in self.experiments for r in e.runs()]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"experiment names repeat: {', '.join(sorted(dup))}")
+        spec = self.pool.engine.speculative
+        if spec is not None and spec.method == "draft_model" and not self.draft_model:
+            raise ValueError("speculative method draft_model needs draft_model: <model name>")
+        if self.pool.precision == "auto":
+            raise ValueError("precision: auto is for sizing; name the precision to validate")
+        return self
+
+    def mix(self, exp: Experiment, acceptance: float | None = None) -> TrafficMix:
+        """The experiment as a traffic mix the simulator predicts."""
+        engine = self.pool.engine
+        if not exp.prefix_caching:
+            engine = engine.model_copy(update={"enable_prefix_caching": False})
+        pool = self.pool.model_copy(update={"engine": engine, "name": "validate"})
+        upd: dict[str, Any] = {"pool": "validate"}
+        if acceptance is not None:
+            upd["spec_acceptance"] = acceptance
+        return TrafficMix(
+            schema_version=1,
+            name=f"{self.name}/{exp.name}",
+            pools=[pool],
+            workloads=[w.model_copy(update=upd) for w in exp.workloads],
+            simulation=SimulationSettings(duration_s=exp.duration_s, warmup_s=0.0,
+                                          seed=exp.seed),
+        )
+
+
+class Suite(BaseModel):
+    """The validation grid: engines (one start each) and their experiments."""
+
+    model_config = _FROZEN
+    schema_version: Literal[1]
+    gpu: str = "h200"
+    vllm: str = "0.26.0"
+    shapes: list[dict[str, Any]] = Field(
+        default_factory=list, description="YAML anchors for experiments to merge (<<: *name)"
+    )
+    engines: list[EngineRun] = Field(min_length=1)
+
+    def engine(self, name: str) -> EngineRun:
+        for e in self.engines:
+            if e.name == name:
+                return e
+        known = ", ".join(e.name for e in self.engines)
+        raise ConfigError(f"no engine {name!r} in the suite (known: {known})", field="engines")
+
+
+def load_suite(path: str | Path) -> Suite:
+    p = Path(path)
+    return load_model(Suite, read_mapping(p), file=str(p))
+
+
+# --- jobs for the GPU runner ----------------------------------------------------------------
+
+
+def engine_kwargs(run: EngineRun, models_root: Path, work: Path) -> dict[str, Any]:
+    """vLLM AsyncEngineArgs for the run, every setting the simulator reads pinned."""
+    pool, eng = run.pool, run.pool.engine
+    spec = load_model_spec(pool.model)
+    model_dir = models_root / spec.name
+    prec = Precision(pool.precision)
+    if prec in QUANT_CONFIGS:  # 4-bit on dummy weights: a quantization_config (calibrate/jobs)
+        model_dir = work / "models" / f"{spec.name}-{prec.value}"
+        model_dir.mkdir(parents=True, exist_ok=True)
+        cfg = json.loads(spec.config_path.read_text())
+        cfg["quantization_config"] = QUANT_CONFIGS[prec]
+        (model_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    kw: dict[str, Any] = {
+        "model": str(model_dir),
+        "load_format": "dummy",
+        "skip_tokenizer_init": True,
+        "seed": 0,
+        "max_model_len": eng.max_model_len or spec.max_position_embeddings,
+        "max_num_seqs": eng.max_num_seqs,
+        "max_num_batched_tokens": eng.max_num_batched_tokens,
+        "gpu_memory_utilization": eng.gpu_memory_utilization,
+        "enable_prefix_caching": eng.enable_prefix_caching,
+        "scheduling_policy": eng.scheduling_policy,
+        "async_scheduling": eng.async_scheduling,
+        "kv_cache_dtype": eng.kv_cache_dtype,
+        "tensor_parallel_size": pool.tp,
+    }
+    if prec is Precision.FP8:
+        kw["quantization"] = "fp8"
+    if eng.long_prefill_token_threshold:
+        kw["long_prefill_token_threshold"] = eng.long_prefill_token_threshold
+    if eng.speculative is not None:
+        sc: dict[str, Any] = {"method": eng.speculative.method,
+                              "num_speculative_tokens": eng.speculative.num_speculative_tokens}
+        if run.draft_model:
+            sc["model"] = str(models_root / load_model_spec(run.draft_model).name)
+        if eng.speculative.method == "ngram":
+            sc.update(prompt_lookup_min=2, prompt_lookup_max=4)
+        kw["speculative_config"] = sc
+    return kw
+
+
+def _closed_rows(w: Workload, index: int, seed: int) -> dict[str, list[int]]:
+    rng = np.random.default_rng([seed, 3, index])
+    sampler = ClosedLoopSampler(w, index, chunk=CLOSED_ROWS)
+    rows = [sampler.next(rng) for _ in range(CLOSED_ROWS)]
+    cols = list(zip(*rows, strict=True))
+    return {"input_tokens": list(cols[0]), "output_tokens": list(cols[1]),
+            "prefix_group": list(cols[2]), "prefix_tokens": list(cols[3])}
+
+
+def _open_rows(w: Workload, index: int, seed: int, horizon: float) -> dict[str, list[Any]]:
+    stream = ArrivalStream(w, index, horizon, np.random.default_rng([seed, 1, index]))
+    cols: dict[str, list[Any]] = {k: [] for k in ("arrival_s", "input_tokens", "output_tokens",
+                                                  "prefix_group", "prefix_tokens")}
+    while (b := stream.next_batch()) is not None:
+        cols["arrival_s"] += [round(x, 6) for x in b.arrival_s.tolist()]
+        cols["input_tokens"] += b.input_tokens.tolist()
+        cols["output_tokens"] += b.output_tokens.tolist()
+        cols["prefix_group"] += b.prefix_group.tolist()
+        cols["prefix_tokens"] += b.prefix_tokens.tolist()
+    return cols
+
+
+def experiment_job(run: EngineRun, exp: Experiment, name: str) -> dict[str, Any]:
+    """The runner's view of one experiment run: every request shape, drawn as the simulator
+    draws them for the same mix and seed."""
+    mix = run.mix(exp)
+    limit = mix.simulation.duration_s + mix.simulation.drain_s  # the simulator's horizon
+    workloads = []
+    for i, w in enumerate(mix.workloads):
+        d: dict[str, Any] = {"index": i, "name": w.name, "priority": w.priority}
+        if isinstance(w.arrival, ClosedLoop):
+            if w.arrival.think_time_s:
+                raise ConfigError(f"workload {w.name!r}: think time is not replayed",
+                                  field="arrival.think_time_s")
+            d.update(kind="closed", concurrency=w.arrival.concurrency,
+                     **_closed_rows(w, i, exp.seed))
+        else:
+            d.update(kind="open", **_open_rows(w, i, exp.seed, limit))
+        workloads.append(d)
+    return {"name": name, "duration_s": exp.duration_s, "prefix_caching": exp.prefix_caching,
+            "workloads": workloads}
+
+
+def warmup_job(run: EngineRun) -> dict[str, Any]:
+    """A few requests of every shape the engine will serve, before anything is measured
+    (the first batches of a fresh engine pay one-off costs)."""
+    first = run.experiments[0]
+    shapes: dict[str, Workload] = {}
+    for e in run.experiments:
+        for w in e.workloads:
+            shapes.setdefault(w.name, w)
+    ws = [w.model_copy(update={"arrival": ClosedLoop(concurrency=4), "name": f"warmup{i}",
+                               "priority": 0})
+          for i, w in enumerate(list(shapes.values())[:4])]
+    exp = first.model_copy(update={"name": "warmup", "workloads": ws, "duration_s": 3.0,
+                                   "prefix_caching": False, "repeat": 1})
+    job = experiment_job(run, exp, "warmup")
+    job["warmup"] = True
+    return job
+
+
+def emit_job(run: EngineRun, models_root: Path, work: Path, *, seed: int = 0) -> dict[str, Any]:
+    exps = [warmup_job(run)]
+    for e in run.experiments:
+        for name in e.runs():
+            exps.append(experiment_job(run, e, name))
+    return {"name": run.name, "seed": seed, "engine": engine_kwargs(run, models_root, work),
+            "experiments": exps}

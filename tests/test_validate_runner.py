@@ -1,0 +1,106 @@
+"""The GPU runner's client-side load rules, exercised on the CPU.
+
+The engine here is a stand-in with fixed timings (no vLLM behaviour is imitated): it lets
+the tests check what the runner itself decides, i.e. who is measured, when closed-loop users
+stop, when open-loop arrivals stop, and what each request record holds. Real measurements
+come only from vLLM on a GPU (docs/validation.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from capplan.validate import runner
+
+
+class FixedTimingEngine:
+    """Streams `max_tokens` one-token chunks: the first after `ttft`, then every `tpot`."""
+
+    def __init__(self, ttft: float = 0.01, tpot: float = 0.002) -> None:
+        self.ttft, self.tpot = ttft, tpot
+        self.aborted: list[str] = []
+        self.prompts: list[dict] = []
+
+    async def generate(self, prompt, max_tokens, rid, priority=0):
+        self.prompts.append(prompt)
+        await asyncio.sleep(self.ttft)
+        for i in range(max_tokens):
+            if i:
+                await asyncio.sleep(self.tpot)
+            yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=[7])], num_cached_tokens=0)
+
+    async def abort(self, rid):
+        self.aborted.append(rid)
+
+
+def closed(concurrency: int, n_out: int = 5) -> dict:
+    rows = 64
+    return {"index": 0, "kind": "closed", "concurrency": concurrency, "priority": 0,
+            "input_tokens": [32] * rows, "output_tokens": [n_out] * rows,
+            "prefix_group": [0] * rows, "prefix_tokens": [16] * rows}
+
+
+def run(exp: dict, tmp_path, engine=None):
+    engine = engine or FixedTimingEngine()
+    prompts = runner.Prompts(vocab=5000, seed=0)
+    x = runner.Experiment(engine, exp, prompts, str(tmp_path / "x.jsonl"), lambda n: n)
+    wall, summary = asyncio.run(x.run())
+    rows = [json.loads(line) for line in (tmp_path / "x.jsonl").read_text().splitlines()]
+    return engine, wall, summary, rows
+
+
+def test_closed_loop_users_stop_sending_at_the_duration(tmp_path):
+    exp = {"name": "c", "duration_s": 0.2, "workloads": [closed(2)]}
+    _, wall, summary, rows = run(exp, tmp_path)
+    assert rows and all(r["send_s"] < 0.2 for r in rows)
+    assert max(r["send_s"] for r in rows) > 0.1  # users kept going until near the end
+    assert all(r["output_tokens"] == 5 and len(r["chunk_t"]) == 5 for r in rows)
+    assert all(r["ttft_s"] >= 0.01 and r["e2e_s"] >= r["ttft_s"] for r in rows)
+    assert summary["requests"] == len(rows)
+    assert wall < 0.2 + 0.1  # the last requests finish soon after
+
+
+def test_open_loop_measures_arrivals_before_the_duration_and_aborts_the_rest(tmp_path):
+    arrivals = [0.01 * i for i in range(1, 200)]
+    n = len(arrivals)
+    wl = {"index": 0, "kind": "open", "priority": 0, "arrival_s": arrivals,
+          "input_tokens": [8] * n, "output_tokens": [40] * n,
+          "prefix_group": [-1] * n, "prefix_tokens": [0] * n}
+    exp = {"name": "o", "duration_s": 0.3, "workloads": [wl]}
+    engine, wall, _, rows = run(exp, tmp_path)
+    assert len(rows) == sum(a < 0.3 for a in arrivals)
+    assert wall < 1.0  # stops once the measured requests are done, not at the last arrival
+    assert len(engine.prompts) > len(rows)  # traffic kept flowing while they finished
+    assert engine.aborted  # and what was still running then was aborted
+
+
+def test_prompts_share_their_group_head_and_nothing_else():
+    p = runner.Prompts(vocab=5000, seed=3)
+    a, b = p.make(0, 100, 2, 64), p.make(0, 100, 2, 64)
+    c = p.make(0, 100, 3, 64)
+    assert len(a) == len(b) == 100
+    assert a[:64] == b[:64] and a[64:] != b[64:]
+    assert a[:64] != c[:64]
+    assert p.make(1, 50, -1, 0) != p.make(1, 50, -1, 0)
+
+
+def test_caching_off_salts_every_request(tmp_path):
+    exp = {"name": "s", "duration_s": 0.05, "prefix_caching": False, "workloads": [closed(2)]}
+    engine, *_ = run(exp, tmp_path)
+    salts = [pr["cache_salt"] for pr in engine.prompts]
+    assert len(set(salts)) == len(salts)
+
+
+@pytest.mark.parametrize("q", [50, 99])
+def test_summary_percentiles_follow_numpy(q):
+    recs = [{"ttft_s": 0.01 * i, "e2e_s": 0.1 * i, "send_s": 0.0, "output_tokens": 3,
+             "chunk_t": [0.0, 0.01, 0.03]} for i in range(1, 11)]
+    s = runner.summary(recs, 1.0)
+    import numpy as np
+
+    assert s[f"ttft_p{q}_ms"] == pytest.approx(1e3 * np.percentile([r["ttft_s"] for r in recs], q),
+                                               abs=0.01)
