@@ -252,7 +252,8 @@ def test_vllm_bench_results() -> None:
 def test_metrics_scrape_parsed() -> None:
     """The synthetic 2-engine vLLM 0.26.0 scrape parses: series summed over engines, the
     length histograms become empirical distributions with the scrape's mean, two scrapes
-    60 s apart give 10 req/s, and the prefix hit rate is hits / queries."""
+    60 s apart give (600 finished - 9 fewer running) / 60 s = 9.85 req/s, and the prefix hit
+    rate is hits / queries."""
     a = parse_metrics((TRACES / "metrics_a.prom").read_text())
     model = "meta-llama/Llama-3.1-8B-Instruct"
     assert a.models() == [model]
@@ -264,7 +265,7 @@ def test_metrics_scrape_parsed() -> None:
         TRACES / "metrics_a.prom", second_scrape=TRACES / "metrics_b.prom", interval_s=60
     )
     (w,) = fit.mix.workloads
-    assert isinstance(w.arrival, PoissonArrival) and w.arrival.rate_rps == pytest.approx(10)
+    assert isinstance(w.arrival, PoissonArrival) and w.arrival.rate_rps == pytest.approx(9.85)
     assert isinstance(w.input_tokens, Empirical)
     assert w.prefix is not None and w.prefix.target_hit_rate == pytest.approx(0.4, abs=0.02)
     assert fit.workloads[0].requests == 600

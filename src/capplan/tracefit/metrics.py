@@ -6,10 +6,15 @@ prometheus_client adds `_total` to counters and `_bucket/_sum/_count` to histogr
   histograms with 1-2-5 buckets up to max_model_len (build_1_2_5_buckets);
 - `vllm:request_success_total{finished_reason=...}`: finished requests;
 - `vllm:prefix_cache_queries_total`, `vllm:prefix_cache_hits_total`: prompt tokens looked up
-  in and served from the prefix cache.
+  in and served from the prefix cache (counted when a request is scheduled);
+- `vllm:num_requests_running`, `vllm:num_requests_waiting`: gauges of the requests in the
+  engine, logged together with the counters.
 Series are summed over `engine` (data-parallel ranks). Counters are cumulative, so a rate
 needs two scrapes and the time between them; lengths and the hit rate then describe the
-interval between the scrapes, otherwise everything since the server started.
+interval between the scrapes, otherwise everything since the server started. Requests that
+arrived in the interval are the ones that finished plus the growth of those in the engine:
+over a short interval, or on an overloaded server, the finished count alone understates
+the offered rate.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ GENERATION = "vllm:request_generation_tokens"
 SUCCESS = "vllm:request_success_total"
 CACHE_QUERIES = "vllm:prefix_cache_queries_total"
 CACHE_HITS = "vllm:prefix_cache_hits_total"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
 
 _SAMPLE = re.compile(
     r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)"
@@ -102,6 +109,13 @@ class Scrape:
             s.value for s in self.samples if s.name == name and s.label("model_name") == model
         ]
         return float(sum(values)) if values else None
+
+    def in_engine(self, model: str) -> float | None:
+        """Requests running or waiting in the engine (None: neither gauge is there)."""
+        running, waiting = self.total(RUNNING, model), self.total(WAITING, model)
+        if running is None and waiting is None:
+            return None
+        return (running or 0.0) + (waiting or 0.0)
 
     def histogram(self, name: str, model: str) -> Histogram | None:
         buckets: dict[float, float] = {}
@@ -261,15 +275,25 @@ def fit_metrics(
             if finished is None:
                 raise ConfigError(f"counter {SUCCESS} missing", file=scrape.file, field=SUCCESS)
             requests = int(finished - before)
-            rate = (finished - before) / interval_s
+            arrived = finished - before
+            how = f"{requests} finished"
+            queue_a, queue_b = first.in_engine(m), later.in_engine(m)
+            if queue_a is not None and queue_b is not None and queue_b != queue_a:
+                arrived += queue_b - queue_a
+                how += (
+                    f" {'+' if queue_b > queue_a else '-'} {abs(queue_b - queue_a):g} "
+                    f"{'more' if queue_b > queue_a else 'fewer'} in the engine "
+                    f"({RUNNING} + {WAITING}) = {arrived:g} arrived"
+                )
+            rate = arrived / interval_s
             if rate <= 0:
                 raise ConfigError(
-                    f"no request finished in the {interval_s:g} s between the scrapes",
+                    f"no request arrived in the {interval_s:g} s between the scrapes",
                     file=scrape.file,
                     field=SUCCESS,
                 )
             notes.append(
-                f"arrival: {requests} finished requests in {interval_s:g} s -> {rate:.3g} req/s; "
+                f"arrival: {how} in {interval_s:g} s -> {rate:.3g} req/s; "
                 "a scrape has no gaps, so poisson is assumed"
             )
         else:

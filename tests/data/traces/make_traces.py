@@ -160,7 +160,7 @@ def metrics(rng: np.random.Generator) -> None:
 
     serve(1000)
     (HERE / "metrics_a.prom").write_bytes(generate_latest(reg))
-    serve(600)  # 600 requests in the 60 s between the scrapes: 10 req/s
+    serve(600)  # 600 finish in the 60 s between the scrapes, 9 fewer run: 9.85 req/s arrive
     (HERE / "metrics_b.prom").write_bytes(generate_latest(reg))
 
 
