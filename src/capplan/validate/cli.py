@@ -99,14 +99,37 @@ def _fmt(metric: str, v: float) -> str:
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
               show_default=True)
 @click.option("--out", type=click.Path(path_type=Path), help="write here instead of stdout")
+@click.option("--write-docs", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              help="refresh the generated tables of this markdown file (docs/validation.md)")
+@click.option("--plot", type=click.Path(path_type=Path), help="predicted-vs-measured PNG here")
+@click.option("--ratchet", type=click.Path(path_type=Path),
+              help="tighten the error bounds stored in this JSON file (validation/bounds.json)")
+@click.option("--loosen", is_flag=True, help="with --ratchet: reset bounds to today's errors")
 @errors_as_lines
-def compare(root: Path, fmt: str, out: Path | None) -> None:
+def compare(root: Path, fmt: str, out: Path | None, write_docs: Path | None,
+            plot: Path | None, ratchet: Path | None, loosen: bool) -> None:
     """Predict every stored validation run again and show measured vs predicted."""
+    from capplan.validate import report
     from capplan.validate.compare import METRICS, TARGETS, compare_all, to_frame
 
     rows = compare_all(root)
     if not rows:
         raise CalibrationError(f"{root}: no stored validation runs (capplan validate ingest)")
+    if write_docs is not None:
+        changed = report.write_docs(write_docs, rows)
+        click.echo(f"{write_docs}: {'updated' if changed else 'already current'}", err=True)
+    if plot is not None:
+        report.plot(rows, plot)
+        click.echo(f"{plot}: written", err=True)
+    if ratchet is not None:
+        bounds = report.ratchet(rows, report.load_bounds(ratchet), loosen=loosen)
+        report.save_bounds(ratchet, bounds)
+        bad = report.violations(rows, bounds)
+        click.echo(f"{ratchet}: {len(bounds)} rows bounded; {len(bad)} over their bound", err=True)
+        for line in bad:
+            click.echo(f"  {line}", err=True)
+    if write_docs is not None or plot is not None or ratchet is not None:
+        return
     df = to_frame(rows)
     if fmt == "csv":
         text = df.write_csv()
@@ -125,8 +148,11 @@ def compare(root: Path, fmt: str, out: Path | None) -> None:
                 cells.append(f"{_fmt(m, r.measured[m])} / {_fmt(m, r.predicted[m])} "
                              f"[{style}]({err:+.0%})[/{style}]")
             table.add_row(r.engine, r.run, r.workload, *cells)
-        console = Console(width=220, file=sys.stdout if out is None else open(out, "w"))  # noqa: SIM115
-        console.print(table)
+        if out is None:
+            Console(width=220).print(table)
+        else:
+            with out.open("w") as f:
+                Console(width=220, file=f).print(table)
         return
     if out is None:
         click.echo(text)
@@ -161,4 +187,5 @@ def measure(suite_file: Path, engines: tuple[str, ...], root: Path, time_budget_
             dest = store(work / name, suite.engine(name), root, gpu=suite.gpu,
                          vllm_version=suite.vllm, command=" ".join(sys.argv))
             click.echo(f"{name}: stored in {dest}", err=True)
-    compare.callback(root=root, fmt="table", out=None)  # type: ignore[misc]
+    compare.callback(root=root, fmt="table", out=None, write_docs=None, plot=None,  # type: ignore[misc]
+                     ratchet=None, loosen=False)

@@ -53,7 +53,7 @@ def measured_metrics(rows: pl.DataFrame) -> dict[str, float]:
         "ttft_p50_s": _pct(ttft, 50), "ttft_p99_s": _pct(ttft, 99),
         "itl_p50_s": _pct(itl, 50), "itl_p99_s": _pct(itl, 99),
         "e2e_p99_s": _pct(e2e, 99),
-        "hit_rate": float(ok["cached_tokens"].sum() / max(ok["input_tokens"].sum(), 1)),
+        "hit_rate": float(ok["cached_tokens"].sum()) / max(float(ok["input_tokens"].sum()), 1.0),
     }
 
 

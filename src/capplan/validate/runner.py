@@ -175,7 +175,7 @@ class Experiment:
                 try:
                     await asyncio.wait_for(self.all_measured_done.wait(), delay)
                     return
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             elif delay > 0:
                 await asyncio.sleep(delay)
@@ -197,10 +197,10 @@ class Experiment:
                                 w["prefix_tokens"], strict=True))
                 users.append((wl, w, rows))
             else:
-                arrivals += list(zip(w["arrival_s"], [wl] * len(w["arrival_s"]),
-                                     w["input_tokens"], w["output_tokens"], w["prefix_group"],
-                                     w["prefix_tokens"], [w.get("priority", 0)] * len(w["arrival_s"]),
-                                     strict=True))
+                n = len(w["arrival_s"])
+                arrivals += list(zip(w["arrival_s"], [wl] * n, w["input_tokens"],
+                                     w["output_tokens"], w["prefix_group"], w["prefix_tokens"],
+                                     [w.get("priority", 0)] * n, strict=True))
         arrivals.sort(key=lambda a: a[0])
         self.t0 = time.perf_counter()
         closed = []
@@ -225,7 +225,7 @@ class Experiment:
 def summary(records, duration):
     ttft = [r["ttft_s"] for r in records if r["ttft_s"] is not None]
     e2e = [r["e2e_s"] for r in records if r["e2e_s"] is not None]
-    itl = [b - a for r in records for a, b in zip(r["chunk_t"], r["chunk_t"][1:])]
+    itl = [b - a for r in records for a, b in zip(r["chunk_t"][:-1], r["chunk_t"][1:], strict=True)]
     out = sum(r["output_tokens"] for r in records)
     end = max((r["send_s"] + r["e2e_s"] for r in records if r["e2e_s"] is not None), default=0)
     start = min((r["send_s"] for r in records), default=0)

@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -174,7 +174,7 @@ def ingest(raws: Path | list[Path], run: EngineRun, root: Path = CALIBRATION_DIR
 def _iso(ts: float | None) -> str | None:
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="seconds")
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="seconds")
 
 
 def load_run(folder: Path) -> tuple[EngineRun, pl.DataFrame, dict[str, Any]]:

@@ -24,7 +24,7 @@ from capplan.mix import SimulationSettings, TrafficMix
 from capplan.modelspec import load_model_spec
 from capplan.pool import Pool
 from capplan.sim.workload import ArrivalStream, ClosedLoopSampler
-from capplan.traffic import ClosedLoop, PoissonArrival, GammaArrival, Workload
+from capplan.traffic import ClosedLoop, GammaArrival, PoissonArrival, Workload
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 RUNNER = Path(__file__).with_name("runner.py")

@@ -1,0 +1,197 @@
+"""The validation table in the docs, its plot, and the error bounds CI holds it to.
+
+Bounds ratchet: a row's bound is its error today plus a small allowance, capped at the
+target when today's error is within it; `capplan validate compare --ratchet` only ever
+tightens a stored bound (a looser one needs `--loosen`, on purpose and in review).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+from capplan.validate.compare import METRICS, TARGETS, Row
+
+ALLOWANCE = 0.02  # absolute error a harmless change may add to a row (2 percentage points)
+BEGIN, END = "<!-- BEGIN GENERATED: capplan validate compare --write-docs -->", \
+    "<!-- END GENERATED -->"
+LABELS = {"output_tok_s": "throughput", "ttft_p50_s": "TTFT p50", "ttft_p99_s": "TTFT p99",
+          "itl_p50_s": "ITL p50", "itl_p99_s": "ITL p99", "e2e_p99_s": "E2E p99"}
+
+
+def row_key(r: Row) -> str:
+    return f"{r.engine}/{r.run}/{r.workload}"
+
+
+def candidate_bound(err: float, metric: str) -> float:
+    """The bound a row earns today: its error plus the allowance, at most the target when
+    the row meets it."""
+    e = abs(err)
+    if not math.isfinite(e):
+        return math.inf
+    target = TARGETS[metric]
+    return round(min(target, e + ALLOWANCE) if e <= target else e + ALLOWANCE, 4)
+
+
+def ratchet(rows: list[Row], old: dict[str, dict[str, float]], *, loosen: bool = False
+            ) -> dict[str, dict[str, float]]:
+    """New bounds: each row's candidate, never looser than the stored one unless `loosen`."""
+    out: dict[str, dict[str, float]] = {}
+    for r in rows:
+        k = row_key(r)
+        prev = old.get(k, {})
+        out[k] = {}
+        for m in METRICS:
+            c = candidate_bound(r.error(m), m)
+            b = prev.get(m)
+            out[k][m] = c if (b is None or loosen) else min(b, max(c, abs(r.error(m))))
+    return out
+
+
+def violations(rows: list[Row], bounds: dict[str, dict[str, float]]) -> list[str]:
+    """Rows whose error grew past their bound, or that have no bound at all."""
+    bad = []
+    for r in rows:
+        b = bounds.get(row_key(r))
+        if b is None:
+            bad.append(f"{row_key(r)}: no bound stored (run `capplan validate compare --ratchet`)")
+            continue
+        for m in METRICS:
+            e = abs(r.error(m))
+            if not e <= b.get(m, -1.0) + 1e-9:
+                bad.append(f"{row_key(r)} {m}: error {e:.1%} > bound {b.get(m, math.nan):.1%}")
+    return bad
+
+
+def load_bounds(path: Path) -> dict[str, dict[str, float]]:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def save_bounds(path: Path, bounds: dict[str, dict[str, float]]) -> None:
+    path.write_text(json.dumps(dict(sorted(bounds.items())), indent=1) + "\n")
+
+
+# --- docs -----------------------------------------------------------------------------------
+
+
+def _v(metric: str, v: float) -> str:
+    if not math.isfinite(v):
+        return "–"
+    if metric == "output_tok_s":
+        return f"{v:,.0f}"
+    return f"{v * 1e3:,.1f}" if v < 10 else f"{v * 1e3:,.0f}"
+
+
+def _cell(r: Row, m: str) -> str:
+    err = r.error(m)
+    mark = "" if abs(err) <= TARGETS[m] else " ✗"
+    return f"{_v(m, r.measured[m])} / {_v(m, r.predicted[m])} ({err:+.0%}){mark}"
+
+
+def summary_lines(rows: list[Row]) -> list[str]:
+    """Per metric: rows within target, median and p90 absolute error."""
+    import numpy as np
+
+    lines = ["| metric | target | rows within | median abs. error | p90 abs. error |",
+             "| --- | --- | --- | --- | --- |"]
+    for m in METRICS:
+        errs = np.array([abs(r.error(m)) for r in rows if math.isfinite(r.error(m))])
+        within = int((errs <= TARGETS[m]).sum())
+        lines.append(f"| {LABELS[m]} | ±{TARGETS[m]:.0%} | {within} / {len(errs)} | "
+                     f"{np.median(errs):.1%} | {np.percentile(errs, 90):.1%} |")
+    return lines
+
+
+def table_lines(rows: list[Row]) -> list[str]:
+    by_engine: dict[str, list[Row]] = defaultdict(list)
+    for r in rows:
+        by_engine[r.engine].append(r)
+    out: list[str] = []
+    head = "| run | workload | n | " + " | ".join(LABELS[m] for m in METRICS) + " |"
+    rule = "| --- | --- | --- | " + " | ".join("---" for _ in METRICS) + " |"
+    for engine, rs in by_engine.items():
+        out += ["", f"#### {engine}", "", head, rule]
+        for r in rs:
+            note = f" ({r.note})" if r.note else ""
+            out.append(f"| {r.run} | {r.workload}{note} | {int(r.measured['requests'])} | "
+                       + " | ".join(_cell(r, m) for m in METRICS) + " |")
+    return out
+
+
+def kv_lines(folders: list[Path]) -> list[str]:
+    """KV capacity vLLM allocated at start against the profile's prediction, per engine."""
+    from capplan.sim.run import setup_pool
+    from capplan.validate.store import load_run
+
+    lines = ["| engine | gpu_memory_utilization | measured KV tokens | predicted | error |",
+             "| --- | --- | --- | --- | --- |"]
+    for f in folders:
+        run, _, measured = load_run(f)
+        real = measured["engine"]["kv_tokens"]
+        pred = setup_pool(run.pool).kv_tokens
+        lines.append(f"| {run.name} | {run.pool.engine.gpu_memory_utilization} | {real:,} | "
+                     f"{pred:,} | {(pred - real) / real:+.2%} |")
+    return lines
+
+
+def generated_block(rows: list[Row], folders: list[Path] | None = None) -> str:
+    from capplan.validate.store import stored_runs
+
+    kv = kv_lines(stored_runs() if folders is None else folders)
+    lines = [BEGIN, "", "### Summary", "", *summary_lines(rows), "", "### KV capacity", "",
+             *kv, "", "### Every row", "",
+             "Measured / predicted (error). Times in ms, throughput in output tokens/s; "
+             "✗ marks a miss of the target.", *table_lines(rows), "", END]
+    return "\n".join(lines)
+
+
+def write_docs(path: Path, rows: list[Row]) -> bool:
+    """Replace the generated block of `path`; True if the file changed."""
+    text = path.read_text()
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{path}: no generated block ({BEGIN} ... {END})")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    new = head + generated_block(rows) + tail
+    if new != text:
+        path.write_text(new)
+        return True
+    return False
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    """Predicted against measured, one point per row and metric, log-log."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5))
+    groups = [("latency (s)", [m for m in METRICS if m != "output_tok_s"]),
+              ("output throughput (tok/s)", ["output_tok_s"])]
+    for ax, (label, metrics) in zip(axes, groups, strict=True):
+        lo, hi = math.inf, 0.0
+        for m in metrics:
+            pts = [(r.measured[m], r.predicted[m]) for r in rows
+                   if r.measured[m] > 0 and r.predicted[m] > 0
+                   and math.isfinite(r.measured[m]) and math.isfinite(r.predicted[m])]
+            if not pts:
+                continue
+            xs, ys = zip(*pts, strict=True)
+            ax.scatter(xs, ys, s=14, alpha=0.75, label=LABELS[m])
+            lo, hi = min(lo, *xs, *ys), max(hi, *xs, *ys)
+        ax.plot([lo, hi], [lo, hi], color="black", lw=0.8)
+        for f in (0.9, 1.1):
+            ax.plot([lo, hi], [lo * f, hi * f], color="grey", lw=0.6, ls="--")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"measured {label}")
+        ax.set_ylabel(f"predicted {label}")
+        ax.legend(fontsize=8)
+        ax.grid(True, which="both", alpha=0.2)
+    fig.suptitle("capplan vs vLLM 0.26.0 on one H200 (dashed: ±10 %)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

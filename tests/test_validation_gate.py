@@ -1,0 +1,74 @@
+"""The fidelity gate: every stored measurement of real vLLM is predicted again, and no row's
+error may grow past its bound in validation/bounds.json (which only ever tightens; see
+capplan/validate/report.py). The docs table is regenerated from the same rows."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from capplan.validate import report
+from capplan.validate.compare import METRICS, Row, compare_all
+from capplan.validate.store import stored_runs
+from capplan.validate.suite import load_suite
+
+ROOT = Path(__file__).resolve().parents[1]
+BOUNDS = ROOT / "validation" / "bounds.json"
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[Row]:
+    return compare_all()
+
+
+def test_every_suite_engine_was_measured_and_stored() -> None:
+    suite = load_suite(ROOT / "validation" / "h200.yaml")
+    stored = {p.name for p in stored_runs()}
+    assert {e.name for e in suite.engines} <= stored
+
+
+@pytest.mark.parametrize("folder", stored_runs(), ids=lambda p: p.name)
+def test_stored_runs_have_provenance_and_requests(folder: Path) -> None:
+    prov = json.loads((folder / "provenance.json").read_text())
+    for key in ("gpu_name", "driver", "cuda", "torch", "vllm", "starts", "git_commit",
+                "engine_kwargs"):
+        assert prov.get(key), f"{folder}: provenance lacks {key}"
+    assert prov["vllm"] == "0.26.0"
+    reqs = pl.read_parquet(folder / "requests.parquet")
+    assert len(reqs) and reqs["error"].null_count() == len(reqs)
+    assert (reqs["output_tokens"] == reqs["max_tokens"]).all()  # ignore_eos: every token came
+
+
+def test_no_row_is_worse_than_its_bound(rows: list[Row]) -> None:
+    bad = report.violations(rows, report.load_bounds(BOUNDS))
+    assert not bad, "\n".join(bad)
+
+
+def test_bounds_are_never_looser_than_needed(rows: list[Row]) -> None:
+    """A bound within the target never exceeds it, and a row over its target is bounded at
+    its error plus the allowance (so an improvement shows up as a ratchet opportunity)."""
+    bounds = report.load_bounds(BOUNDS)
+    for r in rows:
+        for m in METRICS:
+            b, e = bounds[report.row_key(r)][m], abs(r.error(m))
+            if math.isfinite(e):
+                assert b <= max(report.TARGETS[m], e + report.ALLOWANCE) + 1e-9
+
+
+def test_ratchet_only_tightens(rows: list[Row]) -> None:
+    old = {report.row_key(r): {m: 0.0 for m in METRICS} for r in rows[:3]}
+    new = report.ratchet(rows[:3], old)
+    assert all(v == 0.0 for b in new.values() for v in b.values())  # never loosened
+    assert report.violations(rows[:3], new)  # so the gate fails, as it must
+
+
+def test_docs_table_is_current(rows: list[Row]) -> None:
+    doc = ROOT / "docs" / "validation.md"
+    text = doc.read_text()
+    assert report.generated_block(rows) in text, (
+        "docs/validation.md is stale: run `capplan validate compare --write-docs "
+        "docs/validation.md`")
