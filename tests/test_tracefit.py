@@ -18,6 +18,7 @@ from capplan.distributions import Constant, Empirical, LogNormal
 from capplan.errors import ConfigError
 from capplan.mix import load_mix
 from capplan.sim.run import simulate
+from capplan.sim.workload import generate
 from capplan.tracefit import (
     fit_trace,
     fit_trace_report,
@@ -27,9 +28,19 @@ from capplan.tracefit import (
 from capplan.tracefit.cli import traffic
 from capplan.tracefit.lengths import fit_lengths, histogram_dist
 from capplan.tracefit.metrics import histogram_lengths
-from capplan.traffic import ClosedLoop, DailyArrival, GammaArrival, PoissonArrival
+from capplan.tracefit.prefix import PrefixFit, _per_request_prefix_group
+from capplan.traffic import (
+    ClosedLoop,
+    DailyArrival,
+    GammaArrival,
+    PoissonArrival,
+    PrefixSpec,
+    ReplayArrival,
+    Workload,
+)
 
 TRACES = Path(__file__).parent / "data" / "traces"
+REAL = Path(__file__).parent / "data" / "vllm-metrics-h200"
 
 
 def _lognormal(rng: np.random.Generator, mean: float, sigma: float, n: int) -> np.ndarray:
@@ -227,6 +238,145 @@ def test_prefix_hash_column(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="prefix_tokens") as err:
         fit_trace(bad)
     assert err.value.field == "prefix_tokens"
+
+
+def _replay_csv(path: Path, spec: PrefixSpec, *, n: int, seed: int) -> Path:
+    """A replay-style log whose prefix_group/prefix_tokens the simulator's own generator drew
+    from `spec` (capplan/sim/workload.py), at 10 req/s."""
+    w = Workload(
+        name="w", pool="p", arrival=PoissonArrival(rate_rps=10.0),
+        input_tokens=LogNormal(mean_tokens=1200, sigma=0.7, max_tokens=8000),
+        output_tokens=Constant(value=50),
+        prefix=spec,
+    )
+    b = generate(w, 0, n / 10.0, np.random.default_rng(seed))
+    return _write(
+        path, b.arrival_s, b.input_tokens, b.output_tokens,
+        prefix_group=b.prefix_group, prefix_tokens=b.prefix_tokens,
+    )
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        PrefixSpec(shared_tokens=256, groups=12, zipf_s=1.1),
+        PrefixSpec(shared_fraction=0.4, groups=5, zipf_s=0.0),
+    ],
+)
+def test_prefix_group_columns_recover_the_spec(tmp_path: Path, spec: PrefixSpec) -> None:
+    """prefix_group + prefix_tokens columns become the PrefixSpec that drew them: one head
+    length per group gives shared_tokens (exactly), heads that scale with the prompt give
+    shared_fraction; the recurring groups and their popularity skew come back too."""
+    fit = fit_trace_report(_replay_csv(tmp_path / "t.csv", spec, n=4000, seed=3))
+    got = fit.mix.workloads[0].prefix
+    assert got is not None and got.groups == spec.groups
+    assert got.zipf_s == pytest.approx(spec.zipf_s, abs=0.2)
+    if spec.shared_tokens is not None:
+        assert got.shared_tokens == spec.shared_tokens and got.shared_fraction is None
+    else:
+        assert got.shared_tokens is None
+        assert got.shared_fraction == pytest.approx(spec.shared_fraction, abs=0.005)
+    assert "prefix_group" in to_yaml(fit)
+
+
+def test_prefix_group_real_trace() -> None:
+    """The requests of a real vLLM run (8 Zipf-popular 512-token prefixes) give
+    shared_tokens 512 and 8 groups; the infinite-cache hits per request, rounded down to
+    vLLM's 16-token blocks, are exactly the cached_tokens vLLM reported for every measured
+    request."""
+    path = REAL / "requests.csv"
+    fit = fit_trace_report(path)
+    (w,) = fit.mix.workloads
+    assert w.prefix is not None and 0.5 < w.prefix.zipf_s < 1.3
+    assert w.prefix == PrefixSpec(shared_tokens=512, groups=8, zipf_s=w.prefix.zipf_s)
+    sent = pl.read_csv(path)
+    measured = sent.filter("measured")
+    truth = int(measured["cached_tokens"].sum()) / int(measured["input_tokens"].sum())
+    assert fit.workloads[0].hit_rate == pytest.approx(truth, abs=0.005)
+    frame = sent.lazy().select(
+        pl.col("arrival_s").alias("t_s"), "input_tokens", "prefix_group", "prefix_tokens",
+        pl.lit("w").alias("workload"),
+    )
+    hits = _per_request_prefix_group(frame, True).collect().get_column("hit")
+    rounded = sent.with_columns((hits // 16 * 16).alias("hit")).filter("measured")
+    assert rounded["hit"].to_list() == rounded["cached_tokens"].to_list()
+
+
+def test_prefix_group_round_trip_in_the_simulator(tmp_path: Path) -> None:
+    """The fitted spec gives the simulated cache about the hit rate of replaying the trace
+    itself (within 2 points); without the prefix columns it would be 0."""
+    src = pl.read_csv(REAL / "requests.csv")
+    trace = tmp_path / "replay.csv"
+    src.select("arrival_s", "input_tokens", "output_tokens", "prefix_group",
+               "prefix_tokens").write_csv(trace)
+    fit = fit_trace_report(trace)
+    fitted = simulate(fit.mix, "default", 1, duration_s=60, warmup_s=0)
+    replay = fit.mix.model_copy(update={"workloads": [fit.mix.workloads[0].model_copy(
+        update={"arrival": ReplayArrival(path=trace), "prefix": None})]})
+    replayed = simulate(replay, "default", 1, duration_s=24, warmup_s=0)
+    assert replayed.workloads[0].requests == src.height
+    hit = replayed.workloads[0].prefix_hit_rate
+    assert hit > 0.4
+    assert fitted.workloads[0].prefix_hit_rate == pytest.approx(hit, abs=0.02)
+
+
+def test_prefix_group_rows(tmp_path: Path) -> None:
+    """Replay semantics: a group of one shares with nobody and a null group is none, so
+    shared_tokens shrinks to keep the trace's shared-token total (4 x 400 over 6 prompts);
+    a whole repeated prompt shares all but its last token; rows of group -2 (treated as
+    cached) alone give target_hit_rate; heads growing within a group (multi-turn) give
+    shared_fraction, and hit what the group's earlier requests held."""
+    t, inp, out = np.arange(6, dtype=float), np.full(6, 1000), np.full(6, 5)
+    one = _write(tmp_path / "a.csv", t, inp, out, prefix_group=[0, 0, 0, 1, None, 0],
+                 prefix_tokens=[400, 400, 400, 400, 0, 400])
+    fit = fit_trace_report(one)
+    assert fit.mix.workloads[0].prefix == PrefixSpec(shared_tokens=267, groups=1)
+    assert fit.workloads[0].hit_rate == pytest.approx(3 * 400 / 6000)
+    whole = _write(tmp_path / "w.csv", t, inp, out, prefix_group=[0] * 6,
+                   prefix_tokens=[1000] * 6)
+    assert fit_trace(whole).workloads[0].prefix == PrefixSpec(shared_tokens=999)
+    pinned = _write(tmp_path / "b.csv", t, inp, out, prefix_group=[-2] * 6,
+                    prefix_tokens=[300] * 6)
+    assert fit_trace(pinned).workloads[0].prefix == PrefixSpec(target_hit_rate=0.3)
+    chat = _write(tmp_path / "c.csv", t, inp, out, prefix_group=[0, 0, 0, 1, 1, 1],
+                  prefix_tokens=[100, 300, 500, 200, 400, 600])
+    fit = fit_trace_report(chat)
+    assert fit.mix.workloads[0].prefix == PrefixSpec(shared_fraction=0.35, groups=2)
+    assert fit.workloads[0].hit_rate == pytest.approx((100 + 300 + 200 + 400) / 6000)
+
+
+def test_shared_tokens_stay_below_the_longest_prompt() -> None:
+    """A shared_tokens head not below the longest fitted prompt (the schema refuses it)
+    becomes the same share of prompt tokens as shared_fraction, and the note says so."""
+    fit = PrefixFit(PrefixSpec(shared_tokens=500, groups=2, zipf_s=0.5), 0.3, 0.9, 0.42, 2,
+                    0.5, "")
+    assert fit.below(501) == (fit.spec, None)
+    spec, why = fit.below(500)
+    assert spec == PrefixSpec(shared_fraction=0.42, groups=2, zipf_s=0.5)
+    assert why is not None and "shared_fraction 0.42" in why
+
+
+@pytest.mark.parametrize(
+    ("columns", "field"),
+    [
+        ({"prefix_group": [0, 0]}, "prefix_tokens"),
+        ({"prefix_tokens": [10, 10]}, "prefix_group"),
+        ({"prefix_group": [0, 0], "prefix_tokens": [10, 2000]}, "prefix_tokens"),
+        ({"prefix_group": [-1, 0], "prefix_tokens": [10, 10]}, "prefix_group"),
+        ({"prefix_group": [-3, 0], "prefix_tokens": [10, 10]}, "prefix_group"),
+    ],
+)
+def test_prefix_group_errors(tmp_path: Path, columns: dict[str, list[int]], field: str) -> None:
+    """Prefix columns that break the replay reader's rules (both columns together; at most
+    the prompt's length; tokens need a group; groups >= -2) are one-line errors naming the
+    column, never silently dropped."""
+    path = _write(tmp_path / "bad.csv", np.arange(2.0), np.full(2, 1000), np.full(2, 5),
+                  **columns)
+    with pytest.raises(ConfigError) as err:
+        fit_trace(path)
+    assert err.value.field == field and err.value.file == str(path)
+    res = CliRunner().invoke(traffic, ["from-trace", str(path)])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1
 
 
 # -- public formats --------------------------------------------------------------------------

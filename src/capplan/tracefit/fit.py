@@ -4,8 +4,8 @@ Passes (each collected with polars' streaming engine, reading only the needed co
 1. per workload: request count, first/last arrival, empty and non-positive values;
 2. the histogram of input and of output lengths (`value -> count`);
 3. requests per clock hour, then gap statistics inside each workload's peak hour;
-4. when the log has block hash ids or a prefix hash: the leading blocks each request
-   shares with earlier ones.
+4. when the log has block hash ids, a prefix hash or prefix groups: the leading tokens each
+   request shares with earlier ones.
 """
 
 from __future__ import annotations
@@ -156,9 +156,9 @@ def _fit(
         raise ConfigError(f"cannot fit arrivals ({e})", file=req.file, field="timestamp") from e
     block = block_tokens or req.block_tokens
     prefixes: dict[str, PrefixFit] = {}
-    if req.has_hash_ids or req.has_prefix_hash:
+    if req.prefix is not None:
         prefixes = fit_prefix(
-            frame, hash_ids=req.has_hash_ids, block_tokens=block, in_order=in_order
+            frame, source=req.prefix, block_tokens=block, in_order=in_order, file=req.file
         )
 
     names = {w: workload_name(w) for w in spans}
@@ -173,16 +173,18 @@ def _fit(
             f"output_tokens: {out.how}; mean {out.mean:.0f}, p50 {out.p50}, p99 {out.p99}, "
             f"p99.9 {out.p999}, max {out.max}",
         ]
+        prefix = None
         if pre is not None:
-            notes.append(f"prefix: {pre.how}")
+            prefix, why = pre.below(inp.dist.max)
+            notes.append(f"prefix: {pre.how}" + (f"; {why}" if why else ""))
         spec: dict[str, Any] = {
             "name": names[w],
             "arrival": arr.arrival,
             "input_tokens": inp.dist,
             "output_tokens": out.dist,
         }
-        if pre is not None and pre.spec is not None:
-            spec["prefix"] = pre.spec
+        if prefix is not None:
+            spec["prefix"] = prefix
         specs.append(spec)
         fits.append(
             WorkloadFit(

@@ -2,7 +2,8 @@
 
 Every reader returns `Requests`: a `LazyFrame` with `t_s` (Float64 seconds), `input_tokens`,
 `output_tokens` (Int64), `workload` (String) and, when the file has them, `hash_ids`
-(List[Int64], block hash ids, Mooncake-style) or `prefix_hash` + `prefix_tokens`.
+(List[Int64], block hash ids, Mooncake-style), `prefix_hash` + `prefix_tokens`, or
+`prefix_group` + `prefix_tokens` (as a replay file has them: capplan/sim/workload.py).
 Only the columns named here are read; the frame is scanned lazily and collected by the
 fitters with polars' streaming engine.
 """
@@ -13,18 +14,30 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import polars as pl
 
 from capplan.errors import ConfigError
+from capplan.sim.workload import NO_PREFIX
 
-__all__ = ["FORMATS", "MOONCAKE_BLOCK_TOKENS", "Requests", "detect_format", "scan_requests"]
+__all__ = [
+    "FORMATS",
+    "MOONCAKE_BLOCK_TOKENS",
+    "PrefixSource",
+    "Requests",
+    "detect_format",
+    "scan_requests",
+]
 
 FORMATS = ("auto", "csv", "parquet", "jsonl", "mooncake", "vllm-bench", "metrics")
 """Formats `fit_trace` reads; `auto` picks one from the suffix and the first line."""
 
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens per `hash_ids` entry in the Mooncake traces (FAST'25 release: 512-token blocks)."""
+
+PrefixSource = Literal["hash_ids", "prefix_hash", "prefix_group"]
+"""Which columns give a log's prompt structure, in order of precedence."""
 
 # Canonical name -> accepted spellings, first one preferred (named in errors).
 _ALIASES: dict[str, tuple[str, ...]] = {
@@ -41,8 +54,7 @@ class Requests:
     frame: pl.LazyFrame
     file: str
     format: str
-    has_hash_ids: bool
-    has_prefix_hash: bool
+    prefix: PrefixSource | None  # the columns giving prompt structure, if any
     block_tokens: int
     workload_column: str | None
     default_workload: str
@@ -180,9 +192,8 @@ def scan_requests(
         pl.col(out).cast(pl.Int64).alias("output_tokens"),
         wl.alias("workload"),
     ]
-    has_hash = "hash_ids" in names
-    has_prefix = "prefix_hash" in names
-    if has_hash:
+    prefix: PrefixSource | None = None
+    if "hash_ids" in names:
         if not isinstance(schema["hash_ids"], pl.List):
             raise ConfigError(
                 f"hash_ids must be a list of integers, found {schema['hash_ids']}",
@@ -190,24 +201,34 @@ def scan_requests(
                 field="hash_ids",
             )
         exprs.append(pl.col("hash_ids").cast(pl.List(pl.Int64)))
-    elif has_prefix:
+        prefix = "hash_ids"
+    elif "prefix_hash" in names or "prefix_group" in names:
+        key: PrefixSource = "prefix_hash" if "prefix_hash" in names else "prefix_group"
         if "prefix_tokens" not in names:
             raise ConfigError(
-                "column 'prefix_tokens' missing: prefix_hash needs the length of the shared "
-                "prompt head it names; add prefix_tokens or drop prefix_hash",
+                f"column 'prefix_tokens' missing: {key} needs the length of the shared "
+                f"prompt head it names; add prefix_tokens or drop {key}",
                 file=file,
                 field="prefix_tokens",
             )
-        exprs += [
-            pl.col("prefix_hash").cast(pl.String),
-            pl.col("prefix_tokens").cast(pl.Int64),
-        ]
+        if key == "prefix_hash":
+            exprs.append(pl.col("prefix_hash").cast(pl.String))
+        else:  # as the replay reader fills them: no group, nothing shared
+            exprs.append(pl.col("prefix_group").cast(pl.Int64).fill_null(NO_PREFIX))
+        exprs.append(pl.col("prefix_tokens").cast(pl.Int64).fill_null(0))
+        prefix = key
+    elif "prefix_tokens" in names:
+        raise ConfigError(
+            "column 'prefix_group' missing: prefix_tokens needs the shared-prefix group each "
+            "prompt belongs to (prefix_group, or prefix_hash); add it or drop prefix_tokens",
+            file=file,
+            field="prefix_group",
+        )
     return Requests(
         frame=lf.select(exprs),
         file=file,
         format=fmt,
-        has_hash_ids=has_hash,
-        has_prefix_hash=has_prefix and not has_hash,
+        prefix=prefix,
         block_tokens=MOONCAKE_BLOCK_TOKENS,
         workload_column=workload_column,
         default_workload=default,
