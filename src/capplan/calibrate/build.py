@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -169,17 +170,20 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
 
 
 def build_all(raw: Path, out_root: Path, *, gpu: str = "h200", git_commit: str = "",
-              seed: int = 0) -> list[Path]:
-    """Every profile the raw folder supports, BF16 bases first."""
+              seed: int = 0,
+              on_profile: Callable[[str, int, int], None] | None = None) -> list[Path]:
+    """Every profile the raw folder supports, BF16 bases first; `on_profile(name, i, n)` is
+    called before fitting the i-th of n (0-based), for progress."""
     gs = groups(raw)
     order = sorted(gs.values(), key=lambda g: (g.parts["m"] is not None, g.parts["kv"] is not None,
                                                g.parts["prec"] != "bf16", g.model, g.key))
+    order = [g for g in order if g.main is not None]
     done: dict[tuple[str, str], Profile] = {}
     written = []
     by_model: defaultdict[str, int] = defaultdict(int)
-    for g in order:
-        if g.main is None:
-            continue
+    for i, g in enumerate(order):
+        if on_profile is not None:
+            on_profile(f"{g.model}/{g.key}", i, len(order))
         profile, prov, df = build_profile(g, raw, done, gpu=gpu, git_commit=git_commit,
                                           seed=seed)
         done[(g.model, g.key)] = profile

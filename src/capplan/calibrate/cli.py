@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from capplan._cli import ProgressBar
 from capplan.calibrate.build import UTILS, build_all
 from capplan.calibrate.jobs import RUNNER, SPEC_METHODS, Job
 from capplan.calibrate.store import CALIBRATION_DIR
@@ -121,6 +122,16 @@ def queue_line(job: Job, out: Path, budget_s: float) -> str:
     return f"{job.name}|{min_s:.0f}|--model {model_dir} {' '.join(args)}"
 
 
+def _refit(raw: Path, out: Path, gpu: str) -> list[Path]:
+    """Fit every profile the raw folder supports, with a progress bar on a terminal."""
+    with ProgressBar("fitting profiles") as bar:
+
+        def on_profile(name: str, i: int, n: int) -> None:
+            bar.update(i, total=n, description=f"fitting {name}")
+
+        return build_all(raw, out, gpu=gpu, git_commit=git_commit(), on_profile=on_profile)
+
+
 @click.command("calibrate")
 @click.option("--model", help="model spec name or path (models/<name>)")
 @click.option("--precision", default="bf16", show_default=True, help="comma-separated")
@@ -149,8 +160,7 @@ def calibrate(model: str | None, precision: str, spec_tokens: str, spec_method: 
               dry_run: bool, emit_queue: Path | None) -> None:
     """Measure vLLM step times and KV capacity on this GPU and write profiles."""
     if from_raw is not None:
-        written = build_all(from_raw, out, gpu=gpu, git_commit=git_commit())
-        for d in written:
+        for d in _refit(from_raw, out, gpu):
             click.echo(str(d))
         return
     if not model:
@@ -174,5 +184,5 @@ def calibrate(model: str | None, precision: str, spec_tokens: str, spec_method: 
     for i, job in enumerate(jobs, 1):
         click.echo(f"engine {i}/{len(jobs)}: {job.name}", err=True)
         run_job(job, raw, budget_s)
-    for d in build_all(raw, out, gpu=gpu, git_commit=git_commit()):
+    for d in _refit(raw, out, gpu):
         click.echo(str(d))

@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from capplan._cli import errors_as_lines as _errors_as_lines
+from capplan._cli import stderr_console
 from capplan.errors import ConfigError
 
 
@@ -114,9 +114,7 @@ def from_trace(
             out.write_text(text)
         except OSError as e:
             raise ConfigError(f"cannot write file ({e.strerror})", file=str(out)) from e
-    console = Console(stderr=True)
-    if not console.is_terminal:
-        console = Console(stderr=True, width=160)  # pipes and logs: do not wrap at 80
+    console = stderr_console()
     table = Table(title=f"fitted from {trace} ({fit.format})", title_justify="left")
     for col in ("workload", "requests", "arrival", "rate req/s", "gap CV", "mean in",
                 "mean out", "prefix hit"):
