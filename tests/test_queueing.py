@@ -5,6 +5,8 @@ vllm/v1/engine/core.py countable in steps. With async scheduling, step k+1 is sc
 k runs, but a request whose in-flight steps already reach max_tokens is skipped
 (vllm/v1/core/sched/scheduler.py), so no wasted step trails the last token: a lone request
 with a one-block prompt gets its first token after one step and its n-th after n steps.
+The client sees each request L later than it sends it, and each token L after its step
+(L = CLIENT_LATENCY_S each way, capplan/sim/run.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import pytest
 
 from capplan.mix import TrafficMix
+from capplan.sim.run import CLIENT_LATENCY_S as L
 from capplan.sim.run import simulate
 from helpers import constant_profile
 
@@ -41,31 +44,32 @@ CLOSED1 = {"kind": "closed", "concurrency": 1}
 
 @pytest.mark.parametrize("async_scheduling", [True, False])
 def test_lone_request_takes_one_step_per_token(async_scheduling: bool) -> None:
-    """One request at a time, one-block prompt, n outputs: TTFT = C, ITL = C, E2E = n*C
-    exactly, in both engine loops (core.py step and step_with_batch_queue)."""
+    """One request at a time, one-block prompt, n outputs: TTFT = C + 2L, ITL = C,
+    E2E = n*C + 2L exactly, in both engine loops (core.py step and step_with_batch_queue)."""
     n = 10
     res = simulate(mix(CLOSED1, out=n, async_scheduling=async_scheduling), "p", 1, seed=0,
                    profile=constant_profile(C))
     req = res.requests()
     assert len(req) > 10
-    assert req["ttft_s"].to_numpy() == pytest.approx(C, rel=1e-9)
-    assert req["e2e_s"].to_numpy() == pytest.approx(n * C, rel=1e-9)
+    assert req["ttft_s"].to_numpy() == pytest.approx(C + 2 * L, rel=1e-9)
+    assert req["e2e_s"].to_numpy() == pytest.approx(n * C + 2 * L, rel=1e-9)
     w = res.workload("w")
     assert w.itl_p50_s == pytest.approx(C, rel=2e-3)  # ITL histogram: 0.1 % bins
     assert w.itl_p99_s == pytest.approx(C, rel=2e-3)
-    assert w.output_tokens_per_s == pytest.approx(1 / C, rel=0.01)
+    # one user's cycle: n steps and the round trip before the next request starts
+    assert w.output_tokens_per_s == pytest.approx(n / (n * C + 2 * L), rel=0.01)
 
 
 def test_chunked_prompt_costs_one_step_per_chunk() -> None:
     """Chunked prefill: a P-token prompt under budget B takes ceil(P/B) steps to its first
-    token, then one step per further token: E2E = (ceil(P/B) + n - 1) * C."""
+    token, then one step per further token: E2E = (ceil(P/B) + n - 1) * C (+ 2L)."""
     p, b, n = 1000, 256, 5
     res = simulate(mix(CLOSED1, prompt=p, out=n, max_num_batched_tokens=b), "p", 1, seed=0,
                    profile=constant_profile(C))
     req = res.requests()
     chunks = math.ceil(p / b)
-    assert req["ttft_s"].to_numpy() == pytest.approx(chunks * C, rel=1e-9)
-    assert req["e2e_s"].to_numpy() == pytest.approx((chunks + n - 1) * C, rel=1e-9)
+    assert req["ttft_s"].to_numpy() == pytest.approx(chunks * C + 2 * L, rel=1e-9)
+    assert req["e2e_s"].to_numpy() == pytest.approx((chunks + n - 1) * C + 2 * L, rel=1e-9)
 
 
 @pytest.mark.parametrize(("users", "max_num_seqs"), [(8, 16), (8, 8), (8, 4), (8, 2)])
@@ -73,9 +77,10 @@ def test_closed_loop_throughput_is_min_of_users_and_seqs_per_step(
     users: int, max_num_seqs: int
 ) -> None:
     """Every step costs C whatever its batch, so output tokens/s = min(users, max_num_seqs)/C:
-    max_num_seqs is a cap on the batch, not a speed knob."""
+    max_num_seqs is a cap on the batch, not a speed knob. (No client latency: it would
+    leave steps short of users while requests travel.)"""
     res = simulate(mix({"kind": "closed", "concurrency": users}, max_num_seqs=max_num_seqs),
-                   "p", 1, seed=0, profile=constant_profile(C))
+                   "p", 1, seed=0, profile=constant_profile(C), client_latency_s=0.0)
     assert res.workload("w").output_tokens_per_s == pytest.approx(
         min(users, max_num_seqs) / C, rel=0.01
     )
@@ -112,11 +117,11 @@ def test_offered_load_below_capacity_is_carried() -> None:
 
 def test_light_load_latency_is_the_isolated_service_time() -> None:
     """At vanishing load (mean gap >> service time) almost every request runs alone, so the
-    median E2E is the lone-request figure n*C plus at most the step it waits to join."""
+    median E2E is the lone-request figure n*C + 2L plus at most the step it waits to join."""
     n = 10
     m = mix({"kind": "poisson", "rate_rps": 1.0}, out=n, duration_s=60.0)
     res = simulate(m, "p", 1, seed=2, profile=constant_profile(C))
     e2e = res.requests()["e2e_s"].to_numpy()
-    assert e2e.min() == pytest.approx(n * C, rel=1e-9)
-    assert sorted(e2e)[len(e2e) // 2] == pytest.approx(n * C, rel=1e-9)
-    assert e2e.max() <= (n + 2) * C + 1e-9
+    assert e2e.min() == pytest.approx(n * C + 2 * L, rel=1e-9)
+    assert sorted(e2e)[len(e2e) // 2] == pytest.approx(n * C + 2 * L, rel=1e-9)
+    assert e2e.max() <= (n + 2) * C + 2 * L + 1e-9

@@ -46,8 +46,10 @@ class Replica:
         timer: StepTimer,
         window: Window,
         on_finish: Callable[[SimRequest, Replica], None],
+        client_latency_s: float = 0.0,
     ) -> None:
         self.env = env
+        self.latency = client_latency_s  # outputs reach the client this much later
         self.index = index
         self.core = core
         self.timer = timer
@@ -128,8 +130,10 @@ class Replica:
                 rec.itl.add_repeated(dt, n_meas)
 
     def _emit(self, emitted: list[tuple[SimRequest, int, bool]], now: float) -> None:
-        """Stream tokens to clients: TTFT, ITL and completion, as vllm bench sees them."""
+        """Stream tokens to clients: TTFT, ITL and completion, as vllm bench sees them (the
+        client sees each token `latency` after the step that made it ends)."""
         window = self.window
+        seen = now + self.latency
         in_window = window.start_s <= now < window.end_s
         recorders = window.recorders
         for r, new, done in emitted:
@@ -148,8 +152,8 @@ class Replica:
                 if r.measured:
                     rec.add_request(
                         r.arrival_s,
-                        r.first_token_s - r.arrival_s,
-                        now - r.arrival_s,
+                        r.first_token_s + self.latency - r.arrival_s,
+                        seen - r.arrival_s,
                         max(r.scheduled_s, r.arrival_s) - r.arrival_s,
                         r.prompt,
                         r.out,
