@@ -1,0 +1,129 @@
+"""`capplan validate` on the CPU: suites, jobs for the GPU runner, storing and comparing.
+
+The property everything rests on: the requests the runner sends are the requests the
+simulator predicts, drawn by the same generators from the same seed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from capplan.cli import main
+from capplan.errors import ConfigError
+from capplan.sim.run import simulate
+from capplan.validate.store import load_run, stored_runs
+from capplan.validate.suite import EngineRun, emit_job, experiment_job, load_suite
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = ROOT / "validation" / "h200.yaml"
+
+
+@pytest.fixture(scope="module")
+def suite():
+    return load_suite(SUITE)
+
+
+def _exp(run: EngineRun, name: str):
+    return next(e for e in run.experiments if e.name == name)
+
+
+def test_open_loop_job_sends_exactly_the_simulated_arrivals(suite) -> None:
+    run = suite.engine("llama-3.1-8b-bf16")
+    exp = _exp(run, "chatlog-p12")
+    job = experiment_job(run, exp, exp.name)
+    w = job["workloads"][0]
+    arrivals = np.array(w["arrival_s"])
+    measured = arrivals < exp.duration_s
+    res = simulate(run.mix(exp), "validate", 1)
+    sim = res.requests().sort("arrival_s")
+    assert len(sim) == measured.sum()
+    assert sim["arrival_s"].to_numpy() == pytest.approx(arrivals[measured], abs=1e-6)
+    assert sim["input_tokens"].to_list() == list(np.array(w["input_tokens"])[measured])
+    assert sim["output_tokens"].to_list() == list(np.array(w["output_tokens"])[measured])
+
+
+def test_closed_loop_job_rows_are_the_simulated_draws(suite) -> None:
+    run = suite.engine("llama-3.1-8b-bf16")
+    exp = _exp(run, "chat-c16")
+    w = experiment_job(run, exp, "x")["workloads"][0]
+    assert w["kind"] == "closed" and w["concurrency"] == 16
+    res = simulate(run.mix(exp), "validate", 1)
+    n = len(res.requests())
+    assert n > 16
+    # constant shapes here; the draws' order is what the sampler's rng gives both sides
+    assert set(w["input_tokens"][:n]) == {512} and set(w["output_tokens"][:n]) == {128}
+
+
+def test_prefix_caching_off_is_salted_and_predicted_without_cache(suite) -> None:
+    run = suite.engine("llama-3.1-8b-bf16")
+    exp = _exp(run, "prefix90-off-c16")
+    assert experiment_job(run, exp, "x")["prefix_caching"] is False
+    assert run.mix(exp).pools[0].engine.enable_prefix_caching is False
+
+
+def test_engine_kwargs_pin_what_the_simulator_reads(suite, tmp_path) -> None:
+    job = emit_job(suite.engine("llama-3.1-8b-bf16-draft4"), Path("models"), tmp_path)
+    eng = job["engine"]
+    for key in ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
+                "enable_prefix_caching", "scheduling_policy", "async_scheduling",
+                "max_model_len", "kv_cache_dtype"):
+        assert key in eng
+    assert eng["load_format"] == "dummy" and eng["skip_tokenizer_init"] is True
+    assert eng["speculative_config"] == {"method": "draft_model", "num_speculative_tokens": 4,
+                                         "model": "models/llama-3.2-1b"}
+    assert job["experiments"][0]["warmup"] is True
+
+
+def test_quantized_engines_get_a_config_with_quantization(suite, tmp_path) -> None:
+    run = suite.engine("qwen3-32b-bf16").model_copy(deep=True)
+    pool = run.pool.model_copy(update={"precision": "awq"})
+    awq = run.model_copy(update={"pool": pool})
+    job = emit_job(awq, Path("models"), tmp_path)
+    cfg = json.loads((Path(job["engine"]["model"]) / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_method"] == "awq"
+
+
+def test_suite_errors_name_the_field(tmp_path) -> None:
+    bad = tmp_path / "s.yaml"
+    bad.write_text(SUITE.read_text().replace("duration_s: 20", "durations_s: 20", 1))
+    with pytest.raises(ConfigError) as e:
+        load_suite(bad)
+    assert "durations_s" in str(e.value) and str(bad) in str(e.value)
+
+
+def test_stored_runs_round_trip_to_the_suite(suite) -> None:
+    for folder in stored_runs():
+        run, reqs, measured = load_run(folder)
+        assert run == suite.engine(run.name)
+        assert set(reqs["run"].unique()) <= {r for e in run.experiments for r in e.runs()}
+        assert measured["engine"]["kv_tokens"] > 0
+
+
+def test_cli_emit_and_compare(tmp_path) -> None:
+    cli = CliRunner()
+    out = cli.invoke(main, ["validate", "emit", str(SUITE), "--out", str(tmp_path),
+                            "--engine", "llama-3.1-8b-bf16-seqs8"])
+    assert out.exit_code == 0, out.output
+    job = json.loads((tmp_path / "llama-3.1-8b-bf16-seqs8.json").read_text())
+    assert [e["name"] for e in job["experiments"]] == ["warmup", "chat-c4", "chat-c16", "chat-c32"]
+    # compare on a copy holding one stored run only (fast)
+    root = tmp_path / "cal"
+    src = next(p for p in stored_runs() if p.name == "llama-3.1-8b-bf16-seqs8")
+    dst = root / "h200/vllm-0.26.0/llama-3.1-8b/validation" / src.name
+    shutil.copytree(src, dst)
+    out = cli.invoke(main, ["validate", "compare", "--root", str(root), "--format", "csv"])
+    assert out.exit_code == 0, out.output
+    lines = out.output.strip().splitlines()
+    assert lines[0].startswith("engine,") and len(lines) == 4
+
+
+def test_cli_ingest_of_a_folder_without_runs_is_one_line(tmp_path) -> None:
+    out = CliRunner().invoke(main, ["validate", "ingest", str(SUITE), str(tmp_path),
+                                    "--root", str(tmp_path / "cal")])
+    assert out.exit_code != 0
+    assert "no runner output" in out.output and len(out.output.strip().splitlines()) == 1
