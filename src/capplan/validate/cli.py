@@ -109,10 +109,18 @@ def _fmt(metric: str, v: float) -> str:
 def compare(root: Path, fmt: str, out: Path | None, write_docs: Path | None,
             plot: Path | None, ratchet: Path | None, loosen: bool) -> None:
     """Predict every stored validation run again and show measured vs predicted."""
+    from capplan._cli import ProgressBar
     from capplan.validate import report
-    from capplan.validate.compare import METRICS, TARGETS, compare_all, to_frame
+    from capplan.validate.compare import METRICS, TARGETS, compare_run, to_frame
+    from capplan.validate.store import stored_runs
 
-    rows = compare_all(root)
+    folders = stored_runs(root)
+    rows = []
+    with ProgressBar("predicting stored runs", total=len(folders)) as bar:
+        for f in folders:
+            bar.update(description=f"predicting {f.name}")
+            rows += compare_run(f)
+            bar.update(advance=1)
     if not rows:
         raise CalibrationError(f"{root}: no stored validation runs (capplan validate ingest)")
     if write_docs is not None:
