@@ -159,8 +159,8 @@ def compare(root: Path, fmt: str, out: Path | None, write_docs: Path | None,
         if out is None:
             Console(width=220).print(table)
         else:
-            with out.open("w") as f:
-                Console(width=220, file=f).print(table)
+            with out.open("w") as fh:
+                Console(width=220, file=fh).print(table)
         return
     if out is None:
         click.echo(text)
