@@ -104,3 +104,13 @@ def test_summary_percentiles_follow_numpy(q):
 
     assert s[f"ttft_p{q}_ms"] == pytest.approx(1e3 * np.percentile([r["ttft_s"] for r in recs], q),
                                                abs=0.01)
+
+
+def test_step_trace_rows_are_timed_from_the_experiment_start():
+    trace = runner.StepTrace()
+    trace.rows = [(10.5, 7, 1, 512, 30, 30, 9.1, 31, 0, 0.02)]
+    rows = trace.take(10.0)
+    assert rows == [{"t": 0.5, "step": 7, "prefill_reqs": 1, "prefill_tokens": 512,
+                     "decode_reqs": 30, "decode_tokens": 30, "wait_ms": 9.1, "running": 31,
+                     "waiting": 0, "kv_usage": 0.02}]
+    assert trace.take(0.0) == []  # taken once

@@ -19,8 +19,9 @@ Prompts are random token ids; a request of prefix group g starts with that group
 token ids. Prefix caching "off" is a unique `cache_salt` per request.
 
 Writes DIR/<experiment>.jsonl (one line per measured request), DIR/<experiment>.metrics-{0,1}.txt
-(the engine's Prometheus exposition before and after, as `/metrics` serves it) and
-DIR/engine.json (engine settings, KV capacity, versions, errors).
+(the engine's Prometheus exposition before and after, as `/metrics` serves it),
+DIR/<experiment>.steps.jsonl with job option `trace_steps` (every engine step as the serving
+engine reports it) and DIR/engine.json (engine settings, KV capacity, versions, errors).
 """
 
 import argparse
@@ -287,6 +288,49 @@ def engine_settings(engine):
     }
 
 
+class StepTrace:
+    """Engine steps as the serving engine reports them (job option `trace_steps`): vLLM's
+    per-iteration details (`enable_logging_iteration_details`, vllm/v1/engine/core.py
+    capture_iteration_details: prefill requests and tokens, decode requests and tokens, the
+    core's wait for the step's result) with the time they reached the client process."""
+
+    def __init__(self):
+        self.rows = []
+
+    def factory(self):
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        trace = self
+
+        class _Logger(StatLoggerBase):
+            def __init__(self, vllm_config, engine_index=0):
+                self.engine_index = engine_index
+
+            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None,
+                       engine_idx=0):
+                d = getattr(scheduler_stats, "iteration_details", None)
+                if d is None or d.is_dummy:
+                    return
+                trace.rows.append((time.perf_counter(), d.iteration_index, d.num_ctx_requests,
+                                   d.num_ctx_tokens, d.num_generation_requests,
+                                   d.num_generation_tokens, round(d.elapsed_ms, 3),
+                                   scheduler_stats.num_running_reqs,
+                                   scheduler_stats.num_waiting_reqs,
+                                   round(scheduler_stats.kv_cache_usage, 4)))
+
+            def log_engine_initialized(self):
+                pass
+
+        return _Logger
+
+    def take(self, t0):
+        """Rows since the last take, timed from t0 (the experiment's start)."""
+        rows, self.rows = self.rows, []
+        keys = ("t", "step", "prefill_reqs", "prefill_tokens", "decode_reqs", "decode_tokens",
+                "wait_ms", "running", "waiting", "kv_usage")
+        return [dict(zip(keys, (round(r[0] - t0, 6), *r[1:]), strict=True)) for r in rows]
+
+
 def scrape():
     import prometheus_client
     from vllm.v1.metrics.prometheus import get_prometheus_registry
@@ -315,10 +359,24 @@ async def amain(args):
     with open(os.path.join(job["engine"]["model"], "config.json")) as f:
         hf = json.load(f)
     vocab = hf.get("vocab_size") or hf.get("text_config", {}).get("vocab_size") or 32000
+    trace, loggers, engine_kw = None, None, dict(job["engine"])
+    if job.get("trace_steps"):
+        try:
+            import logging
+
+            trace = StepTrace()
+            loggers = [trace.factory()]
+            engine_kw["enable_logging_iteration_details"] = True
+            # the default logger would print every iteration; keep it quiet
+            logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)
+        except Exception as e:  # tracing is a diagnosis aid: never fail the run for it
+            meta["trace_error"] = f"{type(e).__name__}: {e}"[:300]
+            trace, loggers = None, None
     t = time.perf_counter()
     try:
         engine = AsyncLLM.from_engine_args(
-            AsyncEngineArgs(**job["engine"]), usage_context=UsageContext.OPENAI_API_SERVER)
+            AsyncEngineArgs(**engine_kw), usage_context=UsageContext.OPENAI_API_SERVER,
+            stat_loggers=loggers)
     except Exception as e:
         meta["error"] = f"engine failed to start: {type(e).__name__}: {e}".splitlines()[0][:400]
         write_json(meta_path, meta)
@@ -361,6 +419,11 @@ async def amain(args):
                 print("FAIL", name, msg, flush=True)
                 rc = EXIT_ENGINE
                 break  # a dead engine fails every later experiment the same way
+            if trace is not None:
+                steps = trace.take(x.t0)
+                if not exp.get("warmup"):
+                    with open(os.path.join(args.out, f"{name}.steps.jsonl"), "w") as f:
+                        f.writelines(json.dumps(r) + "\n" for r in steps)
             if not exp.get("warmup"):
                 with open(os.path.join(args.out, f"{name}.metrics-0.txt"), "w") as f:
                     f.write(before)

@@ -2,7 +2,8 @@
 `calibration/<gpu>/vllm-<version>/<model>/validation/<engine run>/` holding
 `run.json` (the engine configuration and its experiments, enough to predict them again),
 `requests.parquet` (every measured request: send time, TTFT, E2E, streamed-chunk times),
-`measured.json` (per-run engine facts: KV capacity, draft acceptance) and `provenance.json`.
+`measured.json` (per-run engine facts: KV capacity, draft acceptance), `provenance.json` and,
+when the engine run traced them, `steps.parquet` (every engine step's composition).
 """
 
 from __future__ import annotations
@@ -97,6 +98,22 @@ def read_raw_requests(raws: list[Path], run: EngineRun) -> pl.DataFrame:
     return pl.concat(frames)
 
 
+def read_raw_steps(raws: list[Path], run: EngineRun) -> pl.DataFrame | None:
+    """Engine steps traced by the runner (`trace_steps`), one frame for every run; None if
+    nothing was traced."""
+    frames = []
+    for exp in run.experiments:
+        for name in exp.runs():
+            path = next((r / f"{name}.steps.jsonl" for r in raws
+                         if (r / f"{name}.steps.jsonl").exists()), None)
+            if path is None:
+                continue
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            if rows:
+                frames.append(pl.DataFrame(rows).with_columns(pl.lit(name).alias("run")))
+    return pl.concat(frames, how="diagonal") if frames else None
+
+
 def _git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -157,6 +174,9 @@ def ingest(raws: Path | list[Path], run: EngineRun, root: Path = CALIBRATION_DIR
     tmp = Path(tempfile.mkdtemp(prefix=f".{run.name}.", dir=dest.parent))
     (tmp / "run.json").write_text(run.model_dump_json(indent=1, by_alias=True) + "\n")
     reqs.write_parquet(tmp / "requests.parquet", compression="zstd", compression_level=19)
+    steps = read_raw_steps(raws, run)
+    if steps is not None:
+        steps.write_parquet(tmp / "steps.parquet", compression="zstd", compression_level=19)
     (tmp / "measured.json").write_text(json.dumps(measured, indent=1) + "\n")
     (tmp / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
     if dest.exists():

@@ -72,6 +72,9 @@ class EngineRun(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     pool: Pool
     draft_model: str | None = Field(default=None, description="models/<name> of the drafter")
+    trace_steps: bool = Field(
+        default=False, description="also record every engine step's composition (diagnosis)"
+    )
     experiments: list[Experiment] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -243,4 +246,4 @@ def emit_job(run: EngineRun, models_root: Path, work: Path, *, seed: int = 0) ->
         for name in e.runs():
             exps.append(experiment_job(run, e, name))
     return {"name": run.name, "seed": seed, "engine": engine_kwargs(run, models_root, work),
-            "experiments": exps}
+            "trace_steps": run.trace_steps, "experiments": exps}
