@@ -108,9 +108,15 @@ class ProgressBar:
         description: str | None = None,
         advance: float | None = None,
     ) -> None:
-        """Set the steps done (or `advance` them), the total, or the description."""
+        """Set the steps done (or `advance` them), the total, or the description; drawn at
+        once (steps are seconds apart, so a redraw each costs nothing)."""
         if self.progress is None or self.task is None:
             return
         self.progress.update(
-            self.task, completed=completed, total=total, description=description, advance=advance
+            self.task,
+            completed=completed,
+            total=total,
+            description=description,
+            advance=advance,
+            refresh=True,
         )
