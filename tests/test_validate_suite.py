@@ -127,3 +127,16 @@ def test_cli_ingest_of_a_folder_without_runs_is_one_line(tmp_path) -> None:
                                     "--root", str(tmp_path / "cal")])
     assert out.exit_code != 0
     assert "no runner output" in out.output and len(out.output.strip().splitlines()) == 1
+
+
+def test_cli_measure_without_vllm_is_one_line() -> None:
+    pytest.importorskip("polars")  # always there; vllm never is on the CPU test machine
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    out = CliRunner().invoke(main, ["validate", "measure", str(SUITE), "--engine",
+                                    "llama-3.1-8b-bf16-seqs8"])
+    assert out.exit_code == 4
+    assert "vLLM is not installed here" in out.output
+    assert len(out.output.strip().splitlines()) == 1

@@ -178,9 +178,14 @@ def compare(root: Path, fmt: str, out: Path | None, write_docs: Path | None,
 @errors_as_lines
 def measure(suite_file: Path, engines: tuple[str, ...], root: Path, time_budget_s: float) -> None:
     """On a GPU host with vLLM 0.26.0: run each engine's experiments, store them, compare."""
+    import importlib.util
+
     from capplan.validate.store import ingest as store
 
     suite = load_suite(suite_file)
+    if importlib.util.find_spec("vllm") is None:
+        raise CalibrationError("vLLM is not installed here: `capplan validate measure` runs on "
+                               "a GPU host with vllm==0.26.0 (pip install 'capplan[calibrate]')")
     with tempfile.TemporaryDirectory(prefix="capplan-validate-") as tmp:
         work = Path(tmp)
         for name in _engines(suite, engines):
