@@ -74,7 +74,9 @@ _RULES: dict[str, list[str]] = {
     "TrafficMix": ["pool and workload names are unique; every workload's `pool` names a pool",
                    "every request fits the pool's `max_model_len` (input + image + output)"],
     "SimulationSettings": ["`warmup_s` < `duration_s`"],
-    "Pool": ["`gpu` is one of " + ", ".join(f"`{g}`" for g in sorted(GPUS))],
+    "Pool": ["`gpu` is one of " + ", ".join(f"`{g}`" for g in sorted(GPUS)),
+             "a pinned `profile` fixes the precision and drafter: neither `precision` nor "
+             "`engine.speculative` may then be `auto`"],
     "Workload": ["`input_tokens` and `output_tokens` are required unless `arrival` is `replay`",
                  "`prefix.shared_tokens` is below the largest input length"],
     "PrefixSpec": ["exactly one of `shared_tokens`, `shared_fraction`, `target_hit_rate`"],
@@ -208,7 +210,10 @@ def render() -> str:
         parts.append(f"## {heading}\n")
         if heading == "Pools":
             parts.append(
-                f"Precisions: {precision}, or `auto` to let `capplan size` choose.\n"
+                f"Precisions: {precision}, or `auto` to let `capplan size` choose. "
+                "`engine.speculative` and `engine.max_num_seqs` may be `auto` too: `capplan "
+                "size` sizes every candidate and keeps the fewest GPUs, then the widest SLO "
+                "margin; `capplan simulate` needs them set.\n"
             )
         parts += [_model(n, defs) for n in names]
     parts.append(_SLO)

@@ -227,6 +227,7 @@ def simulate(
     from capplan.sim.run import simulate as run_simulation
 
     mix = load_mix(traffic)
+    mix.fixed_pool(pool)
     res = run_simulation(mix, pool, replicas, duration_s=duration_s, seed=seed)
     if requests_out is not None:
         _write_requests(res, requests_out)

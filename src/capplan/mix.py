@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from capplan._yaml import load_model, read_mapping
 from capplan.errors import ConfigError
 from capplan.modelspec import ModelSpec, load_model_spec
-from capplan.pool import Pool
+from capplan.pool import Pool, refuse_open
 from capplan.traffic import ReplayArrival, Workload
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -86,6 +86,13 @@ class TrafficMix(BaseModel):
             file=self._source,
             field="pools",
         )
+
+    def fixed_pool(self, name: str) -> Pool:
+        """The pool, refused (naming this file and the field) while a setting is `auto`:
+        what `capplan simulate` needs; `capplan size` resolves those settings itself."""
+        pool = self.pool(name)
+        refuse_open(pool, file=self._source, where=f"pools.{self.pools.index(pool)}.")
+        return pool
 
     def workloads_of(self, pool: str) -> list[Workload]:
         return [w for w in self.workloads if w.pool == pool]

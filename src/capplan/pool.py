@@ -4,17 +4,52 @@ Defaults are vLLM 0.26.0's for `vllm serve` on a GPU with >= 70 GiB (H100/H200):
 `vllm/engine/arg_utils.py` (get_batch_defaults: OPENAI_API_SERVER → 8192 batched tokens,
 1024 seqs), `vllm/config/cache.py` (gpu_memory_utilization 0.92, prefix caching on),
 block size 16 (FlashAttention's), `vllm/config/scheduler.py` (fcfs, async scheduling on).
+
+A traffic file may leave `precision`, `engine.speculative` and `engine.max_num_seqs` open
+(`auto`) for `capplan size` to choose. An open engine setting is not a value of its field:
+the field keeps its type (an int, a SpeculativeConfig or None) and holds vLLM's default as a
+placeholder, the engine remembers which settings are open (`EngineConfig.auto`) and dumps
+them as `auto`. Nothing may simulate or deploy an engine with open settings
+(`profiles.resolve_profile` and deploy refuse it); `EngineConfig.fixed` closes them.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
+from capplan.errors import ConfigError
 from capplan.hardware import GPUS, Precision
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+AutoSetting = Literal["speculative", "max_num_seqs"]
+AUTO_SETTINGS: tuple[AutoSetting, ...] = ("speculative", "max_num_seqs")
+"""Engine settings a traffic file may leave `auto` for `capplan size` to choose."""
+
+
+def _or_auto(schema: dict[str, Any]) -> None:
+    """The field's JSON schema with `auto` as one more alternative (before null)."""
+    alts = schema.pop("anyOf", None)
+    if alts is None:
+        keep = ("default", "description", "title")
+        alts = [{k: schema.pop(k) for k in list(schema) if k not in keep}]
+    nulls = [a for a in alts if a.get("type") == "null"]
+    schema["anyOf"] = [
+        *(a for a in alts if a.get("type") != "null"), {"const": "auto", "type": "string"}, *nulls
+    ]
 
 
 class SpeculativeConfig(BaseModel):
@@ -32,20 +67,90 @@ class EngineConfig(BaseModel):
     """The vLLM engine settings that change capacity or latency."""
 
     model_config = _FROZEN
-    max_num_seqs: int = Field(default=1024, ge=1)
+    max_num_seqs: int = Field(
+        default=1024, ge=1, json_schema_extra=_or_auto,
+        description="auto: `capplan size` tries 64, 128, 256, 512 and 1024",
+    )
     max_num_batched_tokens: int = Field(default=8192, ge=16)
     gpu_memory_utilization: float = Field(default=0.92, gt=0, le=1)
     max_model_len: int | None = Field(default=None, ge=16, description="None: the model's")
     block_size: int = Field(default=16, ge=1)
     enable_prefix_caching: bool = True
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
-    speculative: SpeculativeConfig | None = None
+    speculative: SpeculativeConfig | None = Field(
+        default=None, json_schema_extra=_or_auto,
+        description="null: none; auto: `capplan size` tries none and every speculative "
+        "configuration measured for the pool's model and precision",
+    )
     limit_mm_per_prompt: dict[str, int] | None = Field(
         default=None, description='{"image": 0} frees the vision encoder reservation'
     )
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
     long_prefill_token_threshold: int = Field(default=0, ge=0)
     async_scheduling: bool = True
+    _auto: frozenset[AutoSetting] = PrivateAttr(default=frozenset())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _take_auto(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+        """`auto` marks the setting open and leaves the field at its default (a placeholder)."""
+        auto: set[AutoSetting] = set()
+        if isinstance(data, dict):
+            auto = {k for k in AUTO_SETTINGS if data.get(k) == "auto"}
+            data = {k: v for k, v in data.items() if k not in auto}
+        engine = handler(data)
+        if auto:
+            engine._auto = frozenset(auto)
+        return engine
+
+    @field_validator("max_num_seqs", mode="before")
+    @classmethod
+    def _seqs_word(cls, v: Any) -> Any:
+        if isinstance(v, str) and not v.isdigit():
+            raise ValueError(f"expected a whole number >= 1 or auto, got {v!r}")
+        return v
+
+    @field_validator("speculative", mode="before")
+    @classmethod
+    def _speculative_word(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            raise ValueError(
+                f"expected {{method: ..., num_speculative_tokens: k}}, null (none) or auto, "
+                f"got {v!r}"
+            )
+        return v
+
+    @model_serializer(mode="wrap")
+    def _dump_auto(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for k in self._auto:
+            data[k] = "auto"
+        return data
+
+    def __repr_args__(self) -> Any:
+        for k, v in super().__repr_args__():
+            yield k, "auto" if k in self._auto else v
+
+    @property
+    def auto(self) -> frozenset[AutoSetting]:
+        """Settings left open for `capplan size`; their fields hold placeholders."""
+        return self._auto
+
+    def fixed(self, **values: Any) -> EngineConfig:
+        """This engine with the open settings named in `values` set to them."""
+        unknown = set(values) - set(AUTO_SETTINGS)
+        if unknown:
+            raise ValueError(f"not an open-able setting: {', '.join(sorted(unknown))}")
+        return self.model_copy(update=values)
+
+    def model_copy(
+        self, *, update: Mapping[str, Any] | None = None, deep: bool = False
+    ) -> Self:
+        """A copy; a setting given a value in `update` is no longer open."""
+        out = super().model_copy(update=update, deep=deep)
+        if update and self._auto & set(update):
+            out._auto = frozenset(k for k in self._auto if k not in update)
+        return out
 
     @property
     def text_only(self) -> bool:
@@ -72,3 +177,40 @@ class Pool(BaseModel):
         if self.gpu not in GPUS:
             raise ValueError(f"unknown gpu {self.gpu!r}; known: {', '.join(sorted(GPUS))}")
         return self
+
+    @model_validator(mode="after")
+    def _pinned_profile_is_fixed(self) -> Pool:
+        opened = [f for f in self.open_settings if f != "engine.max_num_seqs"]
+        if self.profile is not None and opened:
+            raise ValueError(
+                f"profile {self.profile!r} pins the step times of one precision and drafter, "
+                f"so {opened[0]} cannot be auto; drop profile or set {opened[0]}"
+            )
+        return self
+
+    @property
+    def open_settings(self) -> list[str]:
+        """Settings left `auto` for `capplan size`, as dotted field names."""
+        out = ["precision"] if self.precision == "auto" else []
+        return out + [f"engine.{k}" for k in AUTO_SETTINGS if k in self.engine.auto]
+
+
+_HOW_TO_FIX = {
+    "precision": "set bf16, fp8, nvfp4 or awq",
+    "engine.speculative": "set null (no speculative decoding) or {method: ..., "
+    "num_speculative_tokens: k}",
+    "engine.max_num_seqs": "set a number (vLLM 0.26.0's default on H200 is 1024)",
+}
+
+
+def refuse_open(pool: Pool, *, file: str | None = None, where: str = "") -> None:
+    """Raise when the pool leaves a setting `auto`: only `capplan size` chooses those, and
+    nothing may simulate or deploy a placeholder. `where` prefixes the field (`pools.0.`)."""
+    if not pool.open_settings:
+        return
+    field = pool.open_settings[0]
+    raise ConfigError(
+        f"pool {pool.name!r} leaves {field} auto, which `capplan size` chooses; to simulate "
+        f"or deploy it, {_HOW_TO_FIX[field]} (or size the mix and deploy the plan)",
+        file=file, field=where + field,
+    )

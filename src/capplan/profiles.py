@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from capplan.analytic import analytic_profile
 from capplan.errors import ConfigError
 from capplan.hardware import GPUS, Precision
 from capplan.modelspec import ModelSpec, load_model_spec
-from capplan.pool import Pool
+from capplan.pool import Pool, SpeculativeConfig, refuse_open
 from capplan.profile import Profile
 
 VLLM_VERSION = "0.26.0"
@@ -30,6 +32,28 @@ def list_profiles(calibration_dir: Path = CALIBRATION_DIR) -> list[Profile]:
     if not root.is_dir():
         return []
     return [Profile.load(p) for p in sorted(root.rglob("profile.json"))]
+
+
+def measured_speculative(
+    pool: Pool, precision: Precision | str, *, calibration_dir: Path = CALIBRATION_DIR
+) -> list[SpeculativeConfig]:
+    """The speculative configurations (method, k) measured for the pool's GPU, model, TP and
+    KV cache dtype at `precision`, by method then k; acceptance is left at its default."""
+    found = set()
+    for p in list_profiles(calibration_dir):
+        if (p.spec_k and p.spec_method and p.source == "measured" and p.gpu == pool.gpu
+                and p.vllm_version == VLLM_VERSION and p.model == pool.model
+                and p.precision == getattr(precision, "value", precision) and p.tp == pool.tp
+                and p.kv_cache_dtype == pool.engine.kv_cache_dtype):
+            found.add((p.spec_method, p.spec_k))
+    out = []
+    for method, k in sorted(found):
+        try:
+            out.append(SpeculativeConfig.model_validate(
+                {"method": method, "num_speculative_tokens": k}))
+        except ValidationError:
+            continue  # a method capplan cannot simulate: not a candidate
+    return out
 
 
 def _wanted(pool: Pool) -> tuple[Precision, str, str | None, int]:
@@ -77,8 +101,11 @@ def resolve_profile(
     """The measured profile matching the pool, else the analytic one; `.source` says which.
 
     `pool.profile`, when set, names a profile folder (relative to `calibration_dir` or absolute)
-    that is used as is. A draft_model pool needs `draft` for the analytic fallback.
+    that is used as is. A draft_model pool needs `draft` for the analytic fallback. A pool
+    with an engine setting left `auto` is refused (the solver resolves it first).
     """
+    if pool.engine.auto:
+        refuse_open(pool)
     if spec.name != pool.model:
         raise ConfigError(
             f"pool {pool.name!r} serves {pool.model!r} but the spec given is {spec.name!r}"

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from capplan.errors import ConfigError
 from capplan.hardware import Precision
 from capplan.modelspec import ModelSpec, load_model_spec
-from capplan.pool import EngineConfig, Pool
+from capplan.pool import EngineConfig, Pool, refuse_open
 from capplan.profiles import DEFAULT_DRAFT
 from capplan.solve.plan import PoolPlan
 
@@ -48,11 +48,8 @@ class PoolDeploy:
         """A pool of a traffic mix, deployed at `replicas` (no plan needed)."""
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas}")
-        if pool.precision == "auto":
-            raise ConfigError(
-                f"pool {pool.name!r} has precision auto; run `capplan size` to choose one",
-                field="precision",
-            )
+        refuse_open(pool)
+        assert pool.precision != "auto"
         return cls(pool.name, pool.model, pool.gpu, pool.tp, Precision(pool.precision),
                    pool.engine, replicas)
 
@@ -73,6 +70,13 @@ class PoolDeploy:
             err = e.errors()[0]
             where = ".".join(str(x) for x in err["loc"])
             raise ConfigError(f"pool {plan.pool!r}: {err['msg']}", field=f"engine.{where}") from e
+        if engine.auto:  # a plan always holds the chosen values; a hand-made one may not
+            setting = sorted(engine.auto)[0]
+            raise ConfigError(
+                f"pool {plan.pool!r}: the plan leaves {setting} auto; size the mix again "
+                "(`capplan size --out plan.json`) so the plan holds the chosen value",
+                field=f"engine.{setting}",
+            )
         try:
             precision = Precision(plan.precision)
         except ValueError as e:
