@@ -198,7 +198,7 @@ def _config(p: PoolPlan) -> str:
     fewer = {True: "one replica fewer fails", False: "one replica fewer passes too",
              None: "already at the minimum"}[c.one_fewer_fails]
     facts = [
-        ["model", f"{_e(p.model)} on {_e(p.gpu)}, TP={p.tp}, {_e(p.precision)}"],
+        ["model", f"{_e(p.model)} on {_e(p.gpu)}, TP={p.tp}, {_e(p.label)}"],
         ["profile", f"<code>{_e(p.profile)}</code> {_source_badge(p)}"],
         ["replicas", f"{p.replicas_for_slo} for the SLOs + {p.spare} spare = {p.replicas}"],
         ["confidence", f"seeds {_e(c.seeds)} "
@@ -215,14 +215,17 @@ def _config(p: PoolPlan) -> str:
     ]
     out = f"<div class='card'><h3>{_e(p.pool)}</h3>" + _table(None, facts)
     out += "<b>engine</b>" + _table(["setting", "value"], eng, cls="eng")
+    if p.reasoning:
+        out += f"<p class='note'><b>chosen</b>: {_e(p.reasoning)}</p>"
     if p.runners_up:
-        rows = [[_e(r.precision), _e(r.replicas if r.replicas is not None else "–"),
+        rows = [[_e(r.label), _e(r.replicas if r.replicas is not None else "–"),
                  _e(r.gpus if r.gpus is not None else "–"), _usd(r.usd_per_month),
-                 _e(r.profile_source or "–"), _e(r.note)] for r in p.runners_up]
+                 _pct(r.margin), _e(r.profile_source or "–"), _e(r.note)] for r in p.runners_up]
         out += "<b>runners-up</b>" + _table(
-            ["precision", "replicas", "GPUs", "$/month", "profile", "why not"], rows, {1, 2, 3})
+            ["configuration", "replicas", "GPUs", "$/month", "SLO margin", "profile", "why not"],
+            rows, {1, 2, 3, 4})
     else:
-        out += "<p class='sub'>runners-up: none (the mix fixes this pool's precision)</p>"
+        out += "<p class='sub'>runners-up: none (the mix fixes this pool's configuration)</p>"
     for a in p.advice:
         saved = "" if a.gpus_saved is None else f" (GPUs saved: {a.gpus_saved})"
         out += f"<p class='note'><b>advice ({_e(a.kind)})</b>: {_e(a.message)}{saved}</p>"

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from capplan.errors import CapplanError
-from capplan.hardware import Precision
 from capplan.mix import TrafficMix
 from capplan.sim.results import SimResult
 from capplan.sim.run import PoolSetup, setup_pool, simulate
+from capplan.solve.choose import as_planned
 from capplan.solve.options import grown
 from capplan.solve.plan import Plan, PoolPlan
 
@@ -81,16 +81,16 @@ class PoolRuns:
 def planned_mix(
     plan: Plan, mix: TrafficMix
 ) -> tuple[TrafficMix, dict[str, PoolSetup], dict[str, str]]:
-    """The mix with each planned pool at its chosen precision, the pools' setups, and why a
-    pool could not be set up."""
+    """The mix with each planned pool at its chosen configuration (precision, and the engine
+    settings it left auto), the pools' setups, and why a pool could not be set up."""
     pools = []
     setups: dict[str, PoolSetup] = {}
     errors: dict[str, str] = {}
     chosen = {p.pool: p for p in plan.pools}
     for pool in mix.pools:
         pp = chosen.get(pool.name)
-        if pp is not None and str(getattr(pool.precision, "value", pool.precision)) != pp.precision:
-            pool = pool.model_copy(update={"precision": Precision(pp.precision)})
+        if pp is not None:
+            pool = as_planned(pool, pp)
         pools.append(pool)
         if pp is not None:
             try:

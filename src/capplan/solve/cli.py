@@ -28,6 +28,9 @@ from capplan._cli import one_line as _one_line
 from capplan.errors import ConfigError, InfeasibleError
 from capplan.solve.plan import Plan, PoolPlan
 
+RUNNERS_UP_SHOWN = 8
+"""Runners-up printed per pool; the plan's JSON and the report hold all of them."""
+
 
 def _console() -> Console:
     console = Console()
@@ -68,7 +71,7 @@ def print_plan(plan: Plan, console: Console, elapsed_s: float | None = None) -> 
 
 
 def _print_pool(p: PoolPlan, console: Console) -> None:
-    console.print(f"\n[bold]pool {p.pool}[/] ({p.model} on {p.gpu}, TP={p.tp}, {p.precision})")
+    console.print(f"\n[bold]pool {p.pool}[/] ({p.model} on {p.gpu}, TP={p.tp}, {p.label})")
     binding = (p.binding_workload, p.binding_slo)
     for w in p.workloads:
         for line in w.slo:
@@ -99,9 +102,17 @@ def _print_pool(p: PoolPlan, console: Console) -> None:
     )
     if p.extrapolated_steps:
         console.print(f"  [bold red]{p.extrapolated_steps:,} steps outside the calibrated box[/]")
-    for r in p.runners_up:
-        gpus = f"{r.gpus} GPUs, ${r.usd_per_month:,.0f}/month" if r.gpus is not None else "—"
-        console.print(f"  runner-up {r.precision}: {gpus} ({_one_line(r.note)})")
+    if p.reasoning:
+        console.print(f"  chosen: {_one_line(p.reasoning)}", highlight=False)
+    shown = p.runners_up[:RUNNERS_UP_SHOWN]
+    for r in shown:
+        gpus = "—"
+        if r.gpus is not None:
+            gpus = f"{r.gpus} GPU{'s' * (r.gpus != 1)}, ${r.usd_per_month or 0:,.0f}/month"
+        console.print(f"  runner-up {r.label}: {gpus} ({_one_line(r.note)})", highlight=False)
+    if len(p.runners_up) > len(shown):
+        console.print(f"  … {len(p.runners_up) - len(shown)} more runners-up in the JSON plan "
+                      "(--out plan.json) and the report")
     for a in p.advice:
         console.print(f"  [cyan]advice[/]: {a.message}")
 

@@ -1,28 +1,28 @@
-"""What the mix leaves open, and the headroom asked for: candidates, growth, spares, advice.
+"""The plan of a whole mix: growth, spares, each pool's choice (`choose`), and advice.
 
-`precision: auto` is searched over every precision a profile exists for (measured, else the
-analytic one); the cheapest that meets the SLOs wins, the seeds' rule: choose by throughput
-*under the SLO*, not by peak throughput. Pool advice is computed by simulating the change.
+Settings the mix leaves `auto` are chosen per pool by `capplan.solve.choose`. Pool advice is
+computed by simulating the change.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Literal
 
 from capplan.errors import ConfigError, InfeasibleError
-from capplan.hardware import Precision
 from capplan.mix import TrafficMix
 from capplan.pool import Pool, SpeculativeConfig
-from capplan.profiles import list_profiles
-from capplan.sim.run import PoolSetup, setup_pool
-from capplan.solve.plan import Advice, Candidate, Plan, PoolPlan, pool_plan
-from capplan.solve.search import PoolSizing, SearchSettings, Sizer, worst_check
+from capplan.profiles import measured_speculative
+from capplan.sim.run import PoolSetup
+from capplan.solve.choose import AUTO_PRECISIONS, PoolChoice, choose, with_pool
+from capplan.solve.plan import Advice, Plan, PoolPlan, pool_plan
+from capplan.solve.search import SearchSettings, Sizer, worst_check
 from capplan.traffic import ClosedLoop, Workload
 
-AUTO_PRECISIONS = (Precision.BF16, Precision.FP8, Precision.NVFP4, Precision.AWQ)
+__all__ = ["AUTO_PRECISIONS", "PoolChoice", "choose", "floors_of", "grown", "size_mix",
+           "with_pool"]
 
 
 def grown(mix: TrafficMix, growth: float) -> TrafficMix:
@@ -39,116 +39,6 @@ def grown(mix: TrafficMix, growth: float) -> TrafficMix:
             w = w.model_copy(update={"arrival": arrival})
         wls.append(w)
     return mix.model_copy(update={"workloads": wls})
-
-
-def with_pool(mix: TrafficMix, pool: Pool) -> TrafficMix:
-    """The mix with `pool` replacing the pool of the same name."""
-    return mix.model_copy(update={"pools": [pool if p.name == pool.name else p for p in mix.pools]})
-
-
-def _precision(pool: Pool) -> str:
-    return str(getattr(pool.precision, "value", pool.precision))
-
-
-@dataclass(slots=True)
-class _Option:
-    pool: Pool
-    setup: PoolSetup | None
-    sizer: Sizer | None = None
-    probe_replicas: int | None = None
-    sizing: PoolSizing | None = None
-    note: str = ""
-
-    def cost(self, replicas: int | None) -> float:
-        if replicas is None:
-            return math.inf
-        return replicas * self.pool.tp * max(self.pool.price_per_gpu_hour, 1e-12)
-
-
-def _options(mix: TrafficMix, pool: Pool) -> list[_Option]:
-    if pool.precision != "auto":
-        return [_Option(pool, setup_pool(pool, source=mix.source))]
-    out = []
-    for p in AUTO_PRECISIONS:
-        cand = pool.model_copy(update={"precision": p})
-        try:
-            out.append(_Option(cand, setup_pool(cand, source=mix.source)))
-        except ConfigError as e:
-            out.append(_Option(cand, None, note=f"cannot start: {e}"))
-    return out
-
-
-@dataclass(slots=True)
-class PoolChoice:
-    """The configuration chosen for a pool and the ones that lost."""
-
-    sizing: PoolSizing
-    sizer: Sizer
-    probe_replicas: int
-    runners_up: list[Candidate]
-
-
-def choose(
-    mix: TrafficMix,
-    pool_name: str,
-    settings: SearchSettings,
-    *,
-    spare: int = 0,
-    floors: dict[tuple[str, str], int] | None = None,
-) -> PoolChoice:
-    """Search every candidate configuration of a pool at probe level, confirm the cheapest
-    (and the next while confirmation makes the leader dearer than it), keep the cheapest."""
-    opts = _options(mix, mix.pool(pool_name))
-    errors: list[InfeasibleError] = []
-    for o in opts:
-        if o.setup is None:
-            continue
-        floor = (floors or {}).get((pool_name, _precision(o.pool)), 1)
-        o.sizer = Sizer(with_pool(mix, o.pool), pool_name, settings, setup=o.setup, floor=floor)
-        try:
-            o.probe_replicas = o.sizer.search()
-        except InfeasibleError as e:
-            o.note = str(e)
-            errors.append(e)
-    live = sorted(
-        (o for o in opts if o.probe_replicas is not None), key=lambda o: o.cost(o.probe_replicas)
-    )
-    if not live:
-        if len(opts) == 1 and errors:
-            raise errors[0]
-        raise InfeasibleError(
-            f"pool {pool_name}: no precision meets the SLOs: "
-            + "; ".join(f"{_precision(o.pool)}: {o.note}" for o in opts)
-        )
-    best: _Option | None = None
-    for o in live:
-        if best is not None and best.sizing is not None and (
-            best.cost(best.sizing.replicas) <= o.cost(o.probe_replicas)
-        ):
-            break
-        assert o.sizer is not None and o.probe_replicas is not None
-        o.sizing = o.sizer.confirm(o.probe_replicas)
-        if best is None or best.sizing is None or (
-            o.cost(o.sizing.replicas) < best.cost(best.sizing.replicas)
-        ):
-            best = o
-    assert best is not None and best.sizing is not None and best.sizer is not None
-    assert best.probe_replicas is not None
-    runners = [_candidate(o, spare) for o in opts if o is not best] if len(opts) > 1 else []
-    return PoolChoice(best.sizing, best.sizer, best.probe_replicas, runners)
-
-
-def _candidate(o: _Option, spare: int) -> Candidate:
-    """A runner-up, with the same N+k spares as the chosen configuration."""
-    n = o.sizing.replicas if o.sizing else o.probe_replicas
-    gpus = (n + spare) * o.pool.tp if n is not None else None
-    usd = round(gpus * 730.0 * o.pool.price_per_gpu_hour, 2) if gpus is not None else None
-    note = o.note or ("confirmed" if o.sizing else "probe estimate, not confirmed")
-    return Candidate(
-        precision=_precision(o.pool), replicas=None if n is None else n + spare, gpus=gpus,
-        usd_per_month=usd,
-        profile_source=o.setup.profile.source if o.setup else None, note=note,
-    )
 
 
 def split_advice(mix: TrafficMix, choice: PoolChoice, settings: SearchSettings) -> Advice | None:
@@ -202,15 +92,9 @@ def _speculative_for(pool: Pool) -> SpeculativeConfig | None:
     """The drafter the seeds' batch pool uses, where capplan has a profile for it: a measured
     speculative profile of this model and precision (the largest k), else the shipped draft
     model for Llama targets (analytic)."""
-    measured = [
-        p for p in list_profiles()
-        if p.spec_k and p.model == pool.model and p.precision == pool.precision
-        and p.gpu == pool.gpu and p.tp == pool.tp and p.spec_method
-    ]
+    measured = measured_speculative(pool, pool.precision)
     if measured:
-        best = max(measured, key=lambda p: p.spec_k)
-        return SpeculativeConfig(method=best.spec_method,
-                                 num_speculative_tokens=best.spec_k)
+        return max(measured, key=lambda sc: sc.num_speculative_tokens)
     if pool.model.startswith("llama-3"):
         return SpeculativeConfig(method="draft_model", num_speculative_tokens=4)
     return None
@@ -286,9 +170,9 @@ def size_mix(
     on_pool: Callable[[str, int, int], None] | None = None,
 ) -> Plan:
     """Size every pool of `mix` (or those named) at peak traffic x `growth`, plus `spare`
-    replicas each for failures. `floors[(pool, precision)]`: replicas known to be needed
-    (see `floors_of`). `log` is told every simulation of the search; `on_pool(name, i, n)`
-    when pool i of n starts."""
+    replicas each for failures. `floors[(pool, label)]`: replicas known to be needed, by
+    candidate label (see `floors_of`). `log` is told every simulation of the search;
+    `on_pool(name, i, n)` when pool i of n starts."""
     if spare < 0:
         raise ConfigError(f"spare must be >= 0, got {spare}", field="--spare")
     settings = SearchSettings(seed=seed, rate_scale=growth, quick=quick, log=log)
@@ -312,7 +196,8 @@ def size_mix(
                     notes.append(a)
         plans.append(pool_plan(
             choice.sizing, m.workloads_of(pool.name), spare=spare,
-            runners_up=choice.runners_up, advice=notes,
+            runners_up=choice.runners_up, advice=notes, auto=choice.auto,
+            reasoning=choice.reasoning,
         ))
     return Plan(
         mix=mix.name, source=mix.source, growth=growth, spare=spare,
@@ -321,10 +206,10 @@ def size_mix(
 
 
 def floors_of(plan: Plan) -> dict[tuple[str, str], int]:
-    """Replicas each (pool, precision) of `plan` needed: the floor at higher traffic."""
-    out = {(p.pool, p.precision): p.replicas_for_slo for p in plan.pools}
+    """Replicas each (pool, candidate label) of `plan` needed: the floor at higher traffic."""
+    out = {(p.pool, p.label): p.replicas_for_slo for p in plan.pools}
     for p in plan.pools:
         for r in p.runners_up:
-            if r.replicas is not None and r.note == "confirmed":
-                out[(p.pool, r.precision)] = r.replicas - p.spare
+            if r.replicas is not None and r.note.startswith("confirmed"):
+                out[(p.pool, r.label)] = r.replicas - p.spare
     return out

@@ -4,8 +4,10 @@ JSON schema (`Plan.model_dump_json`), one object per pool under `pools`:
 `pool, model, gpu, tp, precision, engine, replicas, replicas_for_slo, spare, gpus,
 binding_workload, binding_slo, binding_margin, workloads[].slo[] (key, limit_s, value_s,
 margin, met), workloads[] predicted percentiles, utilisation, prefix_hit_rate, kv_usage_peak,
-kv_headroom, profile, profile_source, cost, confidence, runners_up, advice, bracket`.
-Margins are fractions of the limit (0.2: 20 % below it). `value_s` null: requests unfinished.
+kv_headroom, profile, profile_source, cost, confidence, runners_up, advice, bracket, auto,
+reasoning`. Margins are fractions of the limit (0.2: 20 % below it). `value_s` null: requests
+unfinished. Settings the mix left `auto` are listed under `auto`; `precision` and `engine` hold
+the values chosen for them, `runners_up` the candidates that lost and `reasoning` why.
 """
 
 from __future__ import annotations
@@ -82,16 +84,36 @@ class Confidence(BaseModel):
     simulations: int
 
 
+def setting_text(key: str, value: Any) -> str:
+    """One chosen setting as a person reads it (`draft_model k=4`, `max_num_seqs 256`)."""
+    if key == "speculative":
+        if value is None:
+            return "no speculation"
+        return f"{value['method']} k={value['num_speculative_tokens']}"
+    return f"{key} {value}"
+
+
 class Candidate(BaseModel):
-    """A configuration searched but not chosen (`precision: auto`)."""
+    """A configuration searched but not chosen (settings left `auto`): its precision, the
+    values of the open engine settings, and what the search found."""
 
     model_config = _FROZEN
     precision: str
+    engine: dict[str, Any] = Field(
+        default_factory=dict, description="the open engine settings' values in this candidate"
+    )
     replicas: int | None
     gpus: int | None
     usd_per_month: float | None
+    margin: float | None = Field(
+        default=None, description="worst SLO margin at its replica count (over seeds run)"
+    )
     profile_source: str | None
     note: str
+
+    @property
+    def label(self) -> str:
+        return ", ".join([self.precision, *(setting_text(k, v) for k, v in self.engine.items())])
 
 
 class Advice(BaseModel):
@@ -145,6 +167,16 @@ class PoolPlan(BaseModel):
     bracket: BracketLine
     runners_up: list[Candidate] = Field(default_factory=list)
     advice: list[Advice] = Field(default_factory=list)
+    auto: list[str] = Field(
+        default_factory=list, description="settings the mix left auto (`engine.max_num_seqs`)"
+    )
+    reasoning: str = Field(default="", description="why this configuration, when one was chosen")
+
+    @property
+    def label(self) -> str:
+        """Precision and the chosen values of the engine settings the mix left open."""
+        keys = [a.removeprefix("engine.") for a in self.auto if a.startswith("engine.")]
+        return ", ".join([self.precision, *(setting_text(k, self.engine.get(k)) for k in keys)])
 
 
 class Plan(BaseModel):
@@ -241,6 +273,8 @@ def pool_plan(
     spare: int = 0,
     runners_up: list[Candidate] | None = None,
     advice: list[Advice] | None = None,
+    auto: list[str] | None = None,
+    reasoning: str = "",
 ) -> PoolPlan:
     """A PoolPlan from a search's answer (figures from the base-seed run at the answer)."""
     pool, res = sz.setup.pool, sz.result
@@ -292,4 +326,6 @@ def pool_plan(
         ),
         runners_up=runners_up or [],
         advice=advice or [],
+        auto=auto or [],
+        reasoning=reasoning,
     )

@@ -153,11 +153,17 @@ class Sizer:
         *,
         setup: PoolSetup | None = None,
         floor: int = 1,
+        start: int | None = None,
+        label: str | None = None,
     ) -> None:
         """`floor`: a count known to be needed (a sweep's answer at lower traffic: more
-        traffic never needs fewer replicas); the search starts at or above it."""
+        traffic never needs fewer replicas); the search starts at or above it. `start`: where
+        to begin instead of the analytic estimate (a quick screen's answer). `label`: the
+        candidate configuration, in messages and the log (default: the precision)."""
         self.settings = (settings or SearchSettings()).scaled()
         self.floor = floor
+        self.start = start
+        self._label = label
         self.pool = mix.pool(pool_name)
         self.workloads = mix.workloads_of(pool_name)
         self.setup = setup or setup_pool(self.pool, source=mix.source)
@@ -216,7 +222,8 @@ class Sizer:
         if found is not None:
             wl, check = found
             worst = f"; tightest {wl} {check.key} {_fmt(check.value_s)} vs {check.limit_s:g} s"
-        log(f"{self.pool.name}: {replicas} replica(s), {'probe' if probe else 'full'} "
+        name = f"{self.pool.name} [{self._label}]" if self._label else self.pool.name
+        log(f"{name}: {replicas} replica(s), {'probe' if probe else 'full'} "
             f"{duration_s:g} s, seed {seed}: {verdict}{worst} ({wall_s:.1f} s)")
 
     def prefetch(self, runs: list[tuple[int, int, bool]]) -> None:
@@ -250,6 +257,10 @@ class Sizer:
         p = self.setup.pool.precision
         return str(getattr(p, "value", p))
 
+    @property
+    def label(self) -> str:
+        return self._label or self.precision
+
     def check_feasible(self) -> None:
         """Refuse, before any simulation, SLOs the step model alone rules out."""
         cap = self.pool.max_replicas
@@ -259,13 +270,13 @@ class Sizer:
                 if why:
                     raise InfeasibleError(
                         f"no replica count ≤ {cap} meets {t.key} ≤ {t.limit_s:g} s for workload "
-                        f"{w.name} in pool {self.pool.name} ({self.precision}): "
+                        f"{w.name} in pool {self.pool.name} ({self.label}): "
                         f"{why}"
                     )
         if self.bracket.lower > cap:
             raise InfeasibleError(
                 f"no replica count ≤ {cap} can carry pool {self.pool.name}'s traffic "
-                f"({self.precision}): the work alone needs ≥ {self.bracket.lower} "
+                f"({self.label}): the work alone needs ≥ {self.bracket.lower} "
                 f"replicas ({self.bracket.describe()})"
             )
 
@@ -282,7 +293,7 @@ class Sizer:
             why = f" ({floor[1]})"
         return InfeasibleError(
             f"no replica count ≤ {n} meets {c.key} ≤ {c.limit_s:g} s for workload {wl} in pool "
-            f"{self.pool.name} ({self.precision}): best {_fmt(c.value_s)} at {n} "
+            f"{self.pool.name} ({self.label}): best {_fmt(c.value_s)} at {n} "
             f"replica{'s' * (n != 1)}{why}"
         )
 
@@ -293,13 +304,19 @@ class Sizer:
         lower = max(self.bracket.lower, self.floor)
         if lower > cap:
             raise InfeasibleError(
-                f"no replica count ≤ {cap} carries pool {self.pool.name} ({self.precision}): "
+                f"no replica count ≤ {cap} carries pool {self.pool.name} ({self.label}): "
                 f"{lower} were needed at lower traffic"
             )
         lo = lower - 1  # below the work/KV floor: fails without simulating
-        n = min(max(self.bracket.estimate, lower), cap)
+        n = min(max(self.start or self.bracket.estimate, lower), cap)
         if self._probe(n):
             hi = n
+            if self.start is not None and n - 1 > lo:
+                # a screen's answer is usually right or one off: try one below before bisecting
+                if self._probe(n - 1):
+                    hi = n - 1
+                else:
+                    lo = n - 1
         else:
             lo = n
             while True:

@@ -1,0 +1,331 @@
+"""What the mix leaves open: a pool's candidate configurations, and the one chosen.
+
+A pool may leave `precision`, `engine.speculative` and `engine.max_num_seqs` `auto`. The
+candidates are the product of the open settings' values: every precision (a measured profile,
+else the analytic one); no speculation plus every speculative configuration measured for the
+model at that precision; the `max_num_seqs` ladder. The seeds' rule decides: throughput
+*under the SLO*, not peak throughput, so the fewest GPUs that meet every SLO win, and among
+equal GPU counts the best SLO margin (the most headroom for the same money).
+
+The product can be large (4 precisions x 3 drafters x 5 ladder steps), so with more than
+FINALISTS candidates each is first sized by the quick search (`--quick`'s short probes),
+and only the best FINALISTS get the full probe search, seeded with the quick answer.
+Confirmation (every seed at full length) runs on the leader and on every finalist whose probe
+answer is cheaper than the best confirmed so far, or as cheap (to compare margins).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from capplan.errors import ConfigError, InfeasibleError
+from capplan.hardware import Precision
+from capplan.mix import TrafficMix
+from capplan.pool import EngineConfig, Pool, SpeculativeConfig
+from capplan.profiles import measured_speculative
+from capplan.sim.results import SimResult
+from capplan.sim.run import PoolSetup, setup_pool
+from capplan.solve.plan import Candidate, PoolPlan, setting_text
+from capplan.solve.search import PoolSizing, SearchSettings, Sizer
+
+AUTO_PRECISIONS = (Precision.BF16, Precision.FP8, Precision.NVFP4, Precision.AWQ)
+
+MAX_NUM_SEQS_LADDER = (64, 128, 256, 512, 1024)
+"""`max_num_seqs: auto` tries these. 1024 is vLLM 0.26.0's `vllm serve` default on H200
+(src/capplan/pool.py) and the largest: more concurrent sequences than that only deepen a
+queue the SLOs already refuse. Doubling steps down to 64 span the batches where the cap binds
+for latency-bound pools (a lower cap shortens decode steps, so ITL, at the price of queueing
+before admission, so TTFT) while staying cheap to search: five candidates per other setting.
+The shipped profiles were measured at batches up to 256 (64 with draft_model k=4); steps of
+larger batches are extrapolated and the plan counts them (`extrapolated_steps`)."""
+
+FINALISTS = 3
+"""Candidates given the full probe search after the quick screen; also the most that are
+confirmed only to compare margins at an equal GPU count."""
+
+
+def with_pool(mix: TrafficMix, pool: Pool) -> TrafficMix:
+    """The mix with `pool` replacing the pool of the same name."""
+    return mix.model_copy(update={"pools": [pool if p.name == pool.name else p for p in mix.pools]})
+
+
+def as_planned(pool: Pool, planned: PoolPlan) -> Pool:
+    """The mix's pool at the plan's precision and with the values the plan chose for the
+    engine settings the pool leaves open."""
+    update: dict[str, Any] = {}
+    if precision_of(pool) != planned.precision:
+        update["precision"] = Precision(planned.precision)
+    if pool.engine.auto:
+        chosen = {k: planned.engine[k] for k in pool.engine.auto if k in planned.engine}
+        update["engine"] = EngineConfig.model_validate(
+            {**pool.engine.model_dump(mode="json"), **chosen})
+    return pool.model_copy(update=update) if update else pool
+
+
+def precision_of(pool: Pool) -> str:
+    return str(getattr(pool.precision, "value", pool.precision))
+
+
+def label(pool: Pool, opened: list[str]) -> str:
+    """The candidate's precision and the values of its open engine settings (`bf16,
+    draft_model k=4, max_num_seqs 256`); the precision alone when no engine setting is open."""
+    engine = pool.engine.model_dump(mode="json")
+    keys = [f.removeprefix("engine.") for f in opened if f.startswith("engine.")]
+    return ", ".join([precision_of(pool), *(setting_text(k, engine[k]) for k in keys)])
+
+
+def candidates(pool: Pool) -> list[Pool]:
+    """Every configuration the pool's open settings allow, fixed; the pool itself if none."""
+    if not pool.open_settings:
+        return [pool]
+    auto = pool.engine.auto
+    precisions = AUTO_PRECISIONS if pool.precision == "auto" else (Precision(pool.precision),)
+    out = []
+    for precision in precisions:
+        drafters: list[SpeculativeConfig | None] = (
+            [None, *measured_speculative(pool, precision)] if "speculative" in auto
+            else [pool.engine.speculative]
+        )
+        # largest first: among candidates equal in GPUs and margin the earlier one is kept, and
+        # a cap that does not bind is best left high (vLLM's default, room for bursts)
+        seqs = (tuple(reversed(MAX_NUM_SEQS_LADDER)) if "max_num_seqs" in auto
+                else (pool.engine.max_num_seqs,))
+        for sc in drafters:
+            for n in seqs:
+                values: dict[str, Any] = {"speculative": sc, "max_num_seqs": n}
+                engine = pool.engine.fixed(**{k: v for k, v in values.items() if k in auto})
+                out.append(pool.model_copy(update={"precision": precision, "engine": engine}))
+    return out
+
+
+def worst_margin(results: list[SimResult]) -> float:
+    """The smallest SLO margin over every run, workload and target (-inf: nothing ran)."""
+    return min((c.margin for r in results for w in r.workloads for c in w.slo), default=-math.inf)
+
+
+@dataclass(slots=True)
+class _Option:
+    pool: Pool
+    label: str
+    setup: PoolSetup | None
+    sizer: Sizer | None = None
+    replicas: int | None = None
+    """The latest answer: the quick screen's, then the probe search's, then confirmed."""
+    probe_replicas: int | None = None
+    screen_replicas: int | None = None
+    margin: float = -math.inf
+    extrapolated: int = 0
+    """Steps outside the profile's calibrated box in the runs behind `replicas`."""
+    level: str = ""
+    sizing: PoolSizing | None = None
+    error: InfeasibleError | None = None
+    note: str = ""
+
+    def cost(self) -> float:
+        if self.replicas is None:
+            return math.inf
+        return self.replicas * self.pool.tp * max(self.pool.price_per_gpu_hour, 1e-12)
+
+    def rank(self) -> tuple[float, float, bool]:
+        """Fewest GPUs first (cost: the price per GPU is the pool's, the same for every
+        candidate), then the widest SLO margin (to 0.01 %: closer is a tie), then step times
+        inside the calibrated box; further ties keep the candidates' order (no speculation
+        first, the largest max_num_seqs first)."""
+        return self.cost(), -round(self.margin, 4), self.extrapolated > 0
+
+    def size(self, mix: TrafficMix, settings: SearchSettings, *, level: str, floor: int,
+             start: int | None = None, label: str | None = None) -> None:
+        """Search this candidate; an infeasible one keeps the reason."""
+        assert self.setup is not None
+        sizer = Sizer(with_pool(mix, self.pool), self.pool.name, settings, setup=self.setup,
+                      floor=floor, start=start, label=label)
+        try:
+            n = sizer.search()
+        except InfeasibleError as e:
+            self.replicas, self.level, self.error, self.note = None, "", e, str(e)
+            return
+        self.sizer, self.replicas, self.level = sizer, n, level
+        if level == "probe":
+            self.probe_replicas = n
+        else:
+            self.screen_replicas = n
+        self._judge([sizer.run(n, sizer.probe_s, sizer.seed, probe=True)])
+
+    def confirm(self) -> None:
+        assert self.sizer is not None and self.replicas is not None
+        self.sizing = self.sizer.confirm(self.replicas)
+        self.replicas, self.level = self.sizing.replicas, "confirmed"
+        self._judge(self.sizing.seed_results)
+
+    def _judge(self, results: list[SimResult]) -> None:
+        self.margin = worst_margin(results)
+        self.extrapolated = sum(r.pool.extrapolated_steps for r in results)
+
+
+@dataclass(slots=True)
+class PoolChoice:
+    """The configuration chosen for a pool, the ones that lost, and why."""
+
+    sizing: PoolSizing
+    sizer: Sizer
+    probe_replicas: int
+    runners_up: list[Candidate]
+    auto: list[str]
+    reasoning: str = ""
+
+
+def _options(mix: TrafficMix, pool: Pool) -> list[_Option]:
+    opened = pool.open_settings
+    if not opened:  # a fixed pool that cannot start is the user's error, not a lost candidate
+        return [_Option(pool, label(pool, []), setup_pool(pool, source=mix.source))]
+    out = []
+    for cand in candidates(pool):
+        name = label(cand, opened)
+        try:
+            out.append(_Option(cand, name, setup_pool(cand, source=mix.source)))
+        except ConfigError as e:
+            out.append(_Option(cand, name, None, note=f"cannot start: {e}"))
+    return out
+
+
+def choose(
+    mix: TrafficMix,
+    pool_name: str,
+    settings: SearchSettings,
+    *,
+    spare: int = 0,
+    floors: dict[tuple[str, str], int] | None = None,
+) -> PoolChoice:
+    """Size every candidate configuration of a pool (quick screen first when there are many),
+    confirm the best, keep the fewest GPUs, then the widest margin. `floors[(pool, label)]`:
+    replicas a candidate is known to need."""
+    opened = mix.pool(pool_name).open_settings
+    opts = _options(mix, mix.pool(pool_name))
+    live = [o for o in opts if o.setup is not None]
+    screen = len(live) > FINALISTS and not settings.quick
+    first = replace(settings, quick=True) if screen else settings
+    floor = {o.label: (floors or {}).get((pool_name, o.label), 1) for o in opts}
+    tag = {o.label: o.label if opened else None for o in opts}
+    for o in live:
+        o.size(mix, first, level="quick screen" if screen else "probe", floor=floor[o.label],
+               label=tag[o.label])
+    ranked = sorted((o for o in live if o.replicas is not None), key=_Option.rank)
+    if screen:  # the best few by the quick screen get the full probe search
+        finalists: list[_Option] = []
+        for o in ranked:
+            if len(finalists) == FINALISTS:
+                break
+            o.size(mix, settings, level="probe", floor=floor[o.label], start=o.replicas,
+                   label=tag[o.label])
+            if o.replicas is not None:
+                finalists.append(o)
+        ranked = sorted(finalists, key=_Option.rank)
+    if not ranked:
+        if len(opts) == 1 and opts[0].error is not None:
+            raise opts[0].error
+        what = "precision" if opened == ["precision"] else "candidate configuration"
+        raise InfeasibleError(
+            f"pool {pool_name}: no {what} meets the SLOs: "
+            + "; ".join(f"{o.label}: {o.note}" for o in opts)
+        )
+    best: _Option | None = None
+    best_probe: tuple[float, float, bool] | None = None
+    equal = 0
+    for o in ranked:
+        if best is not None:
+            if o.cost() > best.cost():
+                break  # sorted by cost: nothing after it can be cheaper
+            if o.cost() == best.cost():
+                if equal == FINALISTS - 1:
+                    break
+                if o.rank() == best_probe:  # the setting that differs does not bind
+                    o.note = "probe matched a confirmed candidate's GPUs and margin"
+                    continue
+                equal += 1
+        probe_rank = o.rank()
+        o.confirm()
+        if best is None or o.rank() < best.rank():
+            best, best_probe = o, probe_rank
+    assert best is not None and best.sizing is not None and best.sizer is not None
+    assert best.probe_replicas is not None
+    # confirmed answers first, then probe estimates, then quick-screen ones: like with like
+    order = {"confirmed": 0, "probe": 1, "quick screen": 2, "": 3}
+    runners = sorted((o for o in opts if o is not best), key=lambda o: (order[o.level], o.rank()))
+    return PoolChoice(
+        best.sizing, best.sizer, best.probe_replicas,
+        [_candidate(o, best, spare, opened) for o in runners] if len(opts) > 1 else [],
+        opened, _reasoning(best, opts, opened, screen),
+    )
+
+
+def _pct(m: float) -> str:
+    return f"{m:.1%}" if math.isfinite(m) else "none"
+
+
+def _candidate(o: _Option, best: _Option, spare: int, opened: list[str]) -> Candidate:
+    """A runner-up, with the same N+k spares as the chosen configuration."""
+    n = o.replicas
+    gpus = (n + spare) * o.pool.tp if n is not None else None
+    usd = round(gpus * 730.0 * o.pool.price_per_gpu_hour, 2) if gpus is not None else None
+    if o.note and o.replicas is None:
+        note = o.note
+    elif o.level == "confirmed":
+        note = "confirmed"
+        if o.rank() == best.rank():
+            note += (f": same GPUs and SLO margin ({_pct(o.margin)}); the chosen one is nearer "
+                     "vLLM's defaults")
+        elif o.rank()[:2] == best.rank()[:2]:
+            note += (f": same GPUs and SLO margin ({_pct(o.margin)}), but {o.extrapolated} "
+                     "step(s) outside the profile's calibrated box")
+        elif o.cost() == best.cost():
+            note += (f": same GPUs, smaller SLO margin ({_pct(o.margin)} vs "
+                     f"{_pct(best.margin)})")
+    elif o.level == "probe":
+        note = f"{o.note or 'probe estimate'}, not confirmed"
+    else:
+        note = (f"quick screen only: {o.screen_replicas} replica(s) in short runs (the chosen "
+                f"one: {best.screen_replicas}); not among the best {FINALISTS} searched in full")
+    engine = o.pool.engine.model_dump(mode="json")
+    return Candidate(
+        precision=precision_of(o.pool),
+        engine={k: engine[k] for k in (f.removeprefix("engine.") for f in opened
+                                       if f.startswith("engine."))},
+        replicas=None if n is None else n + spare, gpus=gpus, usd_per_month=usd,
+        margin=round(o.margin, 6) if n is not None and math.isfinite(o.margin) else None,
+        profile_source=o.setup.profile.source if o.setup else None, note=note,
+    )
+
+
+def _reasoning(best: _Option, opts: list[_Option], opened: list[str], screen: bool) -> str:
+    """Why this candidate: its GPUs against the next, or its margin among equals."""
+    if not opened:
+        return ""
+    gpus = best.replicas * best.pool.tp if best.replicas is not None else 0
+    equal = [o for o in opts if o is not best and o.level == "confirmed"
+             and o.cost() == best.cost()]
+    dearer = [o.replicas * o.pool.tp for o in opts
+              if o.replicas is not None and o.cost() > best.cost()]
+    text = (f"{', '.join(opened)} auto: {len(opts)} candidate(s); chose {best.label}: the "
+            f"fewest GPUs ({gpus})")
+    gpus_text = f"{gpus} GPU{'s' * (gpus != 1)}"
+    if equal:
+        runner = min(equal, key=_Option.rank)
+        text += f"; {len(equal)} other(s) confirmed also need {gpus_text}"
+        if runner.rank()[1] != best.rank()[1]:
+            text += (f", and among equal GPU counts the widest SLO margin wins "
+                     f"({_pct(best.margin)} vs {_pct(runner.margin)} for {runner.label})")
+        elif runner.rank() != best.rank():
+            text += (f" with the same SLO margin ({_pct(best.margin)}); this one's steps stay "
+                     f"inside the profile's calibrated box ({runner.label}'s do not)")
+        else:
+            text += (f" with the same SLO margin ({_pct(best.margin)}): the settings that differ "
+                     "do not bind at this traffic, so the one nearest vLLM's defaults is kept")
+    elif dearer:
+        text += f"; the next best needs {min(dearer)}"
+    if screen:
+        confirmed = sum(o.level == "confirmed" for o in opts)
+        text += (f" (every candidate sized by the quick search, the best {FINALISTS} by the "
+                 f"full one, {confirmed} confirmed)")
+    return text
