@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from capplan.cli import main
 from capplan.deploy import PoolDeploy, serve_command
-from capplan.errors import ConfigError
+from capplan.errors import ConfigError, InfeasibleError
 from capplan.mix import TrafficMix, load_mix
 from capplan.modelspec import load_model_spec
 from capplan.pool import EngineConfig, Pool, SpeculativeConfig
@@ -230,6 +230,20 @@ def test_chosen_plan_resimulates_within_its_slos() -> None:
         for c in w.slo:
             got = next(s.value_s for s in line.slo if s.key == c.key)
             assert got == pytest.approx(c.value_s, abs=1e-6)
+
+
+def test_no_feasible_candidate_is_one_line() -> None:
+    """When no candidate can meet an SLO, the answer names the pool and the first candidates'
+    reasons on one line (exit 5 from the CLI), not a traceback or a page."""
+    mix = load_mix(OPEN)
+    w = mix.workloads[0]
+    tight = w.model_copy(update={"slo": w.slo.model_validate({"ttft_p99_s": 0.001})})
+    bad = mix.model_copy(update={"workloads": [tight]})
+    with pytest.raises(InfeasibleError) as e:
+        size_mix(bad, quick=True, advice=False)
+    msg = str(e.value)
+    assert msg.startswith("pool docs: no candidate configuration meets the SLOs: ")
+    assert "prefill" in msg and "and 11 more" in msg and "\n" not in msg
 
 
 def test_floors_are_kept_per_candidate() -> None:

@@ -46,6 +46,10 @@ FINALISTS = 3
 confirmed only to compare margins at an equal GPU count."""
 
 
+SHOWN_REASONS = 4
+"""Candidates whose reason an infeasible pool's error gives (the first, in candidate order)."""
+
+
 def with_pool(mix: TrafficMix, pool: Pool) -> TrafficMix:
     """The mix with `pool` replacing the pool of the same name."""
     return mix.model_copy(update={"pools": [pool if p.name == pool.name else p for p in mix.pools]})
@@ -226,9 +230,11 @@ def choose(
         if len(opts) == 1 and opts[0].error is not None:
             raise opts[0].error
         what = "precision" if opened == ["precision"] else "candidate configuration"
+        why = [f"{o.label}: {o.note}" for o in opts]
+        more = f"; and {len(why) - SHOWN_REASONS} more" if len(why) > SHOWN_REASONS else ""
         raise InfeasibleError(
             f"pool {pool_name}: no {what} meets the SLOs: "
-            + "; ".join(f"{o.label}: {o.note}" for o in opts)
+            + "; ".join(why[:SHOWN_REASONS]) + more
         )
     best: _Option | None = None
     best_probe: tuple[float, float, bool] | None = None
