@@ -258,6 +258,20 @@ def test_floors_are_kept_per_candidate() -> None:
             assert floors[("docs", r.label)] == r.replicas
 
 
+def test_sweep_with_open_settings(tmp_path: Path) -> None:
+    """`capplan sweep` re-chooses the open settings at each growth (floors per candidate):
+    GPUs never fall as traffic grows, and the curve names each growth's configuration."""
+    out = tmp_path / "curve.csv"
+    r = CliRunner().invoke(main, ["sweep", "--traffic", str(SEQS), "--growth", "1,2",
+                                  "--quick", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = out.read_text().splitlines()
+    assert rows[0].endswith(",configuration")
+    assert all("max_num_seqs " in row for row in rows[1:])
+    gpus = [int(x.split(",")[2]) for x in rows[1:]]
+    assert len(gpus) == 2 and gpus[0] <= gpus[1]
+
+
 # -- output -------------------------------------------------------------------------------------
 
 

@@ -229,11 +229,13 @@ def _growths(text: str) -> list[float]:
 
 
 def sweep_rows(plans: list[Plan]) -> list[dict[str, Any]]:
-    """One row per (growth, pool): the capacity curve."""
+    """One row per (growth, pool): the capacity curve; `configuration` is the precision and
+    the values chosen for engine settings left auto (they may change as traffic grows)."""
     return [
         {"growth": plan.growth, "pool": p.pool, "gpus": p.gpus, "replicas": p.replicas,
          "precision": p.precision, "binding_workload": p.binding_workload,
-         "binding_slo": p.binding_slo, "usd_per_month": p.cost.usd_per_month}
+         "binding_slo": p.binding_slo, "usd_per_month": p.cost.usd_per_month,
+         "configuration": p.label}
         for plan in plans for p in plan.pools
     ]
 
