@@ -21,7 +21,7 @@ import simpy
 from capplan.errors import ConfigError
 from capplan.mix import TrafficMix, max_model_len
 from capplan.modelspec import ModelSpec, load_model_spec
-from capplan.pool import Pool
+from capplan.pool import Pool, refuse_open
 from capplan.profile import Profile, StepTimer
 from capplan.sim.core import CoreConfig, EngineCore, SimRequest
 from capplan.sim.metrics import WorkloadRecorder
@@ -71,6 +71,7 @@ def setup_pool(pool: Pool, *, profile: Profile | None = None, source: str = "") 
             file=source or None,
             field="precision",
         )
+    refuse_open(pool, file=source or None)  # a placeholder must never be simulated
     spec = load_model_spec(pool.model)
     prof = profile or resolve_profile(pool, spec)
     eng = pool.engine

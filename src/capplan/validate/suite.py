@@ -86,8 +86,8 @@ class EngineRun(BaseModel):
         spec = self.pool.engine.speculative
         if spec is not None and spec.method == "draft_model" and not self.draft_model:
             raise ValueError("speculative method draft_model needs draft_model: <model name>")
-        if self.pool.precision == "auto":
-            raise ValueError("precision: auto is for sizing; name the precision to validate")
+        if self.pool.precision == "auto" or self.pool.open_settings:
+            raise ValueError("settings left auto are for sizing; name the value to validate")
         return self
 
     def mix(self, exp: Experiment, acceptance: float | None = None) -> TrafficMix:
