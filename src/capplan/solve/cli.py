@@ -12,17 +12,9 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 
+from capplan._cli import ProgressBar
 from capplan._cli import errors_as_lines as _errors_as_lines
 from capplan._cli import one_line as _one_line
 from capplan.errors import ConfigError, InfeasibleError
@@ -180,34 +172,28 @@ def size(traffic: Path, fmt: str, out: Path | None, growth: float, spare: int,
 
 class _Feedback:
     """What a person waiting on a long search sees, on stderr: a progress bar over the pools
-    with elapsed time on a terminal (nothing when piped), and with --verbose every step."""
+    with elapsed time and ETA on a terminal (nothing when piped), and with --verbose every
+    step."""
 
     def __init__(self, verbose: bool) -> None:
         self.console = Console(stderr=True)
         if not self.console.is_terminal:
             self.console = Console(stderr=True, width=160)  # logs: do not wrap at 80
         self.verbose = verbose
-        self.progress: Progress | None = None
-        self.task: TaskID | None = None
+        self.bar: ProgressBar | None = None
 
     def __enter__(self) -> _Feedback:
-        if self.console.is_terminal and not self.verbose:
-            self.progress = Progress(
-                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                MofNCompleteColumn(), TimeElapsedColumn(), console=self.console, transient=True,
-            )
-            self.progress.start()
+        if not self.verbose:
+            self.bar = ProgressBar("sizing", console=self.console).__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.progress is not None:
-            self.progress.stop()
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
 
     def pool(self, name: str, i: int, n: int) -> None:
-        if self.progress is not None:
-            if self.task is None:
-                self.task = self.progress.add_task("sizing", total=n)
-            self.progress.update(self.task, completed=i, description=f"sizing pool {name}")
+        if self.bar is not None:
+            self.bar.update(i, total=n, description=f"sizing pool {name}")
         elif self.verbose:
             self.console.print(f"[bold]pool {name}[/] ({i + 1}/{n})")
 
@@ -292,15 +278,21 @@ def sweep(traffic: Path, growth_text: str, out: Path | None, plot: Path | None, 
     console = _console()
     plans: list[Plan] = []
     floors: dict[tuple[str, str], int] = {}
-    for g in sorted(_growths(growth_text)):
-        try:
-            plans.append(size_mix(mix, growth=g, spare=spare, seed=seed, quick=quick,
-                                  advice=False, floors=floors))
-            floors = floors_of(plans[-1])
-        except InfeasibleError as e:
-            # more traffic never needs fewer GPUs: every larger growth is infeasible too
-            console.print(f"[red]growth ×{g:g} and above: infeasible: {_one_line(str(e))}[/]")
-            break
+    growths = sorted(_growths(growth_text))
+    with ProgressBar("sweeping", total=len(growths)) as bar:
+        for k, g in enumerate(growths):
+            def step(name: str, j: int, n: int, k: int = k, g: float = g) -> None:
+                bar.update(k * n + j, total=len(growths) * n,
+                           description=f"growth ×{g:g}: pool {name}")
+
+            try:
+                plans.append(size_mix(mix, growth=g, spare=spare, seed=seed, quick=quick,
+                                      advice=False, floors=floors, on_pool=step))
+                floors = floors_of(plans[-1])
+            except InfeasibleError as e:
+                # more traffic never needs fewer GPUs: every larger growth is infeasible too
+                console.print(f"[red]growth ×{g:g} and above: infeasible: {_one_line(str(e))}[/]")
+                break
     if not plans:
         raise InfeasibleError(f"no growth factor in {growth_text!r} is feasible")
     rows = sweep_rows(plans)
