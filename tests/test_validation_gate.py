@@ -56,7 +56,7 @@ def test_bounds_are_never_looser_than_needed(rows: list[Row]) -> None:
         for m in METRICS:
             b, e = bounds[report.row_key(r)][m], abs(r.error(m))
             if math.isfinite(e):
-                assert b <= max(report.TARGETS[m], e + report.ALLOWANCE) + 1e-4  # 4-decimal rounding
+                assert b <= max(report.TARGETS[m], e + report.ALLOWANCE) + 1e-4  # rounding
 
 
 def test_ratchet_only_tightens(rows: list[Row]) -> None:
