@@ -76,7 +76,8 @@ def test_engine_kwargs_pin_what_the_simulator_reads(suite, tmp_path) -> None:
     assert eng["load_format"] == "dummy" and eng["skip_tokenizer_init"] is True
     assert eng["speculative_config"] == {"method": "draft_model", "num_speculative_tokens": 4,
                                          "model": "models/llama-3.2-1b"}
-    assert job["experiments"][0]["warmup"] is True
+    assert [e["name"] for e in job["experiments"] if e.get("warmup")] == ["warmup-c1", "warmup"]
+    assert job["experiments"][0]["workloads"][0]["concurrency"] == 1
 
 
 def test_quantized_engines_get_a_config_with_quantization(suite, tmp_path) -> None:
@@ -110,7 +111,9 @@ def test_cli_emit_and_compare(tmp_path) -> None:
                             "--engine", "llama-3.1-8b-bf16-seqs8"])
     assert out.exit_code == 0, out.output
     job = json.loads((tmp_path / "llama-3.1-8b-bf16-seqs8.json").read_text())
-    assert [e["name"] for e in job["experiments"]] == ["warmup", "chat-c4", "chat-c16", "chat-c32"]
+    assert [e["name"] for e in job["experiments"]] == ["warmup-c1", "warmup", "chat-c4",
+                                                        "chat-c16", "chat-c32"]
+    assert job["experiments"][1]["workloads"][0]["concurrency"] == 32  # the peak it will see
     # compare on a copy holding one stored run only (fast)
     root = tmp_path / "cal"
     src = next(p for p in stored_runs() if p.name == "llama-3.1-8b-bf16-seqs8")

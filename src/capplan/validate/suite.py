@@ -222,26 +222,33 @@ def experiment_job(run: EngineRun, exp: Experiment, name: str) -> dict[str, Any]
             "workloads": workloads}
 
 
-def warmup_job(run: EngineRun) -> dict[str, Any]:
-    """A few requests of every shape the engine will serve, before anything is measured
-    (the first batches of a fresh engine pay one-off costs)."""
+def warmup_jobs(run: EngineRun) -> list[dict[str, Any]]:
+    """Requests of every shape the engine will serve, alone and then at the largest
+    concurrency it will see (up to 64), before anything is measured: the first batch of a
+    new size pays one-off costs (measured: a drafter's first batch-1 step took 2 s)."""
     first = run.experiments[0]
     shapes: dict[str, Workload] = {}
+    peak = 4
     for e in run.experiments:
         for w in e.workloads:
             shapes.setdefault(w.name, w)
-    ws = [w.model_copy(update={"arrival": ClosedLoop(concurrency=4), "name": f"warmup{i}",
-                               "priority": 0})
-          for i, w in enumerate(list(shapes.values())[:4])]
-    exp = first.model_copy(update={"name": "warmup", "workloads": ws, "duration_s": 3.0,
-                                   "prefix_caching": False, "repeat": 1})
-    job = experiment_job(run, exp, "warmup")
-    job["warmup"] = True
-    return job
+            if isinstance(w.arrival, ClosedLoop):
+                peak = max(peak, w.arrival.concurrency)
+    jobs = []
+    for name, users, seconds in (("warmup-c1", 1, 2.0), ("warmup", min(peak, 64), 3.0)):
+        ws = [w.model_copy(update={"arrival": ClosedLoop(concurrency=users),
+                                   "name": f"warmup{i}", "priority": 0})
+              for i, w in enumerate(list(shapes.values())[:4])]
+        exp = first.model_copy(update={"name": name, "workloads": ws, "duration_s": seconds,
+                                       "prefix_caching": False, "repeat": 1})
+        job = experiment_job(run, exp, name)
+        job["warmup"] = True
+        jobs.append(job)
+    return jobs
 
 
 def emit_job(run: EngineRun, models_root: Path, work: Path, *, seed: int = 0) -> dict[str, Any]:
-    exps = [warmup_job(run)]
+    exps = warmup_jobs(run)
     for e in run.experiments:
         for name in e.runs():
             exps.append(experiment_job(run, e, name))
