@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from functools import cache
 from pathlib import Path
@@ -20,6 +21,7 @@ from capplan.solve.bounds import bracket, decode_step_s, prefill_time_s
 from capplan.solve.cli import size, sweep
 from capplan.solve.options import size_mix, with_pool
 from capplan.solve.plan import Plan
+from capplan.solve.search import SearchSettings, Sizer
 from capplan.traffic import Slo
 
 DATA = Path(__file__).parent / "data"
@@ -137,6 +139,64 @@ def test_plan_resimulated_meets_slos_and_one_fewer_fails() -> None:
             simulate(small(), "chat", p.replicas_for_slo - 1, duration_s=d, seed=s) for s in seeds
         ]
         assert not all(r.slo_met for r in below)
+
+
+def with_rates(mix: TrafficMix, duration_s: float, **rates_rps: float) -> TrafficMix:
+    """`mix` at the given Poisson rates per workload, simulated for `duration_s`."""
+    wls = [
+        w.model_copy(update={"arrival": w.arrival.model_copy(
+            update={"rate_rps": rates_rps[w.name]})}) if w.name in rates_rps else w
+        for w in mix.workloads
+    ]
+    sim = mix.simulation.model_copy(update={"duration_s": duration_s})
+    return mix.model_copy(update={"workloads": wls, "simulation": sim})
+
+
+def test_confirmation_length_follows_the_tail_rule() -> None:
+    """Confirmation lasts until every workload has 50 measured requests beyond its tightest
+    percentile (5,000 for chat's p99, 500 for docs' p90; the first 10 % is warm-up), between
+    the floor (30 s) and the mix's duration_s (the cap), never below the probes; --quick
+    confirms at probe length."""
+    low = Sizer(with_rates(small(), 120, chat=12, docs=2), "chat")
+    assert low.confirm_s == 120  # docs needs 500 / (0.9 * 2) = 278 s: capped
+    mid = Sizer(with_rates(small(), 120, chat=100, docs=20), "chat")
+    assert mid.confirm_s == math.ceil(5000 / (0.9 * 100)) == 56  # chat binds
+    # the same through growth (rate_scale), the way `--growth` gets there
+    grown10 = Sizer(with_rates(small(), 120, chat=10, docs=2), "chat",
+                    SearchSettings(rate_scale=10))
+    assert grown10.confirm_s == 56
+    high = Sizer(with_rates(small(), 120, chat=1000, docs=200), "chat")
+    assert high.confirm_s == 30  # 5.6 s would do: the floor
+    assert high.probe_s <= high.confirm_s < low.confirm_s
+    # never shorter than the probes, and --quick confirms at probe length
+    no_floor = Sizer(with_rates(small(), 120, chat=1000, docs=200), "chat",
+                     SearchSettings(confirm_floor_s=1))
+    assert no_floor.confirm_s == no_floor.probe_s > 5000 / (0.9 * 1000)
+    quick = Sizer(with_rates(small(), 120, chat=12, docs=2), "chat", SearchSettings(quick=True))
+    assert quick.confirm_s == quick.probe_s < 120
+
+
+def test_plan_confirmed_below_the_cap_reports_and_reproduces_its_length() -> None:
+    """A pool whose workloads each send 12 requests/s with p90 SLOs is confirmed for
+    ceil(500 / (0.9 * 12)) = 47 s, not the mix's 120 s; the plan says so, and re-simulating
+    its count for that long holds every SLO on every seed, figure for figure on the first."""
+    mix = with_rates(small(), 120, chat=12, docs=12)
+    p90 = {"chat": {"ttft_p90_s": 0.4, "itl_p90_s": 0.02}, "docs": {"e2e_p90_s": 10}}
+    mix = mix.model_copy(update={"workloads": [
+        w.model_copy(update={"slo": Slo.model_validate(p90[w.name])}) for w in mix.workloads
+    ]})
+    plan = size_mix(mix, advice=False)
+    p = plan.pools[0]
+    assert p.confidence.duration_s == 47 and p.confidence.all_seeds_pass
+    for s in p.confidence.seeds:
+        res = simulate(mix, "chat", p.replicas_for_slo, duration_s=47, seed=s)
+        assert res.slo_met
+        if s == plan.seed:
+            for w in res.workloads:
+                line = next(x for x in p.workloads if x.name == w.name)
+                for c in w.slo:
+                    got = next(x.value_s for x in line.slo if x.key == c.key)
+                    assert got == pytest.approx(c.value_s, abs=1e-6)
 
 
 @settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck))

@@ -10,8 +10,9 @@ equal GPU counts the best SLO margin (the most headroom for the same money).
 The product can be large (4 precisions x 3 drafters x 5 ladder steps), so with more than
 FINALISTS candidates each is first sized by the quick search (`--quick`'s short probes),
 and only the best FINALISTS get the full probe search, seeded with the quick answer.
-Confirmation (every seed at full length) runs on the leader and on every finalist whose probe
-answer is cheaper than the best confirmed so far, or as cheap (to compare margins).
+Confirmation (every seed at confirmation length) runs on the leader and on every finalist
+whose probe answer is cheaper than the best confirmed so far, or as cheap (to compare
+margins).
 """
 
 from __future__ import annotations

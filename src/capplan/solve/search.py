@@ -3,8 +3,9 @@
 The simulator is the judge, and it is expensive, so the search is frugal: an analytic
 bracket (`bounds.bracket`) says where to start, short probe runs gallop up and then bisect
 (pass/fail is monotone in replicas: more replicas only take load off each one), and only the
-answer is re-run at the full duration with independent seeds. The answer is the smallest
-count at which every seed passes, and the count below it is checked to fail.
+answer is re-run, long enough for every workload's tail percentile, with independent seeds.
+The answer is the smallest count at which every seed passes, and the count below it is checked
+to fail.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ from capplan.solve.bounds import (
 GROWTH_FACTOR = 1.5
 """Galloping step above a failing count: n -> ceil(1.5 n)."""
 
+MEASURED_FRACTION = 0.9
+"""Of a run `simulate(duration_s=...)`, the part whose arrivals are measured (the first 10 %
+is warm-up)."""
+
 
 @dataclass(frozen=True, slots=True)
 class SearchSettings:
@@ -48,6 +53,17 @@ class SearchSettings:
     """Probe long enough for this many requests of the pool's slowest workload ..."""
     probe_cap_requests: int = 2500
     """... but no more than this many requests in all."""
+    confirm_tail_requests: int = 50
+    """Confirm long enough that each workload has this many measured requests beyond its
+    tightest SLO percentile (n >= 50 / (1 - q/100): 5,000 for a p99, 500 for a p90): with
+    k requests in the tail, the estimated percentile's rank is uncertain by about sqrt(k)
+    of them (binomial), so k = 50 pins a p99 between ranks ~p98.7 and ~p99.3 (2 sd) ..."""
+    confirm_floor_s: float = 30.0
+    """... for no less than this many simulated seconds (and no more than the mix's duration_s).
+    A short run sees few of the queue's bursts even when it holds many requests: its tail
+    is one burst's, not the traffic's. `--quick` confirms in that regime (10 s on the example
+    production mix) and answers 4 and 5 GPUs for two pools where 120 s x 3 seeds answer 5
+    and 4; 30 s also outlasts a tail request's lifetime (seconds) many times over."""
     workers: int | None = None
     """Processes for the confirmation runs (None: $CAPPLAN_WORKERS, else 1). Opt-in: on a
     shared 2-core machine the process start-up and contention ate the gain."""
@@ -193,7 +209,25 @@ class Sizer:
         unloaded = max(unloaded_e2e_s(self.setup, w) for w in self.workloads)
         probe = min(s.probe_requests / r_min, s.probe_cap_requests / r_all)
         probe = min(full, max(probe, 10.0, 2 * unloaded))
-        return probe, probe if s.quick else full
+        if s.quick:
+            return probe, probe
+        return probe, self._confirm_s(rates, full, probe)
+
+    def _confirm_s(self, rates: list[float], full_s: float, probe_s: float) -> float:
+        """Simulated seconds for confirmation: the longest any workload needs to put
+        `confirm_tail_requests` measured requests beyond its tightest percentile, between the
+        floor and the mix's duration_s, and never shorter than the probes. Whole seconds, so
+        the plan's `duration_s` reproduces the runs exactly."""
+        s = self.settings
+        need_s = 0.0
+        for w, rate in zip(self.workloads, rates, strict=True):
+            qs = [t.percentile for t in w.slo.targets]
+            if not qs:
+                continue  # no percentile of its own to estimate
+            n = s.confirm_tail_requests / (1 - max(qs) / 100)
+            # simulate() measures arrivals after a warm-up of 10 % of the duration
+            need_s = max(need_s, n / (MEASURED_FRACTION * max(rate, 1e-6)))
+        return min(full_s, max(math.ceil(need_s), s.confirm_floor_s, probe_s))
 
     def run(
         self, replicas: int, duration_s: float, seed: int, *, probe: bool = False
@@ -223,7 +257,7 @@ class Sizer:
             wl, check = found
             worst = f"; tightest {wl} {check.key} {_fmt(check.value_s)} vs {check.limit_s:g} s"
         name = f"{self.pool.name} [{self._label}]" if self._label else self.pool.name
-        log(f"{name}: {replicas} replica(s), {'probe' if probe else 'full'} "
+        log(f"{name}: {replicas} replica(s), {'probe' if probe else 'confirm'} "
             f"{duration_s:g} s, seed {seed}: {verdict}{worst} ({wall_s:.1f} s)")
 
     def prefetch(self, runs: list[tuple[int, int, bool]]) -> None:
@@ -349,7 +383,7 @@ class Sizer:
         return out
 
     def confirm(self, n: int) -> PoolSizing:
-        """Smallest count from `n` where every seed passes at full duration; then check one
+        """Smallest count from `n` where every seed passes at confirmation length; then check one
         fewer fails (walking down while it does not)."""
         cap = self.pool.max_replicas
         # the usual outcome needs every seed at n and the base seed at n - 1: run them together
@@ -360,7 +394,7 @@ class Sizer:
             n += 1
             results = self._all_seeds(n)
         if not results[0].slo_met:
-            raise self._infeasible(n, results[0])  # the cap fails at full length too
+            raise self._infeasible(n, results[0])  # the cap fails at confirmation length too
         confirmed = all(r.slo_met for r in results)
         below = None
         while confirmed and n > 1:
