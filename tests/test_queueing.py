@@ -6,7 +6,7 @@ k runs, but a request whose in-flight steps already reach max_tokens is skipped
 (vllm/v1/core/sched/scheduler.py), so no wasted step trails the last token: a lone request
 with a one-block prompt gets its first token after one step and its n-th after n steps.
 The client sees each request L later than it sends it, and each token L after its step
-(L = CLIENT_LATENCY_S each way, capplan/sim/run.py).
+(L = simulation.client_latency_s each way, capplan/mix.py).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from capplan.mix import CLIENT_LATENCY_S as L
 from capplan.mix import TrafficMix
-from capplan.sim.run import CLIENT_LATENCY_S as L
 from capplan.sim.run import simulate
 from helpers import constant_profile
 
@@ -125,3 +125,13 @@ def test_light_load_latency_is_the_isolated_service_time() -> None:
     assert e2e.min() == pytest.approx(n * C + 2 * L, rel=1e-9)
     assert sorted(e2e)[len(e2e) // 2] == pytest.approx(n * C + 2 * L, rel=1e-9)
     assert e2e.max() <= (n + 2) * C + 2 * L + 1e-9
+
+
+@pytest.mark.parametrize("latency", [0.0, 0.004])
+def test_client_latency_comes_from_the_traffic_file(latency: float) -> None:
+    """`simulation.client_latency_s` is the round trip's half: TTFT = C + 2 * latency."""
+    m = mix(CLOSED1, out=3)
+    m = m.model_copy(update={"simulation": m.simulation.model_copy(
+        update={"client_latency_s": latency})})
+    res = simulate(m, "p", 1, seed=0, profile=constant_profile(C))
+    assert res.requests()["ttft_s"].to_numpy() == pytest.approx(C + 2 * latency, rel=1e-9)

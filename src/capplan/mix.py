@@ -20,6 +20,17 @@ from capplan.traffic import ReplayArrival, Workload
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
+CLIENT_LATENCY_S = 1e-3
+"""One-way latency between a streaming client and the engine core, each way: a request
+travels AsyncLLM's input path (vllm/v1/engine/async_llm.py add_request, then a ZMQ hop to
+the engine-core process, vllm/v1/engine/core_client.py) before the core's busy loop sees it
+(vllm/v1/engine/core.py run_busy_loop drains its input queue only between steps), and every
+output travels back the same way. It decides which step a request can join: under async
+scheduling the core schedules step n+2 as soon as it has processed step n's output, so a
+closed-loop user's next request, sent when the last token reaches the client, joins step
+n+3, not n+2. The value is an estimate from docs/validation.md: at concurrency 1 the
+measured TTFT of Llama-3.1-8B exceeds the profile's prefill step by about 2 ms in all."""
+
 
 class SimulationSettings(BaseModel):
     """Horizon and steady-state window: requests arriving in [warmup_s, duration_s) are
@@ -30,6 +41,11 @@ class SimulationSettings(BaseModel):
     warmup_s: float | None = Field(default=None, ge=0, description="default: 10 % of duration")
     drain_s: float = Field(default=120.0, gt=0)
     seed: int = 0
+    client_latency_s: float = Field(
+        default=CLIENT_LATENCY_S, ge=0, le=1,
+        description="one-way latency between client and engine core, each way (1 ms: "
+        "AsyncLLM in the client's host; add your network and HTTP time)",
+    )
 
     @model_validator(mode="after")
     def _window(self) -> SimulationSettings:

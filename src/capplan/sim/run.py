@@ -33,16 +33,7 @@ from capplan.traffic import ClosedLoop, Workload
 
 _GROUP_SHIFT = 22  # block-index bits of a shared-prefix hash
 
-CLIENT_LATENCY_S = 1e-3
-"""One-way latency between a streaming client and the engine core, each way: a request
-travels AsyncLLM's input path (vllm/v1/engine/async_llm.py add_request, then a ZMQ hop to
-the engine-core process, vllm/v1/engine/core_client.py) before the core's busy loop sees it
-(vllm/v1/engine/core.py run_busy_loop drains its input queue only between steps), and every
-output travels back the same way. It decides which step a request can join: under async
-scheduling the core schedules step n+2 as soon as it has processed step n's output, so a
-closed-loop user's next request, sent when the last token reaches the client, joins step
-n+3, not n+2. The value is an estimate from docs/validation.md: at concurrency 1 the
-measured TTFT of Llama-3.1-8B exceeds the profile's prefill step by about 2 ms in all."""
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,14 +102,14 @@ def simulate(
     setup: PoolSetup | None = None,
     decode_cohort: bool = True,
     keep_requests: bool = True,
-    client_latency_s: float = CLIENT_LATENCY_S,
+    client_latency_s: float | None = None,
 ) -> SimResult:
     """Simulate `replicas` replicas of `pool` serving its workloads (rates x rate_scale).
 
     `decode_cohort=False` walks every request every step (the reference path the cohort's
     shortcut is tested against); `keep_requests=False` keeps no per-request rows (memory
-    then stays flat in the duration; the percentiles are the same). `client_latency_s` is the
-    one-way client-engine latency (CLIENT_LATENCY_S)."""
+    then stays flat in the duration; the percentiles are the same). `client_latency_s` overrides
+    the mix's one-way client-engine latency (`simulation.client_latency_s`)."""
     if replicas < 1:
         raise ConfigError(f"replicas must be >= 1, got {replicas}", field="replicas")
     p = mix.pool(pool)
@@ -132,6 +123,8 @@ def simulate(
         sim.warmup if duration_s is None else 0.1 * duration
     )
     seed = sim.seed if seed is None else seed
+    if client_latency_s is None:
+        client_latency_s = sim.client_latency_s
     if client_latency_s < 0:
         raise ConfigError(f"client_latency_s must be >= 0, got {client_latency_s}")
     return _Run(mix, st, workloads, replicas, duration, warmup, sim.drain_s, seed,
