@@ -241,7 +241,7 @@ def summary(records, duration):
     }
 
 
-def versions():
+def versions():  # as calibrate/runner.py's: each GPU script stands alone (stdlib + vllm)
     out = {"python": sys.version.split()[0]}
     try:
         import torch
