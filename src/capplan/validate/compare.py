@@ -40,21 +40,27 @@ def _throughput(send: np.ndarray, e2e: np.ndarray, out: np.ndarray) -> float:
     return float(out.sum()) / span if span > 0 else math.nan
 
 
+def _figures(send: np.ndarray, ttft: np.ndarray, e2e: np.ndarray, out_tokens: np.ndarray,
+             itl_p50: float, itl_p99: float, hit_rate: float) -> dict[str, float]:
+    """The table's figures, reduced the same way for either side."""
+    return {
+        "requests": float(len(send)),
+        "output_tok_s": _throughput(send, e2e, out_tokens),
+        "ttft_p50_s": _pct(ttft, 50), "ttft_p99_s": _pct(ttft, 99),
+        "itl_p50_s": itl_p50, "itl_p99_s": itl_p99,
+        "e2e_p99_s": _pct(e2e, 99),
+        "hit_rate": hit_rate,
+    }
+
+
 def measured_metrics(rows: pl.DataFrame) -> dict[str, float]:
     """The table's figures for one workload of one run, from its request rows."""
     ok = rows.filter(pl.col("ttft_s").is_not_null() & pl.col("error").is_null())
-    send, e2e = ok["send_s"].to_numpy(), ok["e2e_s"].to_numpy()
     gaps = [np.diff(np.asarray(t, dtype=np.float64)) for t in ok["chunk_t"].to_list()]
     itl = np.concatenate(gaps) if gaps else np.empty(0)
-    ttft = ok["ttft_s"].to_numpy()
-    return {
-        "requests": float(len(ok)),
-        "output_tok_s": _throughput(send, e2e, ok["output_tokens"].to_numpy()),
-        "ttft_p50_s": _pct(ttft, 50), "ttft_p99_s": _pct(ttft, 99),
-        "itl_p50_s": _pct(itl, 50), "itl_p99_s": _pct(itl, 99),
-        "e2e_p99_s": _pct(e2e, 99),
-        "hit_rate": float(ok["cached_tokens"].sum()) / max(float(ok["input_tokens"].sum()), 1.0),
-    }
+    hit = float(ok["cached_tokens"].sum()) / max(float(ok["input_tokens"].sum()), 1.0)
+    return _figures(ok["send_s"].to_numpy(), ok["ttft_s"].to_numpy(), ok["e2e_s"].to_numpy(),
+                    ok["output_tokens"].to_numpy(), _pct(itl, 50), _pct(itl, 99), hit)
 
 
 @dataclass(frozen=True)
@@ -85,19 +91,12 @@ def predict(run: EngineRun, exp_name: str, acceptance: float | None) -> dict[str
     reqs = res.requests()
     out: dict[str, dict[str, float]] = {}
     for w in res.workloads:
-        r = reqs.filter(pl.col("workload") == w.name) if len(reqs) else reqs
-        send = r["arrival_s"].to_numpy() if len(r) else np.empty(0)
-        e2e = r["e2e_s"].to_numpy() if len(r) else np.empty(0)
-        ttft = r["ttft_s"].to_numpy() if len(r) else np.empty(0)
-        out[w.name] = {
-            "requests": float(w.completed),
-            "output_tok_s": _throughput(send, e2e, r["output_tokens"].to_numpy()) if len(r)
-            else math.nan,
-            "ttft_p50_s": _pct(ttft, 50), "ttft_p99_s": _pct(ttft, 99),
-            "itl_p50_s": w.itl_p50_s, "itl_p99_s": w.itl_p99_s,
-            "e2e_p99_s": _pct(e2e, 99),
-            "hit_rate": w.prefix_hit_rate,
-        }
+        r = reqs.filter(pl.col("workload") == w.name) if len(reqs) else None
+        send, ttft, e2e, tokens = (r[c].to_numpy() if r is not None else np.empty(0)
+                                   for c in ("arrival_s", "ttft_s", "e2e_s", "output_tokens"))
+        out[w.name] = _figures(send, ttft, e2e, tokens, w.itl_p50_s, w.itl_p99_s,
+                               w.prefix_hit_rate)
+        out[w.name]["requests"] = float(w.completed)
     return out
 
 
