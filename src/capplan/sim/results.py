@@ -100,6 +100,12 @@ class SimResult(BaseModel):
     model_config = _FROZEN
     pool: PoolRunResult
     workloads: list[WorkloadResult]
+    stopped_at_s: float | None = None
+    """Set when the run was stopped early (sizing's `stop_when_missed`), at this simulated
+    second, because an SLO miss was already certain: every figure then covers the run up to
+    that moment (requests unfinished by then count as infinitely late), not the full run."""
+    stopped_by: str | None = None
+    """The target missed for certain ('<workload> <key>') when the run stopped early."""
     _requests: pl.DataFrame | None = None
     _kv_series: pl.DataFrame | None = None
 

@@ -28,6 +28,7 @@ from capplan.sim.metrics import WorkloadRecorder
 from capplan.sim.replica import Replica, Window
 from capplan.sim.results import PoolRunResult, SimResult, requests_frame, summarise
 from capplan.sim.router import Router
+from capplan.sim.verdict import CHECK_EVERY_S, MissWatch
 from capplan.sim.workload import TARGET_HIT_RATE, ArrivalStream, ClosedLoopSampler
 from capplan.traffic import ClosedLoop, Workload
 
@@ -103,13 +104,17 @@ def simulate(
     decode_cohort: bool = True,
     keep_requests: bool = True,
     client_latency_s: float | None = None,
+    stop_when_missed: bool = False,
 ) -> SimResult:
     """Simulate `replicas` replicas of `pool` serving its workloads (rates x rate_scale).
 
     `decode_cohort=False` walks every request every step (the reference path the cohort's
     shortcut is tested against); `keep_requests=False` keeps no per-request rows (memory
     then stays flat in the duration; the percentiles are the same). `client_latency_s` overrides
-    the mix's one-way client-engine latency (`simulation.client_latency_s`)."""
+    the mix's one-way client-engine latency (`simulation.client_latency_s`).
+    `stop_when_missed=True` (sizing) ends the run as soon as a TTFT or E2E target is missed
+    for certain (sim/verdict.py); the result's `stopped_at_s` then says when, and its figures
+    cover the run up to that moment only."""
     if replicas < 1:
         raise ConfigError(f"replicas must be >= 1, got {replicas}", field="replicas")
     p = mix.pool(pool)
@@ -128,7 +133,8 @@ def simulate(
     if client_latency_s < 0:
         raise ConfigError(f"client_latency_s must be >= 0, got {client_latency_s}")
     return _Run(mix, st, workloads, replicas, duration, warmup, sim.drain_s, seed,
-                rate_scale, decode_cohort, keep_requests, client_latency_s).run()
+                rate_scale, decode_cohort, keep_requests, client_latency_s,
+                stop_when_missed).run()
 
 
 class _Run:
@@ -146,6 +152,7 @@ class _Run:
         decode_cohort: bool = True,
         keep_requests: bool = True,
         client_latency_s: float = 0.0,
+        stop_when_missed: bool = False,
     ) -> None:
         self.mix, self.st, self.workloads = mix, st, workloads
         self.latency = client_latency_s
@@ -202,6 +209,50 @@ class _Run:
                                          client_latency_s))
         self.router = Router(st.pool.router, self.replicas)
         self.samplers: dict[int, tuple[ClosedLoopSampler, np.random.Generator]] = {}
+        self.watch = (
+            MissWatch(workloads, self._expected_measured(), client_latency_s)
+            if stop_when_missed else None
+        )
+        self.stopped = self.env.event()
+        self.stopped_by: str | None = None
+
+    def _streams(self) -> list[ArrivalStream]:
+        """The open-loop workloads' arrival streams (each call replays them from the start)."""
+        return [
+            ArrivalStream(
+                w, i, self.duration + self.drain, np.random.default_rng([self.seed, 1, i]),
+                rate_scale=self.rate_scale, base_dir=self.mix.base_dir,
+            )
+            for i, w in enumerate(self.workloads) if not isinstance(w.arrival, ClosedLoop)
+        ]
+
+    def _expected_measured(self) -> list[int | None]:
+        """Measured requests each workload will create: open-loop ones counted on a replay
+        of their arrival streams; None for closed loops (known only at the end)."""
+        out: list[int | None] = [None] * len(self.workloads)
+        for stream in self._streams():
+            n = 0
+            batch = stream.next_batch()
+            while batch is not None:
+                a = batch.arrival_s
+                n += int(np.count_nonzero((a >= self.warmup) & (a < self.duration)))
+                if len(a) and a[-1] >= self.duration:
+                    break
+                batch = stream.next_batch()
+            out[stream.index] = n
+        return out
+
+    def _watch_misses(self) -> Generator[simpy.Event, Any, None]:
+        """Look for a certain SLO miss every CHECK_EVERY_S; stop the run when one is found."""
+        assert self.watch is not None
+        env = self.env
+        while True:
+            yield env.timeout(CHECK_EVERY_S)
+            miss = self.watch.certain_miss(env.now, self.created, self.arrivals_done)
+            if miss is not None:
+                self.stopped_by = miss
+                self.stopped.succeed()
+                return
 
     # -- request making ---------------------------------------------------------------------
     def _request(
@@ -227,6 +278,8 @@ class _Run:
         if measured:
             self.created[wl] += 1
             self.pending += 1
+            if self.watch is not None:
+                self.watch.add(r)
         return r
 
     def _submit(self, r: SimRequest) -> None:
@@ -270,14 +323,7 @@ class _Run:
     # -- arrival processes ------------------------------------------------------------------
     def _open_loop(self) -> Generator[simpy.Event, Any, None]:
         """Open-loop arrivals of every workload, merged in time order, a chunk at a time."""
-        horizon = self.duration + self.drain
-        streams: list[ArrivalStream] = []
-        for i, w in enumerate(self.workloads):
-            if not isinstance(w.arrival, ClosedLoop):
-                streams.append(ArrivalStream(
-                    w, i, horizon, np.random.default_rng([self.seed, 1, i]),
-                    rate_scale=self.rate_scale, base_dir=self.mix.base_dir,
-                ))
+        streams = self._streams()
         rows: list[list[tuple[float, int, int, int, int, int]]] = [[] for _ in streams]
         heap: list[tuple[float, int, int]] = []  # (arrival, stream, row), ties by stream
 
@@ -329,7 +375,11 @@ class _Run:
                     self._next_closed(i, user)
                     user += 1
         env.process(self._open_loop())
-        env.run(until=simpy.AnyOf(env, [self.done, env.timeout(self.duration + self.drain)]))
+        ends = [self.done, env.timeout(self.duration + self.drain)]
+        if self.watch is not None:
+            env.process(self._watch_misses())
+            ends.append(self.stopped)
+        env.run(until=simpy.AnyOf(env, ends))
         return self._result()
 
     def _result(self) -> SimResult:
@@ -364,7 +414,14 @@ class _Run:
             output_tokens_per_s=sum(w.output_tokens_per_s for w in results),
             seed=self.seed,
         )
-        res = SimResult(pool=pool, workloads=results)
+        stopped = self.stopped.triggered
+        if self.watch is not None and not stopped:
+            for want, got in zip(self.watch.expected, self.created, strict=True):
+                if want is not None and want != got:  # the replayed streams must agree
+                    raise RuntimeError(f"expected {want} measured requests, created {got}")
+        res = SimResult(pool=pool, workloads=results,
+                        stopped_at_s=round(env.now, 6) if stopped else None,
+                        stopped_by=self.stopped_by if stopped else None)
         res._requests = requests_frame([w.name for w in self.workloads], self.recorders)
         res._kv_series = pl.DataFrame(
             [

@@ -5,7 +5,8 @@ JSON schema (`Plan.model_dump_json`), one object per pool under `pools`:
 binding_workload, binding_slo, binding_margin, workloads[].slo[] (key, limit_s, value_s,
 margin, met), workloads[] predicted percentiles, utilisation, prefix_hit_rate, kv_usage_peak,
 kv_headroom, profile, profile_source, cost, confidence, runners_up, advice, bracket, auto,
-reasoning`. Margins are fractions of the limit (0.2: 20 % below it). `value_s` null: requests
+reasoning`. `confidence.one_fewer_stopped_at_s`: the one-fewer check stopped there, its miss
+certain. Margins are fractions of the limit (0.2: 20 % below it). `value_s` null: requests
 unfinished. Settings the mix left `auto` are listed under `auto`; `precision` and `engine` hold
 the values chosen for them, `runners_up` the candidates that lost and `reasoning` why.
 """
@@ -81,6 +82,11 @@ class Confidence(BaseModel):
     worst_margin: float | None
     duration_s: float
     one_fewer_fails: bool | None
+    one_fewer_stopped_at_s: float | None = Field(
+        default=None,
+        description="the one-fewer run was stopped at this simulated second, its miss "
+        "already certain (its percentiles would be a partial run's; only the verdict is kept)",
+    )
     simulations: int
 
 
@@ -317,6 +323,7 @@ def pool_plan(
             seeds=sz.seeds, all_seeds_pass=sz.stable,
             worst_margin=_finite(min(margins)) if margins else None,
             duration_s=round(sz.duration_s, 3), one_fewer_fails=sz.below_fails,
+            one_fewer_stopped_at_s=sz.below.stopped_at_s if sz.below is not None else None,
             simulations=sz.simulations,
         ),
         bracket=BracketLine(

@@ -5,7 +5,8 @@ bracket (`bounds.bracket`) says where to start, short probe runs gallop up and t
 (pass/fail is monotone in replicas: more replicas only take load off each one), and only the
 answer is re-run, long enough for every workload's tail percentile, with independent seeds.
 The answer is the smallest count at which every seed passes, and the count below it is checked
-to fail.
+to fail. Runs expected to fail (probes, the one-fewer check) stop as soon as their miss is
+certain (sim/verdict.py); runs that pass always run to the end.
 """
 
 from __future__ import annotations
@@ -120,7 +121,8 @@ class PoolSizing:
     """At `replicas`, the base seed, the confirmation duration."""
     seed_results: list[SimResult]
     below: SimResult | None
-    """At replicas - 1 (None when replicas is 1): expected to miss an SLO."""
+    """At replicas - 1 (None when replicas is 1): expected to miss an SLO (stopped early once
+    the miss was certain, when it was: `below.stopped_at_s`)."""
     probes: list[tuple[int, bool]]
     confirmed: bool
     duration_s: float
@@ -199,6 +201,7 @@ class Sizer:
         self.probe_s, self.confirm_s = self._durations(mix)
         self.probes: list[tuple[int, bool]] = []
         self._cache: dict[tuple[int, float, int, bool], SimResult] = {}
+        self.simulations = 0
         self.wall_s = 0.0
 
     def _durations(self, mix: TrafficMix) -> tuple[float, float]:
@@ -230,17 +233,23 @@ class Sizer:
         return min(full_s, max(math.ceil(need_s), s.confirm_floor_s, probe_s))
 
     def run(
-        self, replicas: int, duration_s: float, seed: int, *, probe: bool = False
+        self, replicas: int, duration_s: float, seed: int, *, probe: bool = False,
+        verdict_only: bool = False,
     ) -> SimResult:
-        """One simulation, memoised (same inputs, same result)."""
+        """One simulation, memoised (same inputs, same result). `verdict_only`: the caller
+        needs pass or fail only, so the run stops once a miss is certain; a run that passes
+        is the full run either way, and a stopped one is re-run in full when its figures are
+        wanted."""
         key = (replicas, duration_s, seed, probe)
-        if key not in self._cache:
+        cached = self._cache.get(key)
+        if cached is None or (cached.stopped_at_s is not None and not verdict_only):
             t0 = time.perf_counter()
             self._cache[key] = simulate(
                 self.probe_mix if probe else self.mix, self.pool.name, replicas,
                 duration_s=duration_s, seed=seed, rate_scale=self.settings.rate_scale,
-                setup=self.setup, keep_requests=False,
+                setup=self.setup, keep_requests=False, stop_when_missed=verdict_only,
             )
+            self.simulations += 1
             self.wall_s += time.perf_counter() - t0
             self._tell(key, self._cache[key], time.perf_counter() - t0)
         return self._cache[key]
@@ -253,7 +262,10 @@ class Sizer:
         verdict = "meets every SLO" if res.slo_met else "misses"
         worst = ""
         found = worst_check(res)
-        if found is not None:
+        if res.stopped_at_s is not None:  # partial figures: only the verdict is the full run's
+            worst = (f"; stopped early at {res.stopped_at_s:g} s, the miss of "
+                     f"{res.stopped_by} certain")
+        elif found is not None:
             wl, check = found
             worst = f"; tightest {wl} {check.key} {_fmt(check.value_s)} vs {check.limit_s:g} s"
         name = f"{self.pool.name} [{self._label}]" if self._label else self.pool.name
@@ -279,10 +291,11 @@ class Sizer:
         }
         for key, f in futures.items():
             self._cache[key] = f.result()
+        self.simulations += len(futures)
         self.wall_s += time.perf_counter() - t0
 
     def _probe(self, n: int) -> bool:
-        ok = self.run(n, self.probe_s, self.seed, probe=True).slo_met
+        ok = self.run(n, self.probe_s, self.seed, probe=True, verdict_only=True).slo_met
         self.probes.append((n, ok))
         return ok
 
@@ -315,7 +328,7 @@ class Sizer:
             )
 
     def _infeasible(self, n: int, res: SimResult | None = None) -> InfeasibleError:
-        res = res or self.run(n, self.probe_s, self.seed, probe=True)
+        res = res or self.run(n, self.probe_s, self.seed, probe=True)  # in full: its figures
         found = worst_check(res)
         assert found is not None
         wl, c = found
@@ -382,34 +395,48 @@ class Sizer:
                 break  # one failing seed settles it
         return out
 
+    def _below(self, n: int) -> SimResult:
+        """The base seed at n - 1 at confirmation length, expected to fail: an overloaded run
+        is the slow kind, so it gets the probes' short drain (stragglers cut off count as
+        late) and stops once its miss is certain."""
+        return self.run(n - 1, self.confirm_s, self.seed, probe=True, verdict_only=True)
+
+    def _walk_down(self, n: int) -> tuple[int, list[SimResult] | None, SimResult | None]:
+        """From `n`, step down while one fewer passes with every seed: (count, its seeds'
+        runs if they were run, the run at one fewer that fails)."""
+        results = None
+        while n > 1:
+            below = self._below(n)
+            if not below.slo_met:
+                return n, results, below
+            lower = self._all_seeds(n - 1)
+            if not lower[-1].slo_met:
+                return n, results, lower[-1]  # the seed that fails
+            n, results = n - 1, lower
+        return n, results, None
+
     def confirm(self, n: int) -> PoolSizing:
-        """Smallest count from `n` where every seed passes at confirmation length; then check one
-        fewer fails (walking down while it does not)."""
+        """Smallest count where every seed passes at confirmation length, with one fewer
+        failing: from `n`, walk down while one fewer passes every seed, else up until every
+        seed passes. The one-fewer check runs before the seeds at `n`, so a probe answer one
+        too high costs no seed runs at it."""
         cap = self.pool.max_replicas
         # the usual outcome needs every seed at n and the base seed at n - 1: run them together
         self.prefetch([(n, s, self.settings.quick) for s in self.seeds]
                       + ([(n - 1, self.seed, True)] if n > 1 else []))
-        results = self._all_seeds(n)
-        while not all(r.slo_met for r in results) and n < cap:
-            n += 1
+        n, results, below = self._walk_down(n)
+        if results is None:
             results = self._all_seeds(n)
+            failed = None
+            while not all(r.slo_met for r in results) and n < cap:
+                n, failed, results = n + 1, results, self._all_seeds(n + 1)
+            if failed is not None:  # walked up: n - 1 failed a seed
+                below = self._below(n)
+                if below.slo_met:
+                    below = failed[-1]  # the seed that failed there
         if not results[0].slo_met:
             raise self._infeasible(n, results[0])  # the cap fails at confirmation length too
         confirmed = all(r.slo_met for r in results)
-        below = None
-        while confirmed and n > 1:
-            # one fewer is expected to fail, and an overloaded run is the slow kind: it gets the
-            # probes' short drain (stragglers cut off count as late)
-            below = self.run(n - 1, self.confirm_s, self.seed, probe=True)
-            if not below.slo_met:
-                break
-            lower = self._all_seeds(n - 1)
-            if not lower[-1].slo_met:
-                below = lower[-1]  # the seed that fails
-                break
-            n, results, below = n - 1, lower, None
-        if below is None and n > 1:
-            below = self.run(n - 1, self.confirm_s, self.seed, probe=True)
         sizing = self.sizing(n, results, below, confirmed=confirmed)
         sizing.duration_s = self.confirm_s
         return sizing
@@ -434,7 +461,7 @@ class Sizer:
             probes=list(self.probes),
             confirmed=confirmed,
             duration_s=self.probe_s,
-            simulations=len(self._cache),
+            simulations=self.simulations,
             wall_s=self.wall_s,
         )
 
