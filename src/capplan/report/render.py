@@ -197,6 +197,8 @@ def _config(p: PoolPlan) -> str:
     c = p.confidence
     fewer = {True: "one replica fewer fails", False: "one replica fewer passes too",
              None: "already at the minimum"}[c.one_fewer_fails]
+    if c.one_fewer_stopped_at_s is not None:
+        fewer += f" (certain at {c.one_fewer_stopped_at_s:g} s of its run, stopped there)"
     facts = [
         ["model", f"{_e(p.model)} on {_e(p.gpu)}, TP={p.tp}, {_e(p.label)}"],
         ["profile", f"<code>{_e(p.profile)}</code> {_source_badge(p)}"],

@@ -184,6 +184,7 @@ class EngineCore:
     def __init__(self, cfg: CoreConfig, rng: random.Random, acceptance: list[float]) -> None:
         self.cfg = cfg
         self.acceptance = acceptance  # P(draft accepted), per workload index
+        self._log_acceptance = [math.log(a) if a > 0 else 0.0 for a in acceptance]
         self.kv = KVCache(
             cfg.num_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching
         )
@@ -721,10 +722,9 @@ class EngineCore:
 
     def _accepted(self, r: SimRequest, spec: int) -> int:
         """Draft tokens accepted: each in turn with probability alpha, until one is not."""
-        alpha = self.acceptance[r.wl]
-        if alpha <= 0:
+        if self.acceptance[r.wl] <= 0:
             return 0
         u = self.rng.random()
         if u <= 0:
             return spec
-        return min(spec, int(math.log(u) / math.log(alpha)))
+        return min(spec, int(math.log(u) / self._log_acceptance[r.wl]))

@@ -24,6 +24,7 @@ first part is kept as a count, the second as an OrderedDict.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from itertools import repeat
 
 
 class KVCache:
@@ -112,6 +113,9 @@ class KVCache:
                 raise RuntimeError("allocate called without enough free blocks")
             pop = self.free_hashed.popitem
             dup_hash = self.dup_hash
+            if not dup_hash:  # no duplicate copies to untangle: evict in C, LRU first
+                deque(map(pop, repeat(False, n)), maxlen=0)
+                return
             for _ in range(n):
                 key, _none = pop(last=False)
                 if dup_hash and key in dup_hash:  # evicting a duplicate copy

@@ -87,10 +87,12 @@ def _print_pool(p: PoolPlan, console: Console) -> None:
         + (f"{p.cost.tokens_per_usd:,.0f} tokens/$" if p.cost.tokens_per_usd else "free")
     )
     fewer = {True: "one fewer fails", False: "one fewer passes too", None: "at the minimum"}
+    stopped = ("" if c.one_fewer_stopped_at_s is None
+               else f" (certain at {c.one_fewer_stopped_at_s:g} s, stopped there)")
     console.print(
         f"  confidence: seeds {c.seeds} {'all pass' if c.all_seeds_pass else 'NOT all pass'}, "
         f"worst margin {_pct(c.worst_margin)}, {c.duration_s:g} s simulated, "
-        f"{fewer[c.one_fewer_fails]}; analytic floor {p.bracket.lower} replica(s)"
+        f"{fewer[c.one_fewer_fails]}{stopped}; analytic floor {p.bracket.lower} replica(s)"
     )
     if p.extrapolated_steps:
         console.print(f"  [bold red]{p.extrapolated_steps:,} steps outside the calibrated box[/]")
