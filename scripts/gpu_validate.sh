@@ -18,15 +18,20 @@ for job in "$@"; do
   name=$(basename "$job" .json)
   left=$(( deadline - (SECONDS - start) ))
   if (( left < 120 )); then echo "[gpu$gpu] SKIP $name: ${left}s left"; continue; fi
-  echo "[gpu$gpu] === $name (${left}s left) $(date -u +%T)"
+  # a job started before (an earlier call on this host) resumes: a new folder, and the
+  # runner skips the runs the earlier folders finished
+  done_args=(); out="$RAW/$name"; n=1
+  while [[ -e $out ]]; do done_args+=(--done "$out"); n=$((n + 1)); out="$RAW/start$n/$name"; done
+  mkdir -p "$(dirname "$out")"
+  echo "[gpu$gpu] === $name (${left}s left, start $n) $(date -u +%T)"
   t0=$SECONDS
   CUDA_VISIBLE_DEVICES=$gpu timeout --signal=INT --kill-after=20 "$left" \
-    python3 src/capplan/validate/runner.py --job "$job" --out "$RAW/$name" \
-    --time-budget-s $(( left - 25 )) > "$RAW/$name.log" 2>&1
+    python3 src/capplan/validate/runner.py --job "$job" --out "$out" "${done_args[@]}" \
+    --time-budget-s $(( left - 25 )) > "$out.log" 2>&1
   rc=$?
-  grep -E '^(ENGINE|EXP|SKIP|FAIL)|capplan-runner|Traceback|Error' "$RAW/$name.log" | sed "s/^/[gpu$gpu] /" | tail -n 40
+  grep -E '^(ENGINE|EXP|SKIP|FAIL|DONE)|capplan-runner|Traceback|Error' "$out.log" | sed "s/^/[gpu$gpu] /" | tail -n 40
   echo "[gpu$gpu] === END $name rc=$rc $((SECONDS - t0))s"
-  [[ $rc != 0 ]] && tail -n 25 "$RAW/$name.log" | sed "s/^/[gpu$gpu] /"
+  [[ $rc != 0 ]] && tail -n 25 "$out.log" | sed "s/^/[gpu$gpu] /"
   pack
 done
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv > "$RAW/nvidia-smi.csv" 2>&1

@@ -114,3 +114,13 @@ def test_step_trace_rows_are_timed_from_the_experiment_start():
                      "decode_reqs": 30, "decode_tokens": 30, "wait_ms": 9.1, "running": 31,
                      "waiting": 0, "kv_usage": 0.02}]
     assert trace.take(0.0) == []  # taken once
+
+
+def test_a_resumed_start_skips_only_runs_an_earlier_start_finished(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "engine.json").write_text(json.dumps({"experiments": {
+        "warmup": {"wall_s": 3.0}, "chat-c1": {"wall_s": 20.1}, "chat-c4": {},
+        "chat-c16": {"skipped": "time budget"}}}))
+    assert runner.finished_runs([str(tmp_path / "a"), str(tmp_path / "missing")]) == {
+        "warmup", "chat-c1"}
+    assert runner.finished_runs([]) == set()

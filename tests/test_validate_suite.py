@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 from click.testing import CliRunner
 
@@ -142,3 +143,68 @@ def test_cli_measure_without_vllm_is_one_line() -> None:
     assert out.exit_code == 4
     assert "vLLM is not installed here" in out.output
     assert len(out.output.strip().splitlines()) == 1
+
+
+def _raw_from_stored(stored: Path, raw: Path, runs: list[str], *, finished: bool = True) -> None:
+    """A runner output folder rebuilt from stored measurements (real rows, real engine
+    facts), holding only `runs`; `finished=False` leaves them as a start cut off mid-run."""
+    _, reqs, measured = load_run(stored)
+    prov = json.loads((stored / "provenance.json").read_text())
+    raw.mkdir(parents=True)
+    exps = {}
+    for name in runs:
+        rows = reqs.filter(pl.col("run") == name)
+        index = {w: i for i, w in enumerate(rows["workload"].unique(maintain_order=True))}
+        with open(raw / f"{name}.jsonl", "w") as f:
+            for r in rows.iter_rows(named=True):
+                f.write(json.dumps({**r, "workload": index[r["workload"]]}) + "\n")
+        info = {k: v for k, v in measured["runs"][name].items() if k != "engine_start"}
+        exps[name] = info if finished else {}
+    meta = {"argv": ["runner.py"], "started_unix": 1.8e9, "finished_unix": 1.8e9 + 60,
+            "versions": {k: prov[k] for k in ("gpu_name", "driver", "cuda", "torch", "vllm")},
+            "engine_kwargs": prov["engine_kwargs"], "engine": measured["engine"],
+            "experiments": exps}
+    (raw / "engine.json").write_text(json.dumps(meta))
+
+
+def test_ingest_adds_new_runs_to_what_is_stored(suite, tmp_path) -> None:
+    """`emit --missing` measures only runs not yet stored; ingest keeps the stored ones and
+    takes a run from the first start that finished it (not one cut off mid-run)."""
+    from capplan.validate.store import ingest
+
+    run = suite.engine("llama-3.1-8b-bf16-seqs8")
+    src = next(p for p in stored_runs() if p.name == run.name)
+    root = tmp_path / "cal"
+    dest = root / "h200/vllm-0.26.0/llama-3.1-8b/validation" / run.name
+    # stored: chat-c4 and chat-c16 only (what an earlier session measured)
+    ingest([_make(tmp_path / "old", src, ["chat-c4", "chat-c16"])], run, root)
+    cli = CliRunner()
+    out = cli.invoke(main, ["validate", "emit", str(SUITE), "--out", str(tmp_path / "jobs"),
+                            "--engine", run.name, "--missing", "--root", str(root)])
+    assert out.exit_code == 0, out.output
+    job = json.loads((tmp_path / "jobs" / f"{run.name}.json").read_text())
+    assert [e["name"] for e in job["experiments"] if not e.get("warmup")] == ["chat-c32"]
+
+    cut = tmp_path / "new" / "a" / run.name  # a start cut off during chat-c32 ...
+    _raw_from_stored(src, cut, ["chat-c32"], finished=False)
+    again = tmp_path / "new" / "b" / run.name  # ... and the start that finished it
+    _raw_from_stored(src, again, ["chat-c32"])
+    ingest([cut, again], run, root)
+    _, reqs, measured = load_run(dest)
+    _, truth, truth_measured = load_run(src)
+    assert list(measured["runs"]) == ["chat-c4", "chat-c16", "chat-c32"]
+    starts = json.loads((dest / "provenance.json").read_text())["starts"]
+    assert len(starts) == 3 and measured["runs"]["chat-c32"]["engine_start"] == 2
+    assert measured["runs"]["chat-c4"]["engine_start"] == 0
+    for name in ("chat-c4", "chat-c16", "chat-c32"):
+        got = reqs.filter(pl.col("run") == name).drop("run", "experiment")
+        want = truth.filter(pl.col("run") == name).drop("run", "experiment")
+        assert got.equals(want), name
+    out = cli.invoke(main, ["validate", "emit", str(SUITE), "--out", str(tmp_path / "jobs2"),
+                            "--engine", run.name, "--missing", "--root", str(root)])
+    assert out.exit_code == 0 and "every run already stored" in out.output
+
+
+def _make(raw: Path, src: Path, runs: list[str]) -> Path:
+    _raw_from_stored(src, raw / src.name, runs)
+    return raw / src.name

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -47,6 +47,10 @@ class ModelSpec(BaseModel):
     global_head_dim: int | None = Field(default=None, gt=0)
     vision_encoder_params: int = Field(default=0, ge=0)
     image_tokens_per_image: int = Field(default=0, ge=0)
+    vllm_hf_overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        description="vLLM `hf_overrides` this config needs to build (calibration, validation)",
+    )
 
     @cached_property
     def layer_params(self) -> int:

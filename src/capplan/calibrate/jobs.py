@@ -102,6 +102,9 @@ class Job:
                 a += ["--spec-model", self.spec_model]
         if self.limit_images is not None:
             a += ["--limit-images", str(self.limit_images)]
+        if self.spec.vllm_hf_overrides:  # compact JSON: one word in the queue's arg list
+            a += ["--hf-overrides", json.dumps(self.spec.vllm_hf_overrides,
+                                               separators=(",", ":"))]
         if self.kv_only or plan is None:
             a.append("--kv-only")
         else:

@@ -69,6 +69,8 @@ def parse_args(argv=None):
                     help="multimodal models: images per prompt (0 = text-only pool)")
     ap.add_argument("--time-budget-s", type=float, default=120.0,
                     help="stop starting new points after this long measuring")
+    ap.add_argument("--hf-overrides", type=json.loads, default=None,
+                    help="JSON for LLM(hf_overrides=...): what the model spec says vLLM needs")
     ap.add_argument("--kv-only", action="store_true", help="start, record KV capacity, exit")
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args(argv)
@@ -334,6 +336,8 @@ def main(argv=None):
         kw["speculative_config"] = spec
     if args.limit_images is not None:
         kw["limit_mm_per_prompt"] = {"image": args.limit_images}
+    if args.hf_overrides:
+        kw["hf_overrides"] = args.hf_overrides
     meta["engine_kwargs"] = {k: v for k, v in kw.items()}
     t0 = time.perf_counter()
     try:

@@ -48,15 +48,28 @@ def validate() -> None:
 @click.option("--engine", "engines", multiple=True, help="only these engine runs (repeatable)")
 @click.option("--models", type=click.Path(path_type=Path), default=Path("models"),
               show_default=True, help="models folder as the GPU host sees it")
+@click.option("--missing", is_flag=True,
+              help="only experiment runs not yet stored under --root (ingest adds them)")
+@click.option("--root", type=click.Path(path_type=Path), default=CALIBRATION_DIR,
+              show_default=True, help="calibration folder the stored runs live in")
 @errors_as_lines
-def emit(suite_file: Path, out: Path, engines: tuple[str, ...], models: Path) -> None:
+def emit(suite_file: Path, out: Path, engines: tuple[str, ...], models: Path, missing: bool,
+         root: Path) -> None:
     """Write one runner job per engine run of SUITE_FILE (request shapes included)."""
+    from capplan.validate.store import stored_run_names
+
     suite = load_suite(suite_file)
     out.mkdir(parents=True, exist_ok=True)
     for name in _engines(suite, engines):
-        job = emit_job(suite.engine(name), models, out)
-        _write_json(out / f"{name}.json", job)
+        run = suite.engine(name)
+        skip = stored_run_names(root, run, gpu=suite.gpu, vllm_version=suite.vllm) \
+            if missing else frozenset()
+        job = emit_job(run, models, out, skip=skip)
         n = sum(1 for e in job["experiments"] if not e.get("warmup"))
+        if missing and n == 0:
+            click.echo(f"{name}: every run already stored; no job")
+            continue
+        _write_json(out / f"{name}.json", job)
         click.echo(f"{out / (name + '.json')}: {n} experiment runs")
 
 

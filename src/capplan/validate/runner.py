@@ -338,6 +338,19 @@ def scrape():
     return prometheus_client.generate_latest(get_prometheus_registry()).decode()
 
 
+def finished_runs(folders):
+    """Experiment runs an earlier start of the same job finished (its engine.json says so)."""
+    done = set()
+    for folder in folders or ():
+        try:
+            with open(os.path.join(folder, "engine.json")) as f:
+                exps = json.load(f).get("experiments", {})
+        except (OSError, ValueError):
+            continue
+        done |= {name for name, info in exps.items() if "wall_s" in info}
+    return done
+
+
 async def amain(args):
     with open(args.job) as f:
         job = json.load(f)
@@ -356,6 +369,12 @@ async def amain(args):
         write_json(meta_path, meta)
         print(f"capplan-runner: {meta['error']}", file=sys.stderr)
         return EXIT_NO_VLLM
+    done = finished_runs(args.done)
+    if all(e.get("warmup") or e["name"] in done for e in job["experiments"]):
+        meta["note"] = "every experiment was measured by an earlier start; engine not started"
+        write_json(meta_path, meta)
+        print("DONE", job["name"], "nothing left to measure", flush=True)
+        return 0
     with open(os.path.join(job["engine"]["model"], "config.json")) as f:
         hf = json.load(f)
     vocab = hf.get("vocab_size") or hf.get("text_config", {}).get("vocab_size") or 32000
@@ -398,6 +417,9 @@ async def amain(args):
     try:
         for exp in job["experiments"]:
             name = exp["name"]
+            if name in done:
+                meta["experiments"][name] = {"skipped": "measured by an earlier start"}
+                continue
             need = 1.3 * exp["duration_s"] + 10  # sending, then the last requests' drain
             if time.perf_counter() + need > deadline:
                 meta["experiments"][name] = {"skipped": "time budget"}
@@ -443,6 +465,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--job", required=True, help="job JSON from `capplan validate emit`")
     ap.add_argument("--out", required=True, help="folder for the measurements")
+    ap.add_argument("--done", action="append", default=[],
+                    help="an earlier start's output folder: skip the runs it finished")
     ap.add_argument("--time-budget-s", type=float, default=600.0,
                     help="seconds from start; skip experiments that would end later")
     args = ap.parse_args(argv)

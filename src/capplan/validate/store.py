@@ -61,15 +61,28 @@ def draft_acceptance(before: str, after: str) -> dict[str, float] | None:
             "first_position_acceptance": first / drafts}
 
 
-def read_raw_requests(raws: list[Path], run: EngineRun) -> pl.DataFrame:
-    """Request rows of every run; a run measured in several folders counts from the first."""
+def finished_in(raws: list[Path], metas: list[dict[str, Any]], run: EngineRun) -> dict[str, int]:
+    """Each experiment run's folder (index into `raws`): the first whose engine.json says the
+    run finished (a run cut off mid-way leaves a partial JSON-lines file behind)."""
+    out: dict[str, int] = {}
+    for exp in run.experiments:
+        for name in exp.runs():
+            for i, (raw, meta) in enumerate(zip(raws, metas, strict=True)):
+                if "wall_s" in meta.get("experiments", {}).get(name, {}) and \
+                        (raw / f"{name}.jsonl").exists():
+                    out[name] = i
+                    break
+    return out
+
+
+def read_raw_requests(raws: list[Path], run: EngineRun, source: dict[str, int]) -> pl.DataFrame:
+    """Request rows of every run, each from its folder in `source` (see `finished_in`)."""
     frames = []
     for exp in run.experiments:
         for name in exp.runs():
-            path = next((r / f"{name}.jsonl" for r in raws if (r / f"{name}.jsonl").exists()),
-                        None)
-            if path is None:
+            if name not in source:
                 continue
+            path = raws[source[name]] / f"{name}.jsonl"
             rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
             if not rows:
                 continue
@@ -98,20 +111,28 @@ def read_raw_requests(raws: list[Path], run: EngineRun) -> pl.DataFrame:
     return pl.concat(frames)
 
 
-def read_raw_steps(raws: list[Path], run: EngineRun) -> pl.DataFrame | None:
+def read_raw_steps(raws: list[Path], run: EngineRun, source: dict[str, int]) -> pl.DataFrame | None:
     """Engine steps traced by the runner (`trace_steps`), one frame for every run; None if
     nothing was traced."""
     frames = []
     for exp in run.experiments:
         for name in exp.runs():
-            path = next((r / f"{name}.steps.jsonl" for r in raws
-                         if (r / f"{name}.steps.jsonl").exists()), None)
-            if path is None:
+            path = raws[source[name]] / f"{name}.steps.jsonl" if name in source else None
+            if path is None or not path.exists():
                 continue
             rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
             if rows:
                 frames.append(pl.DataFrame(rows).with_columns(pl.lit(name).alias("run")))
     return pl.concat(frames, how="diagonal") if frames else None
+
+
+def stored_run_names(root: Path, run: EngineRun, *, gpu: str = "h200",
+                     vllm_version: str = "0.26.0") -> frozenset[str]:
+    """Experiment runs of `run` already measured and stored under `root`."""
+    path = validation_dir(root, gpu, vllm_version, run.pool.model, run.name) / "measured.json"
+    if not path.exists():
+        return frozenset()
+    return frozenset(json.loads(path.read_text()).get("runs", {}))
 
 
 def _git_commit() -> str | None:
@@ -129,7 +150,9 @@ def ingest(raws: Path | list[Path], run: EngineRun, root: Path = CALIBRATION_DIR
 
     Several folders may hold the same engine configuration started more than once (a run
     cut short by its time budget, finished by a second start); each experiment run is taken
-    from the first folder that has it, and the provenance lists every start."""
+    from the first folder that has it, and the provenance lists every start. Runs already
+    stored for this engine (`emit --missing` measured only the others) are kept unless the
+    new folders measured them again; their starts stay first in the provenance."""
     raws = [raws] if isinstance(raws, Path) else list(raws)
     metas = []
     for raw in raws:
@@ -141,40 +164,55 @@ def ingest(raws: Path | list[Path], run: EngineRun, root: Path = CALIBRATION_DIR
         if "engine" not in meta:
             raise CalibrationError(f"{meta_path}: the engine never started: {meta.get('error')}")
         metas.append(meta)
-    reqs = read_raw_requests(raws, run)
+    dest = validation_dir(root, gpu, vllm_version, run.pool.model, run.name)
+    source = finished_in(raws, metas, run)
+    if not source:
+        raise CalibrationError(f"{raws[0]}: no finished experiment for engine run {run.name!r}")
+    reqs = read_raw_requests(raws, run, source)
+    steps = read_raw_steps(raws, run, source)
+    old_runs, old_starts, old_reqs, old_steps = _stored(dest, run)
     runs: dict[str, Any] = {}
-    for exp in run.experiments:
-        for name in exp.runs():
-            for raw, meta in zip(raws, metas, strict=True):
-                if not (raw / f"{name}.jsonl").exists():
-                    continue
-                info = dict(meta.get("experiments", {}).get(name, {}))
-                m0, m1 = raw / f"{name}.metrics-0.txt", raw / f"{name}.metrics-1.txt"
-                if m0.exists() and m1.exists():
-                    acc = draft_acceptance(m0.read_text(), m1.read_text())
-                    if acc is not None:
-                        info["spec"] = acc
-                info["engine_start"] = raws.index(raw)
-                runs[name] = info
-                break
+    for name, i in source.items():
+        raw = raws[i]
+        info = dict(metas[i]["experiments"][name])
+        m0, m1 = raw / f"{name}.metrics-0.txt", raw / f"{name}.metrics-1.txt"
+        if m0.exists() and m1.exists():
+            acc = draft_acceptance(m0.read_text(), m1.read_text())
+            if acc is not None:
+                info["spec"] = acc
+        info["engine_start"] = i
+        runs[name] = info
+    kept = {n: info for n, info in old_runs.items() if n not in runs}
+    if kept:
+        for info in runs.values():
+            info["engine_start"] += len(old_starts)
+        runs = {n: (runs.get(n) or kept[n]) for e in run.experiments for n in e.runs()
+                if n in runs or n in kept}
+        reqs = pl.concat([old_reqs.filter(pl.col("run").is_in(list(kept))), reqs],
+                         how="diagonal_relaxed")
+        if old_steps is not None:
+            old_steps = old_steps.filter(pl.col("run").is_in(list(kept)))
+            steps = old_steps if steps is None else pl.concat([old_steps, steps],
+                                                             how="diagonal_relaxed")
+    else:
+        old_starts = []
     v = metas[0].get("versions", {})
     prov = {
         "source": "measured",
         "gpu_name": v.get("gpu_name"), "driver": v.get("driver"), "cuda": v.get("cuda"),
         "torch": v.get("torch"), "vllm": v.get("vllm"), "python": v.get("python"),
-        "starts": [{"date": _iso(m.get("started_unix")), "finished": _iso(m.get("finished_unix")),
-                    "engine_start_s": m.get("engine_start_s"),
-                    "kv_tokens": m["engine"].get("kv_tokens")} for m in metas],
+        "starts": old_starts + [
+            {"date": _iso(m.get("started_unix")), "finished": _iso(m.get("finished_unix")),
+             "engine_start_s": m.get("engine_start_s"),
+             "kv_tokens": m["engine"].get("kv_tokens")} for m in metas],
         "command": command or " ".join(metas[0].get("argv", [])),
         "git_commit": _git_commit(), "engine_kwargs": metas[0].get("engine_kwargs"),
     }
     measured = {"engine": metas[0]["engine"], "runs": runs}
-    dest = validation_dir(root, gpu, vllm_version, run.pool.model, run.name)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{run.name}.", dir=dest.parent))
     (tmp / "run.json").write_text(run.model_dump_json(indent=1, by_alias=True) + "\n")
     reqs.write_parquet(tmp / "requests.parquet", compression="zstd", compression_level=19)
-    steps = read_raw_steps(raws, run)
     if steps is not None:
         steps.write_parquet(tmp / "steps.parquet", compression="zstd", compression_level=19)
     (tmp / "measured.json").write_text(json.dumps(measured, indent=1) + "\n")
@@ -189,6 +227,21 @@ def ingest(raws: Path | list[Path], run: EngineRun, root: Path = CALIBRATION_DIR
     else:
         os.replace(tmp, dest)
     return dest
+
+
+def _stored(dest: Path, run: EngineRun) -> tuple[dict[str, Any], list[dict[str, Any]],
+                                                  pl.DataFrame, pl.DataFrame | None]:
+    """What is stored for this engine run already: runs still in the suite, the engine
+    starts that measured them, their requests and steps (empty when nothing is stored)."""
+    if not (dest / "measured.json").exists():
+        return {}, [], pl.DataFrame(), None
+    names = {n for e in run.experiments for n in e.runs()}
+    runs = {n: info for n, info in json.loads((dest / "measured.json").read_text())
+            .get("runs", {}).items() if n in names}
+    starts = json.loads((dest / "provenance.json").read_text()).get("starts", [])
+    steps = pl.read_parquet(dest / "steps.parquet") if (dest / "steps.parquet").exists() \
+        else None
+    return runs, starts, pl.read_parquet(dest / "requests.parquet"), steps
 
 
 def _iso(ts: float | None) -> str | None:

@@ -166,6 +166,8 @@ def engine_kwargs(run: EngineRun, models_root: Path, work: Path) -> dict[str, An
     }
     if prec is Precision.FP8:
         kw["quantization"] = "fp8"
+    if spec.vllm_hf_overrides:
+        kw["hf_overrides"] = spec.vllm_hf_overrides
     if eng.long_prefill_token_threshold:
         kw["long_prefill_token_threshold"] = eng.long_prefill_token_threshold
     if eng.speculative is not None:
@@ -247,10 +249,14 @@ def warmup_jobs(run: EngineRun) -> list[dict[str, Any]]:
     return jobs
 
 
-def emit_job(run: EngineRun, models_root: Path, work: Path, *, seed: int = 0) -> dict[str, Any]:
+def emit_job(run: EngineRun, models_root: Path, work: Path, *, seed: int = 0,
+             skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The runner's job for one engine start: warm-ups, then every experiment run not in
+    `skip` (runs already measured and stored)."""
     exps = warmup_jobs(run)
     for e in run.experiments:
         for name in e.runs():
-            exps.append(experiment_job(run, e, name))
+            if name not in skip:
+                exps.append(experiment_job(run, e, name))
     return {"name": run.name, "seed": seed, "engine": engine_kwargs(run, models_root, work),
             "trace_steps": run.trace_steps, "experiments": exps}
