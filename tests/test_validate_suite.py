@@ -191,7 +191,7 @@ def test_ingest_adds_new_runs_to_what_is_stored(suite, tmp_path) -> None:
     _raw_from_stored(src, again, ["chat-c32"])
     ingest([cut, again], run, root)
     _, reqs, measured = load_run(dest)
-    _, truth, truth_measured = load_run(src)
+    _, truth, _ = load_run(src)
     assert list(measured["runs"]) == ["chat-c4", "chat-c16", "chat-c32"]
     starts = json.loads((dest / "provenance.json").read_text())["starts"]
     assert len(starts) == 3 and measured["runs"]["chat-c32"]["engine_start"] == 2
