@@ -123,6 +123,15 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
         fixed = {"decode_ctx_s": base.step.decode_ctx_s}
         notes.append(f"decode_ctx_s from {g.model}/bf16 (sweep reached decode context "
                      f"{_max_decode_context(df):.0f} < {MIN_DECODE_CONTEXT})")
+    plan_path = meta.get("args", {}).get("plan")
+    if plan_path and Path(plan_path).exists():
+        planned = [q["id"] for q in json.loads(Path(plan_path).read_text())["points"]
+                   if not q.get("warmup")]
+        measured = set(df["point"].to_list())
+        left = [q for q in planned if q not in measured]
+        if left:
+            notes.append(f"sweep incomplete: {len(planned) - len(left)} of {len(planned)} "
+                         f"points measured; the runner stopped before {left[0]}")
     kv_meta = meta["kv"]
     kv_bytes = round(kv_meta["kv_tensor_bytes"] / kv_meta["kv_tokens"])
     res = F.fit_step_model(s, max_num_seqs=eng["max_num_seqs"],
