@@ -131,3 +131,39 @@ def test_emit_queue_for_the_gpu_script(tmp_path: Path, monkeypatch: pytest.Monke
     assert "--plan _plans/qwen3-32b--awq.json" in args and "--out" not in args
     cfg = json.loads((tmp_path / "_engines/qwen3-32b-awq/config.json").read_text())
     assert cfg["quantization_config"]["quant_method"] == "awq"
+
+
+def test_multimodal_engines_run_text_only_plus_one_with_images() -> None:
+    """Gemma 4 has a vision encoder: every engine runs text-only except one KV-only engine
+    at 0.90 that keeps the encoder's reservation; the model's hf_overrides go to vLLM."""
+    jobs = ccli.plan_jobs("gemma-4-31b", [ccli.Precision.BF16], [0], "draft_model", None,
+                          "auto", [0.85, 0.90, 0.95], 1)
+    names = {j.name: j for j in jobs}
+    assert set(names) == {"gemma-4-31b--bf16", "gemma-4-31b--bf16--u85",
+                          "gemma-4-31b--bf16--u95", "gemma-4-31b--bf16--img"}
+    img = names.pop("gemma-4-31b--bf16--img")
+    assert img.kv_only and img.limit_images is None
+    assert all(j.limit_images == 0 for j in names.values())
+    args = names["gemma-4-31b--bf16"].runner_args("m", "p.json", "o", "meta", 60)
+    assert args[args.index("--limit-images") + 1] == "0"
+    assert json.loads(args[args.index("--hf-overrides") + 1]) == {
+        "text_config": {"global_head_dim": 512, "num_global_key_value_heads": 4}}
+    text = ccli.plan_jobs("llama-3.1-8b", [ccli.Precision.BF16], [0], "draft_model", None,
+                          "auto", [0.90], 1)
+    assert [j.name for j in text] == ["llama-3.1-8b--bf16"] and text[0].limit_images is None
+
+
+def test_image_reservation_is_the_kv_difference_at_one_utilisation() -> None:
+    from capplan.calibrate.build import _NAME, image_reservation
+
+    def meta(u: float, tokens: int) -> dict:
+        return {"kv": {"gpu_memory_utilization": u, "kv_tokens": tokens}}
+
+    text = [meta(0.90, 500_000), meta(0.85, 450_000)]
+    assert image_reservation(text, [meta(0.90, 470_000)]) == 30_000
+    assert image_reservation(text, []) is None
+    assert image_reservation(text, [meta(0.95, 470_000)]) is None  # no text engine there
+    m = _NAME.match("gemma-4-31b--bf16--img")
+    assert m and (m["model"], m["key"], m["u"], m["img"]) == ("gemma-4-31b", "bf16", None, "--img")
+    m = _NAME.match("qwen3-32b--fp8--u85")
+    assert m and (m["key"], m["u"], m["img"]) == ("fp8", "85", None)

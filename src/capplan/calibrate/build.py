@@ -32,7 +32,8 @@ BASE_COEFS = ("fixed_s", "per_token_s", "knee_tokens", "prefill_attn_s", "decode
 # weights' format, so a profile whose sweep never reached long decode contexts borrows
 # the term from the same model's BF16 profile rather than extrapolating its own.
 MIN_DECODE_CONTEXT = 2048
-_NAME = re.compile(r"^(?P<model>[^-].*?)--(?P<key>[a-z0-9_-]+?)(?:--u(?P<u>\d+))?$")
+_NAME = re.compile(
+    r"^(?P<model>[^-].*?)--(?P<key>[a-z0-9_-]+?)(?:--u(?P<u>\d+))?(?P<img>--img)?$")
 _KEY = re.compile(r"^(?P<prec>bf16|fp8|nvfp4|awq)(?P<kv>-kvfp8)?(?:-(?P<m>[a-z_]+?)(?P<k>\d+))?$")
 
 
@@ -41,6 +42,9 @@ class Group:
     model: str
     key: str
     metas: list[dict[str, Any]] = field(default_factory=list)
+    """Text-only engines (every engine of a model without images)."""
+    image_metas: list[dict[str, Any]] = field(default_factory=list)
+    """KV-only engines that kept the image-encoder reservation (`--img`)."""
     main: str | None = None
     seconds: float = 0.0
 
@@ -75,11 +79,21 @@ def groups(raw: Path) -> dict[tuple[str, str], Group]:
         if "kv" not in meta:
             continue  # the engine never started: nothing measured
         g = out.setdefault((m["model"], m["key"]), Group(m["model"], m["key"]))
-        g.metas.append(meta)
+        (g.image_metas if m["img"] else g.metas).append(meta)
         g.seconds += secs.get(name, 0.0)
-        if m["u"] is None and store.runner_jsonl(raw, name) is not None:
+        if m["u"] is None and not m["img"] and store.runner_jsonl(raw, name) is not None:
             g.main = name
     return out
+
+
+def image_reservation(text: list[dict[str, Any]], images: list[dict[str, Any]]) -> float | None:
+    """KV tokens the image-encoder reservation costs: a text-only engine's capacity minus
+    that of an engine with images at the same utilisation (vLLM profiles the encoder's
+    peak memory, gpu_model_runner.py profile_run, and takes it from KV); None without one."""
+    by_util = {round(m["kv"]["gpu_memory_utilization"], 4): m["kv"]["kv_tokens"] for m in text}
+    diffs = [by_util[u] - m["kv"]["kv_tokens"] for m in images
+             if (u := round(m["kv"]["gpu_memory_utilization"], 4)) in by_util]
+    return float(max(diffs[0], 0)) if diffs else None
 
 
 def _box(df: pl.DataFrame) -> Box:
@@ -140,6 +154,11 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                            floors=F.physical_floors(kv_bytes, GPUS[gpu].hbm_bytes_per_s))
     kvs = store.kv_points(g.metas, UTILS)
     kv = F.fit_kv_capacity(kvs, bytes_per_token=kv_bytes)
+    reserved = image_reservation(g.metas, g.image_metas)
+    if reserved is not None:
+        kv = kv.model_copy(update={"image_reservation_tokens": reserved})
+        notes.append(f"image-encoder reservation {reserved:,.0f} KV tokens (measured at "
+                     "the same utilisation with and without images)")
     derived = [p["gpu_memory_utilization"] for p in kvs if p["derived"]]
     if derived:
         notes.append("KV at util " + ", ".join(f"{u:.2f}" for u in derived)

@@ -55,7 +55,9 @@ def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
               spec_method: str, spec_model: str | None, kv_cache_dtype: str,
               utils: list[float], tp: int) -> list[Job]:
     """The engines to start: one timed engine per (precision, k) at 0.90, plus KV-only
-    engines for the other utilisations (BF16, k = 0 only: the rest are derived)."""
+    engines for the other utilisations (BF16, k = 0 only: the rest are derived). A
+    multimodal model's engines run text-only, and one more KV-only engine at 0.90 keeps the
+    image-encoder reservation: the difference is what the reservation costs in KV."""
     if tp != 1:
         raise ConfigError(f"--tp {tp}: only tensor parallel 1 is calibrated so far")
     spec = load_model_spec(model)
@@ -63,12 +65,15 @@ def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
         raise ConfigError(f"--spec-tokens {spec_tokens}: each k must be in 0..8")
     if any(spec_tokens) and spec_method not in SPEC_METHODS:
         raise ConfigError(f"--spec-method {spec_method!r}: use one of {', '.join(SPEC_METHODS)}")
-    jobs = [Job(spec, p, kv_cache_dtype=kv_cache_dtype, spec_k=k,
+    text = 0 if spec.vision_encoder_params else None
+    jobs = [Job(spec, p, kv_cache_dtype=kv_cache_dtype, spec_k=k, limit_images=text,
                 spec_method=spec_method if k else None, spec_model=spec_model if k else None)
             for p in precisions for k in spec_tokens]
     first = precisions[0]
-    jobs += [Job(spec, first, gpu_memory_utilization=u, kv_only=True,
+    jobs += [Job(spec, first, gpu_memory_utilization=u, kv_only=True, limit_images=text,
                  kv_cache_dtype=kv_cache_dtype) for u in utils if abs(u - 0.90) > 1e-9]
+    if spec.vision_encoder_params:
+        jobs.append(Job(spec, first, kv_only=True, kv_cache_dtype=kv_cache_dtype))
     return jobs
 
 

@@ -65,10 +65,14 @@ class Job:
 
     @property
     def name(self) -> str:
-        """Unique run name: model, key, and the utilisation when it is not 0.90."""
+        """Unique run name: model, key, the utilisation when it is not 0.90, and `--img` for
+        a multimodal model's engine that keeps the image-encoder reservation (the others
+        run text-only, `limit_mm_per_prompt={"image": 0}`)."""
         n = f"{self.spec.name}--{self.key}"
         if abs(self.gpu_memory_utilization - 0.90) > 1e-9:
             n += f"--u{round(self.gpu_memory_utilization * 100):d}"
+        if self.spec.vision_encoder_params and self.limit_images is None:
+            n += "--img"
         return n
 
     def model_dir(self, root: Path) -> Path:
