@@ -162,7 +162,8 @@ def test_json_changes_with_seed(tmp_path: Path) -> None:
 
 def test_table_names_profile_source(tmp_path: Path) -> None:
     """The table says which profile ran: the measured one where calibration/ has it, and,
-    loudly, the analytic estimate where it does not (no FP8-KV profile was measured)."""
+    loudly, the analytic estimate where it does not (an FP8 KV cache was measured with BF16
+    weights only)."""
     res = sim(write_mix(tmp_path))
     assert res.exit_code == 0, res.output
     assert "h200/llama-3.1-8b/bf16: measured" in res.stdout
@@ -171,8 +172,11 @@ def test_table_names_profile_source(tmp_path: Path) -> None:
     mix["pools"][0].setdefault("engine", {})["kv_cache_dtype"] = "fp8"
     res = sim(write_mix(tmp_path, mix, "kvfp8.yaml"))
     assert res.exit_code == 0, res.output
-    assert "h200/llama-3.1-8b/bf16-kvfp8" in res.stdout
-    assert "ANALYTIC" in res.stdout
+    assert "h200/llama-3.1-8b/bf16-kvfp8: measured" in res.stdout
+    mix["pools"][0]["precision"] = "fp8"
+    res = sim(write_mix(tmp_path, mix, "fp8-kvfp8.yaml"))
+    assert res.exit_code == 0, res.output
+    assert "h200/llama-3.1-8b/fp8-kvfp8" in res.stdout and "ANALYTIC" in res.stdout
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
