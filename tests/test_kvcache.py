@@ -4,8 +4,10 @@ vllm/v1/core/kv_cache_utils.py FreeKVCacheBlockQueue, vllm/v1/core/kv_cache_mana
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from capplan.sim.kvcache import KVCache
+from capplan.sim.kvcache import UNIQUE_SHIFT, KVCache
 
 
 def cache(num_blocks: int = 8, *, caching: bool = True) -> KVCache:
@@ -163,3 +165,142 @@ def test_duplicate_content_keeps_the_balance() -> None:
     kv.free([1], 0) if dup_cached else kv.free([], 1)
     assert (kv.num_used, kv.num_free) == (0, 4)
     assert kv.longest_hit([1])[0] == 1
+
+
+class ReferencePool:
+    """The block pool kept the plain way: every cached copy under a key of its own (the
+    first copy of a hash under the hash itself), the free queue a list, LRU first."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.unhashed = num_blocks
+        self.lru: list[int] = []
+        self.ref: dict[int, int] = {}
+        self.copies: dict[int, list[int]] = {}  # hash -> keys of its cached copies, oldest first
+        self.hash_of: dict[int, int] = {}
+        self.next_key = 1 << 62
+
+    @property
+    def num_free(self) -> int:
+        return self.unhashed + len(self.lru)
+
+    def longest_hit(self, hashes: list[int]) -> tuple[int, int]:
+        n = evictable = 0
+        for h in hashes:
+            if not self.copies.get(h):
+                break
+            n += 1
+            evictable += self.copies[h][0] in self.lru
+        return n, evictable
+
+    def hit_keys(self, hashes: list[int]) -> list[int]:
+        return [self.copies[h][0] for h in hashes]
+
+    def touch(self, keys: list[int]) -> None:
+        for k in keys:
+            if k in self.lru:
+                self.lru.remove(k)
+            self.ref[k] = self.ref.get(k, 0) + 1
+
+    def allocate(self, n: int) -> None:
+        take = min(n, self.unhashed)
+        self.unhashed -= take
+        for _ in range(n - take):
+            k = self.lru.pop(0)
+            self.copies[self.hash_of.pop(k)].remove(k)
+
+    def cache(self, h: int) -> int:
+        key = h
+        if self.copies.get(h):
+            key, self.next_key = self.next_key, self.next_key + 1
+        self.copies.setdefault(h, []).append(key)
+        self.hash_of[key] = h
+        self.ref[key] = 1
+        return key
+
+    def free(self, keys: list[int], unhashed: int) -> None:
+        self.unhashed += unhashed
+        for k in reversed(keys):
+            self.ref[k] -= 1
+            if not self.ref[k]:
+                del self.ref[k]
+                self.lru.append(k)
+
+
+REQUEST = st.tuples(
+    st.integers(0, 1),  # prefix group
+    st.integers(0, 4),  # shared-prefix blocks
+    st.integers(0, 5),  # own full blocks
+    st.integers(0, 1),  # blocks without a hash (the partial tail, lookahead)
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    num_blocks=st.integers(4, 16),
+    requests=st.lists(REQUEST, min_size=2, max_size=10),
+    actions=st.lists(st.tuples(st.sampled_from("aacfp"), st.integers(0, 9)), min_size=30),
+)
+def test_runs_hit_and_evict_like_one_key_per_block(
+    num_blocks: int, requests: list[tuple[int, int, int, int]], actions: list[tuple[str, int]]
+) -> None:
+    """A request's own blocks freed as one run (free(own=...)) are hit, touched and evicted
+    exactly as if each block were cached under its own hash, as vLLM's pool keeps them.
+    Random admissions (a: its chain looked up as core.py does, hits touched, all blocks
+    allocated), caching of the blocks it computed (c: later, so two requests can compute the
+    same prefix block), finishes (f) and preemptions (p), checked against ReferencePool."""
+    kv, ref = KVCache(num_blocks, 16, enable_prefix_caching=True), ReferencePool(num_blocks)
+    keys: dict[int, list[int]] = {}  # running request -> cached keys held, in block order
+    ref_keys: dict[int, list[int]] = {}
+    computed: dict[int, list[int]] = {}  # running request -> hashes it computed, not cached yet
+    untracked: dict[int, range] = {}  # running request -> own blocks held outside the cache
+    preempted: set[int] = set()
+    finished: set[int] = set()
+
+    def chain(rid: int) -> tuple[list[int], list[int]]:
+        group, shared, own, _ = requests[rid]
+        base = (rid + 1) << UNIQUE_SHIFT
+        return [-(group * 100) - 1 - i for i in range(shared)], [base | i for i in range(own)]
+
+    for action, i in actions:
+        rid = i % len(requests)
+        prefix, own = chain(rid)
+        tail = requests[rid][3]
+        if action == "a" and rid not in keys and rid not in finished:
+            lookup = prefix + own if rid in preempted else prefix
+            if not tail:
+                lookup = lookup[: len(prefix) + len(own) - 1]  # never the last token's block
+            hit, evictable = kv.longest_hit(lookup)
+            assert (hit, evictable) == ref.longest_hit(lookup)
+            need = len(prefix) + len(own) + tail - hit
+            if need + evictable > kv.num_free:
+                continue
+            keys[rid] = kv.hit_keys(lookup[:hit])
+            ref_keys[rid] = ref.hit_keys(lookup[:hit])
+            kv.touch(keys[rid])
+            ref.touch(ref_keys[rid])
+            kv.allocate(need)
+            ref.allocate(need)
+            computed[rid] = (prefix + own)[hit:]
+            untracked[rid] = range(0)
+        elif action == "c" and computed.get(rid):
+            ref_keys[rid] += [ref.cache(h) for h in computed[rid]]
+            if rid in preempted:
+                keys[rid] += [kv.cache(h) for h in computed[rid]]
+            else:  # core.py _cache_blocks: own blocks of a request never preempted stay out
+                keys[rid] += [kv.cache(h) for h in computed[rid] if h in prefix]
+                mine = [h for h in computed[rid] if h not in prefix]
+                untracked[rid] = range(mine[0], mine[-1] + 1) if mine else range(0)
+            computed[rid] = []
+        elif action in "fp" and rid in keys:
+            held = len(prefix) + len(own) + tail
+            own_blocks = untracked.pop(rid)
+            kv.free(keys[rid], held - len(keys[rid]) - len(own_blocks), len(prefix), own_blocks)
+            ref.free(ref_keys[rid], held - len(ref_keys[rid]))
+            del keys[rid], ref_keys[rid], computed[rid]
+            (preempted if action == "p" else finished).add(rid)
+        assert kv.num_free == ref.num_free
+        for r in range(len(requests)):
+            prefix, own = chain(r)
+            if r in untracked:
+                own = []  # held outside the cache while it runs: no lookup can reach them
+            assert kv.longest_hit(prefix + own) == ref.longest_hit(prefix + own)

@@ -19,11 +19,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from capplan.sim.cohort import DecodeCohort
+from capplan.sim.kvcache import UNIQUE_SHIFT as _UNIQUE_SHIFT
 from capplan.sim.kvcache import KVCache
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
-
-_UNIQUE_SHIFT = 22  # block index bits of a request-unique hash (4M blocks = 64M tokens)
 
 
 class SimRequest:
@@ -257,11 +256,8 @@ class EngineCore:
             base = r.rid << _UNIQUE_SHIFT
             for i in range(start, full):
                 hashes.append(kv.cache(base | i))
-        else:  # blocks unique to a request never seen before: none can be cached yet
-            base = r.rid << _UNIQUE_SHIFT
-            new = range(base | start, base | full)
-            kv.ref.update(dict.fromkeys(new, 1))
-            hashes.extend(new)
+        # else: blocks unique to a request never preempted are not cached yet, and no lookup
+        # can reach them while it holds them: they stay out of the cache until _free
 
     def _allocate_running(self, r: SimRequest, n: int) -> bool:
         """allocate_slots for a running request: blocks up to computed + n + lookahead."""
@@ -279,9 +275,15 @@ class EngineCore:
     def _free(self, r: SimRequest) -> None:
         """_free_request_blocks: release every block, tail first."""
         # entry k of r.hashes is block pinned_blocks + k; only shared-prefix blocks can be
-        # held by other requests too
+        # held by other requests too. A request never preempted holds its own full blocks
+        # [own_from, n_reg) outside r.hashes (_cache_blocks): they are freed as one run
         shared = max(0, r.prefix_blocks - r.pinned_blocks)
-        self.kv.free(r.hashes, r.blocks - len(r.hashes), shared)
+        own = range(0)
+        own_from = max(r.prefix_blocks, r.pinned_blocks)
+        if self.kv.caching and not r.preemptions and r.n_reg > own_from:
+            base = r.rid << _UNIQUE_SHIFT
+            own = range(base | own_from, base | r.n_reg)
+        self.kv.free(r.hashes, r.blocks - len(r.hashes) - len(own), shared, own)
         r.blocks = 0
         r.hashes = []
         r.n_reg = 0
@@ -555,7 +557,7 @@ class EngineCore:
                     hit_blocks -= 1
                     del hit_hashes[hit_blocks:]
                     hit_hashes = kv.hit_keys(hit_hashes)
-                    evictable = sum(k in kv.free_hashed for k in hit_hashes)
+                    evictable = sum(map(kv.is_free, hit_hashes))
                 else:
                     hit_hashes = kv.hit_keys(hit_hashes)
             computed = (r.pinned_blocks + hit_blocks) * bs

@@ -11,20 +11,35 @@ Rules followed (vLLM 0.26.0):
   that are final (not unverified draft tokens).
 - vllm/v1/core/kv_cache_utils.py: block hashes chain over all earlier blocks, so block i of
   two prompts has the same hash only if tokens [0, (i+1)*block_size) are the same. Here a
-  hash is an int: shared-prefix blocks share it, every other block is unique to its request.
+  hash is an int: shared-prefix blocks share it (negative), every other block is unique to
+  its request (block i of request rid: `(rid << UNIQUE_SHIFT) | i`).
 - vllm/v1/core/block_pool.py BlockHashToBlockMap: cached blocks are not de-duplicated; a
   block filled with content already cached is cached too, under the same hash, and a lookup
   returns the oldest copy. Here a duplicate copy gets a key of its own (`dup_hash` maps it
   back), so it is freed to the LRU tail and evicted like any cached block.
 
 The free queue is always [blocks without hash..., blocks with hash in LRU order]: the
-first part is kept as a count, the second as an OrderedDict.
+first part is kept as a count, the second as an OrderedDict. A request's own blocks freed
+together (`free(own=...)`) sit in it as one entry, a run, not one entry a block: freed tail
+first, a run is evicted from its tail, and a hit on it (the request back after a
+preemption) takes its head; its blocks are hits and evictions exactly as single ones.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from itertools import repeat
+from collections import Counter, OrderedDict
+
+UNIQUE_SHIFT = 22  # block index bits of a request-unique hash (4M blocks = 64M tokens)
+
+
+class _Run:
+    """Free cached blocks with hashes [lo, hi) of one request, in the LRU as one entry: the
+    block hashed hi - 1 is evicted first, lo last."""
+
+    __slots__ = ("hi", "key", "lo")
+
+    def __init__(self, key: int, lo: int, hi: int) -> None:
+        self.key, self.lo, self.hi = key, lo, hi
 
 
 class KVCache:
@@ -32,14 +47,17 @@ class KVCache:
 
     __slots__ = (
         "_next_dup",
+        "_next_run",
         "block_size",
         "caching",
         "dup_hash",
         "dups",
+        "free_cached",
         "free_hashed",
         "free_unhashed",
         "num_blocks",
         "ref",
+        "runs",
     )
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool) -> None:
@@ -49,20 +67,35 @@ class KVCache:
         self.block_size = block_size
         self.caching = enable_prefix_caching
         self.free_unhashed = num_blocks
-        # evictable cached blocks, LRU first (OrderedDict: O(1) pops from the front)
-        self.free_hashed: OrderedDict[int, None] = OrderedDict()
-        self.ref: dict[int, int] = {}  # cached blocks in use -> number of requests holding them
+        # evictable cached blocks, LRU first (OrderedDict: O(1) pops from the front): a key
+        # with None is one block under that key, a key with a _Run stands for the run
+        self.free_hashed: OrderedDict[int, _Run | None] = OrderedDict()
+        self.free_cached = 0  # blocks in free_hashed, runs counted block by block
+        self.runs: dict[int, _Run] = {}  # request id -> its run in free_hashed
+        # cached blocks in use -> number of requests holding them (a Counter: a hit's
+        # references are taken in one call)
+        self.ref: Counter[int] = Counter()
         self.dups: dict[int, list[int]] = {}  # hash -> keys of its duplicate copies, oldest first
         self.dup_hash: dict[int, int] = {}  # duplicate copy's key -> its hash
         self._next_dup = 1 << 62  # above every request-unique hash
+        self._next_run = 1 << 63  # runs' keys: above every duplicate's
 
     @property
     def num_free(self) -> int:
-        return self.free_unhashed + len(self.free_hashed)
+        return self.free_unhashed + self.free_cached
 
     @property
     def num_used(self) -> int:
         return self.num_blocks - self.num_free
+
+    def _run_of(self, h: int) -> _Run | None:
+        """The run holding block `h` free, if any."""
+        run = self.runs.get(h >> UNIQUE_SHIFT) if self.runs and h >= 0 else None
+        return run if run is not None and run.lo <= h < run.hi else None
+
+    def is_free(self, key: int) -> bool:
+        """Is the cached copy `key` in the free queue (evictable)?"""
+        return key in self.free_hashed or self._run_of(key) is not None
 
     def longest_hit(self, hashes: list[int]) -> tuple[int, int]:
         """Leading blocks of `hashes` present in the cache, and how many of those are free
@@ -75,12 +108,12 @@ class KVCache:
         for h in hashes:
             if h in ref:
                 n += 1
-            elif h in free:
+            elif h in free or self._run_of(h) is not None:
                 n += 1
                 evictable += 1
             elif dups and h in dups:
                 n += 1
-                if dups[h][0] in free:
+                if self.is_free(dups[h][0]):
                     evictable += 1
             else:
                 break
@@ -88,47 +121,67 @@ class KVCache:
 
     def hit_keys(self, hashes: list[int]) -> list[int]:
         """The cached copy each hit hash resolves to (get_one_block: the oldest)."""
-        ref, free, dups = self.ref, self.free_hashed, self.dups
+        ref, dups = self.ref, self.dups
         if not dups:
             return hashes
-        return [h if h in ref or h in free else dups[h][0] for h in hashes]
+        return [h if h in ref or self.is_free(h) else dups[h][0] for h in hashes]
 
     def touch(self, hashes: list[int]) -> None:
         """Take a reference on cached blocks hit by a newly admitted request."""
         ref, free = self.ref, self.free_hashed
-        for h in hashes:
+        for h in [h for h in hashes if h not in ref]:  # free ones: out of the free queue
+            self.free_cached -= 1
             if h in free:
                 del free[h]
-                ref[h] = 1
-            else:
-                ref[h] += 1
+                continue
+            run = self._run_of(h)
+            if run is None or h != run.lo:  # hits are a chain: they reach a run at its head
+                raise RuntimeError(f"touch: block {h} is not free on its own or a run's head")
+            run.lo += 1
+            if run.lo == run.hi:
+                self._drop_run(run)
+        ref.update(hashes)
+
+    def _drop_run(self, run: _Run) -> None:
+        del self.free_hashed[run.key]
+        del self.runs[run.lo >> UNIQUE_SHIFT]
 
     def allocate(self, n: int) -> None:
         """Take `n` free blocks from the front of the free queue, evicting cached hashes."""
         take = min(n, self.free_unhashed)
         self.free_unhashed -= take
         n -= take
-        if n:
-            if n > len(self.free_hashed):
-                raise RuntimeError("allocate called without enough free blocks")
-            pop = self.free_hashed.popitem
-            dup_hash = self.dup_hash
-            if not dup_hash:  # no duplicate copies to untangle: evict in C, LRU first
-                deque(map(pop, repeat(False, n)), maxlen=0)
-                return
-            for _ in range(n):
-                key, _none = pop(last=False)
-                if dup_hash and key in dup_hash:  # evicting a duplicate copy
-                    h = dup_hash.pop(key)
-                    copies = self.dups[h]
-                    copies.remove(key)
-                    if not copies:
-                        del self.dups[h]
+        if not n:
+            return
+        if n > self.free_cached:
+            raise RuntimeError("allocate called without enough free blocks")
+        self.free_cached -= n
+        free, dup_hash = self.free_hashed, self.dup_hash
+        pop = free.popitem
+        while n:
+            key, run = pop(last=False)
+            if run is not None:
+                size = run.hi - run.lo
+                if size > n:  # evict the run's tail; the rest stays first in line
+                    run.hi -= n
+                    free[key] = run
+                    free.move_to_end(key, last=False)
+                    return
+                n -= size
+                del self.runs[run.lo >> UNIQUE_SHIFT]
+                continue
+            n -= 1
+            if dup_hash and key in dup_hash:  # evicting a duplicate copy
+                h = dup_hash.pop(key)
+                copies = self.dups[h]
+                copies.remove(key)
+                if not copies:
+                    del self.dups[h]
 
     def cache(self, h: int) -> int:
         """Cache a block that just became full; returns the key its copy is held under:
         `h` itself, or a duplicate's own key when content `h` is cached already."""
-        if h in self.ref or h in self.free_hashed or h in self.dups:
+        if h in self.ref or h in self.free_hashed or h in self.dups or self._run_of(h):
             key = self._next_dup
             self._next_dup += 1
             self.dups.setdefault(h, []).append(key)
@@ -142,19 +195,38 @@ class KVCache:
         """Cache a full block; False if it became a duplicate of a cached one."""
         return self.cache(h) == h
 
-    def free(self, hashes: list[int], private_blocks: int, shared: int | None = None) -> None:
-        """Release a request's blocks: `hashes` (in block order) and its private blocks.
-        Only the first `shared` entries can be held by other requests too (None: any); the
-        rest are the request's own, each freed straight to the LRU tail."""
+    def free(
+        self,
+        hashes: list[int],
+        private_blocks: int,
+        shared: int | None = None,
+        own: range = range(0),
+    ) -> None:
+        """Release a request's blocks, tail first: `private_blocks` without a hash to the
+        front of the free queue, its cached blocks to the LRU tail. Those are `hashes` (in
+        block order; only the first `shared` entries can be held by other requests too, None:
+        any) and after them `own`: the hashes of full blocks unique to the request that were
+        never entered in the cache (nobody else can hit them while it holds them), freed as
+        one run."""
         self.free_unhashed += private_blocks
         ref, free = self.ref, self.free_hashed
+        if own:
+            rid = own.start >> UNIQUE_SHIFT
+            if rid in self.runs:
+                raise RuntimeError(f"request {rid} frees a second run of its own blocks")
+            run = self.runs[rid] = _Run(self._next_run, own.start, own.stop)
+            self._next_run += 1
+            free[run.key] = run
+            self.free_cached += len(own)
         if shared is None:
             shared = len(hashes)
         if shared < len(hashes):
-            own = hashes[shared:]
-            own.reverse()
-            deque(map(ref.pop, own), maxlen=0)
-            free.update(dict.fromkeys(own))
+            mine = hashes[shared:]
+            mine.reverse()
+            for h in mine:
+                del ref[h]
+            free.update(dict.fromkeys(mine))
+            self.free_cached += len(mine)
         for h in reversed(hashes[:shared]):
             r = ref[h] - 1
             if r:
@@ -162,3 +234,4 @@ class KVCache:
             else:
                 del ref[h]
                 free[h] = None
+                self.free_cached += 1
