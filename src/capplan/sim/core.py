@@ -17,12 +17,15 @@ import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import compress, count
+from operator import attrgetter, not_, sub
 
 from capplan.sim.cohort import DecodeCohort
 from capplan.sim.kvcache import UNIQUE_SHIFT as _UNIQUE_SHIFT
 from capplan.sim.kvcache import KVCache
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
+_LAZY = attrgetter("lazy")
 
 
 class SimRequest:
@@ -121,6 +124,16 @@ class SimRequest:
             return self.prefix_base - i
         return (self.rid << _UNIQUE_SHIFT) | i
 
+    def block_hashes(self, start: int, stop: int) -> list[int]:
+        """block_hash(i) for i in [start, stop), built from ranges."""
+        shared_end = min(stop, self.prefix_blocks)
+        base = self.prefix_base
+        hashes = list(range(base - start, base - shared_end, -1)) if start < shared_end else []
+        if stop > shared_end:
+            unique = self.rid << _UNIQUE_SHIFT  # | i == + i: i < 2**_UNIQUE_SHIFT
+            hashes += range(unique + max(start, shared_end), unique + stop)
+        return hashes
+
     def __lt__(self, other: SimRequest) -> bool:
         # vllm/v1/request.py Request.__lt__: (priority, arrival_time, request_id)
         return (self.priority, self.arrival_s, self.rid) < (
@@ -183,7 +196,8 @@ class EngineCore:
     def __init__(self, cfg: CoreConfig, rng: random.Random, acceptance: list[float]) -> None:
         self.cfg = cfg
         self.acceptance = acceptance  # P(draft accepted), per workload index
-        self._log_acceptance = [math.log(a) if a > 0 else 0.0 for a in acceptance]
+        # log P(accepted) per workload; None: drafts are never accepted (and draw nothing)
+        self._log_acceptance = [math.log(a) if a > 0 else None for a in acceptance]
         self.kv = KVCache(
             cfg.num_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching
         )
@@ -330,15 +344,12 @@ class EngineCore:
         dissolve the cohort and walk the running list in order."""
         for r in cohort.due(plan.idx):
             self._leave(r)  # near its last token: the explicit path handles the end
-        others: list[SimRequest] = []
-        before: list[int] = []  # members ahead of each explicit request in the running list
-        seen = 0
-        for r in self.running:
-            if r.lazy:
-                seen += 1
-            else:
-                others.append(r)
-                before.append(seen)
+        # the explicit requests, in order, and the members ahead of each in the running list
+        # (built with C-level maps: this runs every step, over every running request)
+        running = self.running
+        at = list(compress(count(), map(not_, map(_LAZY, running))))
+        others = list(map(running.__getitem__, at))
+        before = list(map(sub, at, count()))
         size = cohort.size
         crossings = cohort.crossings(plan.idx)
         if not self._fits(others, before, size, budget, self.kv.num_free - crossings):
@@ -549,7 +560,7 @@ class EngineCore:
                 # unique to it and not cached yet: the chain of hits stops there
                 max_hit = max(r.prefix_blocks, r.pinned_blocks)
             if kv.caching and max_hit > r.pinned_blocks:
-                hit_hashes = [r.block_hash(j) for j in range(r.pinned_blocks, max_hit)]
+                hit_hashes = r.block_hashes(r.pinned_blocks, max_hit)
                 hit_blocks, evictable = kv.longest_hit(hit_hashes)
                 del hit_hashes[hit_blocks:]
                 if cfg.drop_eagle_block and hit_blocks:
@@ -670,6 +681,7 @@ class EngineCore:
         max_len = self.cfg.max_model_len
         bs = self.cfg.block_size
         cohort = self.cohort
+        log_acceptance, draw, log = self._log_acceptance, self.rng.random, math.log
         if cohort is not None:
             if cohort.trailing:
                 for r in cohort.advance_trailing(plan.idx, self.now):
@@ -683,7 +695,17 @@ class EngineCore:
                 continue
             new = 1
             if spec:
-                accepted = self._accepted(r, spec)
+                # draft tokens accepted: each in turn with probability alpha, until one is
+                # not (the number of leading successes of a geometric draw; inline, as this
+                # runs for every drafting request every step)
+                log_alpha = log_acceptance[r.wl]
+                if log_alpha is None:
+                    accepted = 0
+                else:
+                    u = draw()
+                    accepted = spec if u <= 0 else int(log(u) / log_alpha)
+                    if accepted > spec:
+                        accepted = spec
                 rejected = spec - accepted
                 if r.computed > 0:
                     r.computed -= rejected
@@ -721,12 +743,3 @@ class EngineCore:
         if finished_any:
             self.running = [q for q in self.running if q.status != FINISHED]
         return out
-
-    def _accepted(self, r: SimRequest, spec: int) -> int:
-        """Draft tokens accepted: each in turn with probability alpha, until one is not."""
-        if self.acceptance[r.wl] <= 0:
-            return 0
-        u = self.rng.random()
-        if u <= 0:
-            return spec
-        return min(spec, int(math.log(u) / self._log_acceptance[r.wl]))

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 
 UNIQUE_SHIFT = 22  # block index bits of a request-unique hash (4M blocks = 64M tokens)
+_minus_one = (-1).__add__
 
 
 class _Run:
@@ -227,11 +228,17 @@ class KVCache:
                 del ref[h]
             free.update(dict.fromkeys(mine))
             self.free_cached += len(mine)
-        for h in reversed(hashes[:shared]):
-            r = ref[h] - 1
-            if r:
-                ref[h] = r
-            else:
+        if not shared:
+            return
+        # shared ones: one reference less each (a request holds a key once); those nobody
+        # holds any more go to the LRU tail, tail first
+        held = hashes[:shared]
+        held.reverse()
+        refs = list(map(ref.__getitem__, held))
+        dict.update(ref, zip(held, map(_minus_one, refs), strict=True))  # set (Counter adds)
+        if 1 in refs:
+            last = [h for h, n in zip(held, refs, strict=True) if n == 1]
+            for h in last:
                 del ref[h]
-                free[h] = None
-                self.free_cached += 1
+            free.update(dict.fromkeys(last))
+            self.free_cached += len(last)
