@@ -243,7 +243,7 @@ class EngineCore:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.running) or self.num_waiting > 0
+        return bool(self.running or self._fcfs or self._heap)
 
     # -- KV: vllm/v1/core/kv_cache_manager.py allocate_slots --------------------------------
     def _cache_blocks(self, r: SimRequest, num_tokens: int) -> None:
@@ -326,11 +326,13 @@ class EngineCore:
         else:
             budget, preempted = self._schedule_running(plan, self.running, budget)
         # Next, the WAITING requests, unless this step preempted one.
-        if not preempted:
+        if not preempted and (self._heap if self.priority else self._fcfs):
             self._schedule_waiting(plan, budget)
-        self._update_after_schedule(plan)
+        if plan.reqs:  # (a step of cohort members only has nothing to walk)
+            self._update_after_schedule(plan)
+            if cohort is not None:
+                self._join_cohort(plan, cohort)
         if cohort is not None:
-            self._join_cohort(plan, cohort)
             cohort.sched_done = plan.idx
         return plan
 
@@ -352,7 +354,12 @@ class EngineCore:
         before = list(map(sub, at, count()))
         size = cohort.size
         crossings = cohort.crossings(plan.idx)
-        if not self._fits(others, before, size, budget, self.kv.num_free - crossings):
+        free_blocks = self.kv.num_free - crossings
+        if not (
+            self._fits(others, before, size, budget, free_blocks)
+            if others
+            else free_blocks >= 0 and size <= budget  # _fits without explicit requests
+        ):
             for r in cohort.dissolve():
                 self._register_decoded(r)
             return self._schedule_running(plan, self.running, budget)
@@ -365,10 +372,12 @@ class EngineCore:
         plan.cohort_all = tuple(cohort.all_w)
         plan.cohort_meas = tuple(cohort.meas_w)
         cohort.ctx += size
+        if not others:
+            return budget - size, False
         budget, preempted = self._schedule_running(plan, others, budget, before)
         if preempted:  # _fits guaranteed every allocation; a preemption here is a bug
             raise RuntimeError("decode cohort: preemption in a step that fits")
-        return budget - (size - (before[-1] if others else 0)), False
+        return budget - (size - before[-1]), False
 
     def _leave(self, r: SimRequest) -> None:
         assert self.cohort is not None
@@ -676,12 +685,7 @@ class EngineCore:
         """Apply a finished step: returns (request, new tokens, finished) for each request
         that received tokens."""
         out: list[tuple[SimRequest, int, bool]] = []
-        k = self.cfg.spec_k
-        async_ = self.cfg.async_scheduling
-        max_len = self.cfg.max_model_len
-        bs = self.cfg.block_size
         cohort = self.cohort
-        log_acceptance, draw, log = self._log_acceptance, self.rng.random, math.log
         if cohort is not None:
             if cohort.trailing:
                 for r in cohort.advance_trailing(plan.idx, self.now):
@@ -689,6 +693,13 @@ class EngineCore:
                         self._register_decoded(r)
             cohort.upd_done = plan.idx
             cohort.last_update_s = self.now
+        if not plan.reqs:  # cohort members only: the replica streams their tokens
+            return out
+        k = self.cfg.spec_k
+        async_ = self.cfg.async_scheduling
+        max_len = self.cfg.max_model_len
+        bs = self.cfg.block_size
+        log_acceptance, draw, log = self._log_acceptance, self.rng.random, math.log
         finished_any = False
         for r, emits, spec in zip(plan.reqs, plan.emits, plan.spec, strict=True):
             if not emits or r.status == FINISHED:

@@ -87,7 +87,7 @@ class KVCache:
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - self.num_free
+        return self.num_blocks - self.free_unhashed - self.free_cached
 
     def _run_of(self, h: int) -> _Run | None:
         """The run holding block `h` free, if any."""

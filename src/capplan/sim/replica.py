@@ -112,7 +112,9 @@ class Replica:
                 self._next_sample_s = env.now + 1.0
             inflight.popleft()
             core.now = env.now
-            self._emit(core.update_from_output(cur), env.now)
+            emitted = core.update_from_output(cur)
+            if emitted:
+                self._emit(emitted, env.now)
             if cur.cohort_size:
                 self._emit_cohort(cur, dt, env.now)
 
