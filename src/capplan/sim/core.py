@@ -462,9 +462,11 @@ class EngineCore:
         la = self.lookahead
         prio = self.priority
         preempted = False
-        scheduled: dict[int, int] = {}  # rid -> index in plan (priority preemption undoes)
         reqs, toks, specs = plan.reqs, plan.tokens, plan.spec
         all_running = self.running
+        # the plan's integer sums, added to it at the end (a priority preemption's undo
+        # subtracts from the plan meanwhile: the sum comes out the same)
+        n_scheduled = total_tokens = decode_ctx = 0
 
         # First, the RUNNING requests, in order.
         i = 0
@@ -503,8 +505,8 @@ class EngineCore:
                     if prio:
                         victim = max(all_running, key=lambda q: (q.priority, q.arrival_s))
                         all_running.remove(victim)
-                        if victim.rid in scheduled:
-                            budget += self._unschedule(plan, scheduled, victim)
+                        if victim in reqs:  # scheduled in this walk (plan.reqs holds no other)
+                            budget += self._unschedule(plan, reqs.index(victim))
                             # only then does vLLM step its index back: an earlier victim that
                             # was not scheduled makes the walk skip the request after r
                             i -= 1
@@ -518,19 +520,16 @@ class EngineCore:
                     ok = self._allocate_running(r, n)
                 if not ok:
                     break  # r itself was preempted: nothing more fits
-            if prio:
-                scheduled[r.rid] = len(reqs)
-            plan.running_scheduled += 1
-            if not r.decoding:
-                plan.running_prefill = True
+            n_scheduled += 1
             spec = n + computed - num_tokens - ph if r.spec else 0
             reqs.append(r)
             toks.append(n)
             specs.append(spec if spec > 0 else 0)
-            plan.total_tokens += n
+            total_tokens += n
             if r.decoding:
-                plan.decode_ctx += computed
+                decode_ctx += computed
             else:
+                plan.running_prefill = True
                 plan.prefill_tokens += n
                 plan.prefill_attn += n * (computed + n / 2)
                 if r.image_tokens and not r.encoded:
@@ -540,6 +539,9 @@ class EngineCore:
             budget -= n
             i += 1
 
+        plan.running_scheduled += n_scheduled
+        plan.total_tokens += total_tokens
+        plan.decode_ctx += decode_ctx
         return budget, preempted
 
     def _schedule_waiting(self, plan: StepPlan, budget: int) -> None:
@@ -641,9 +643,9 @@ class EngineCore:
                 r.encoded = True
         r.spec = 0  # consumed; new drafts arrive with the output (or as placeholders)
 
-    def _unschedule(self, plan: StepPlan, scheduled: dict[int, int], r: SimRequest) -> int:
-        """Undo r's place in this step's plan (priority preemption of a scheduled request)."""
-        j = scheduled.pop(r.rid)
+    def _unschedule(self, plan: StepPlan, j: int) -> int:
+        """Undo the plan's j-th request (priority preemption of a scheduled request)."""
+        r = plan.reqs[j]
         n = plan.tokens[j]
         plan.running_scheduled -= 1
         plan.total_tokens -= n
@@ -654,9 +656,6 @@ class EngineCore:
             plan.prefill_attn -= n * (r.computed + n / 2)
         for lst in (plan.reqs, plan.tokens, plan.spec):
             del lst[j]
-        for rid, k in scheduled.items():
-            if k > j:
-                scheduled[rid] = k - 1
         return n
 
     def _update_after_schedule(self, plan: StepPlan) -> None:
@@ -735,12 +734,14 @@ class EngineCore:
             r.out = o
             if async_:
                 ph = r.placeholders - new
-                r.placeholders = ph if ph > 0 else 0
-            # AsyncScheduler._update_request_with_output caches the blocks the new tokens
-            # filled, also on the update that finishes the request (before it is freed); the
-            # synchronous Scheduler caches only when it allocates
-            if async_ and r.status == RUNNING and (r.computed - r.placeholders) // bs > r.n_reg:
-                self._cache_blocks(r, r.computed - r.placeholders)
+                if ph < 0:
+                    ph = 0
+                r.placeholders = ph
+                # AsyncScheduler._update_request_with_output caches the blocks the new tokens
+                # filled, also on the update that finishes the request (before it is freed);
+                # the synchronous Scheduler caches only when it allocates
+                if r.status == RUNNING and (r.computed - ph) // bs > r.n_reg:
+                    self._cache_blocks(r, r.computed - ph)
             if o >= r.max_tokens or r.prompt + o >= max_len:
                 r.status = FINISHED
                 finished_any = True
