@@ -346,13 +346,18 @@ class EngineCore:
         dissolve the cohort and walk the running list in order."""
         for r in cohort.due(plan.idx):
             self._leave(r)  # near its last token: the explicit path handles the end
-        # the explicit requests, in order, and the members ahead of each in the running list
-        # (built with C-level maps: this runs every step, over every running request)
-        running = self.running
-        at = list(compress(count(), map(not_, map(_LAZY, running))))
-        others = list(map(running.__getitem__, at))
-        before = list(map(sub, at, count()))
         size = cohort.size
+        # the explicit requests, in order, and the members ahead of each in the running list
+        # (built with C-level maps: this runs every step, over every running request); none
+        # when the members are all of it (they are running requests: a member leaves the
+        # cohort before it can finish, and the cohort dissolves before any preemption)
+        running = self.running
+        others: list[SimRequest] = []
+        before: list[int] = []
+        if len(running) > size:
+            at = list(compress(count(), map(not_, map(_LAZY, running))))
+            others = list(map(running.__getitem__, at))
+            before = list(map(sub, at, count()))
         crossings = cohort.crossings(plan.idx)
         free_blocks = self.kv.num_free - crossings
         if not (
