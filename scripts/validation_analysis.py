@@ -2,7 +2,7 @@
 experiments on the H200, the noise of repeated runs, and the serving engine's traced steps
 against the simulator's.
 
-    python scripts/validation_analysis.py [seeds|noise|steps|trial]   (default: the first three)
+    python scripts/validation_analysis.py [seeds|noise|steps|idle|trial]  (default: first three)
 """
 
 from __future__ import annotations
@@ -187,6 +187,19 @@ def steps() -> None:
                            in zip(bins, coef, strict=True)))
 
 
+def idle() -> None:
+    """Calibration steps that started on an idle GPU (nothing to hide the host's work
+    behind) against the fit, which pipelined steps dominate."""
+    folder = CALIBRATION_DIR / "h200/vllm-0.26.0/llama-3.1-8b/bf16"
+    timer = StepTimer(Profile.load(folder / "profile.json"), max_num_seqs=256,
+                      max_num_batched_tokens=8192)
+    df = pl.read_parquet(folder / "samples.parquet").filter(~pl.col("warmup"))
+    for r in df.filter(~pl.col("pipelined") & (pl.col("tokens") <= 2048)).iter_rows(named=True):
+        t = timer.step_time_s(r["tokens"], r["seqs"], r["prefill_attn"], r["decode_ctx"], 0)
+        print(f"  {r['point']:18s} first step, {r['tokens']:5d} tokens from idle: "
+              f"{r['step_s'] * 1e3:5.1f} ms measured, {t * 1e3:5.1f} ms by the fit")
+
+
 def trial() -> None:
     """The flat correction the page rejects: 0, 4 or 8 ms added to every step that carries a
     prefill, and how many rows of the four base engines then meet their target."""
@@ -222,6 +235,8 @@ def main() -> None:
             noise(rows)
         elif name == "trial":
             trial()
+        elif name == "idle":
+            idle()
         else:
             steps()
 
