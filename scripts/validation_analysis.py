@@ -2,7 +2,9 @@
 experiments on the H200, the noise of repeated runs, and the serving engine's traced steps
 against the simulator's.
 
-    python scripts/validation_analysis.py [seeds|noise|steps|idle|trial]  (default: first three)
+    python scripts/validation_analysis.py [seeds|noise|steps|idle|graph|trial]
+
+With no argument it prints the first three.
 """
 
 from __future__ import annotations
@@ -200,6 +202,25 @@ def idle() -> None:
               f"{r['step_s'] * 1e3:5.1f} ms measured, {t * 1e3:5.1f} ms by the fit")
 
 
+def graph() -> None:
+    """Steps just past the largest CUDA graph (512 tokens) against graphed and large ones, in
+    the FP8-KV calibration engine (the one whose sweep reached such a step)."""
+    base = CALIBRATION_DIR / "h200/vllm-0.26.0/llama-3.1-8b"
+    own = StepTimer(Profile.load(base / "bf16-kvfp8/profile.json"), max_num_seqs=256,
+                    max_num_batched_tokens=8192)
+    bf16 = StepTimer(Profile.load(base / "bf16/profile.json"), max_num_seqs=256,
+                     max_num_batched_tokens=8192)
+    df = pl.read_parquet(base / "bf16-kvfp8/samples.parquet").filter(
+        ~pl.col("warmup") & (pl.col("prefill_tokens") > 0))
+    for point in ("prefill-p512-x33", "mixed-b16-c512-p512-x4", "prefill-p1024-x17"):
+        rows = list(df.filter(pl.col("point") == point).iter_rows(named=True))
+        args = [(r["tokens"], r["seqs"], r["prefill_attn"], r["decode_ctx"], 0) for r in rows]
+        print(f"  {point:24s} {np.median([r['tokens'] for r in rows]):5.0f} tokens: "
+              f"{np.median([r['step_s'] for r in rows]) * 1e3:5.1f} ms measured, its fit "
+              f"{np.median([own.step_time_s(*a) for a in args]) * 1e3:5.1f}, BF16 profile "
+              f"{np.median([bf16.step_time_s(*a) for a in args]) * 1e3:5.1f}")
+
+
 def trial() -> None:
     """The flat correction the page rejects: 0, 4 or 8 ms added to every step that carries a
     prefill, and how many rows of the four base engines then meet their target."""
@@ -237,6 +258,8 @@ def main() -> None:
             trial()
         elif name == "idle":
             idle()
+        elif name == "graph":
+            graph()
         else:
             steps()
 
