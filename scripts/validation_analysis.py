@@ -219,6 +219,16 @@ def graph() -> None:
               f"{np.median([r['step_s'] for r in rows]) * 1e3:5.1f} ms measured, its fit "
               f"{np.median([own.step_time_s(*a) for a in args]) * 1e3:5.1f}, BF16 profile "
               f"{np.median([bf16.step_time_s(*a) for a in args]) * 1e3:5.1f}")
+    print("FP8 against BF16 KV cache, the same points (median step):")
+    for point, kind in (("decode-b1-c512", "decodes"), ("prefill-p8192-x3", "prefills")):
+        ms = []
+        for key in ("bf16-kvfp8", "bf16"):
+            s = pl.read_parquet(base / key / "samples.parquet").filter(
+                ~pl.col("warmup") & (pl.col("point") == point))
+            s = s.filter(pl.col("prefill_tokens") == 0) if kind == "decodes" else s.filter(
+                pl.col("prefill_tokens") > 0)
+            ms.append(float(s["step_s"].median()) * 1e3)  # type: ignore[arg-type]
+        print(f"  {point:24s} {kind}: {ms[0]:.1f} ms (FP8 KV) against {ms[1]:.1f} ms (BF16)")
 
 
 def trial() -> None:
