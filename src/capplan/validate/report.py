@@ -136,12 +136,27 @@ def kv_lines(folders: list[Path]) -> list[str]:
     return lines
 
 
+def unmeasured_lines(folders: list[Path]) -> list[str]:
+    """Experiment runs of the suite that no engine start has measured yet."""
+    from capplan.validate.store import load_run
+
+    out = []
+    for f in folders:
+        run, reqs, _ = load_run(f)
+        have = set(reqs["run"].unique().to_list())
+        left = [n for e in run.experiments for n in e.runs() if n not in have]
+        if left:
+            out.append(f"- {run.name}: {', '.join(left)}")
+    return out or ["- none"]
+
+
 def generated_block(rows: list[Row], folders: list[Path] | None = None) -> str:
     from capplan.validate.store import stored_runs
 
-    kv = kv_lines(stored_runs() if folders is None else folders)
-    lines = [BEGIN, "", "### Summary", "", *summary_lines(rows), "", "### KV capacity", "",
-             *kv, "", "### Every row", "",
+    folders = stored_runs() if folders is None else folders
+    lines = [BEGIN, "", "### Summary", "", *summary_lines(rows), "",
+             "Experiments in the suite not measured yet:", "", *unmeasured_lines(folders), "",
+             "### KV capacity", "", *kv_lines(folders), "", "### Every row", "",
              "Measured / predicted (error). Times in ms, throughput in output tokens/s; "
              "✗ marks a miss of the target.", *table_lines(rows), "", END]
     return "\n".join(lines)
