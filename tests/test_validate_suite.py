@@ -178,6 +178,9 @@ def test_ingest_adds_new_runs_to_what_is_stored(suite, tmp_path) -> None:
     dest = root / "h200/vllm-0.26.0/llama-3.1-8b/validation" / run.name
     # stored: chat-c4 and chat-c16 only (what an earlier session measured)
     ingest([_make(tmp_path / "old", src, ["chat-c4", "chat-c16"])], run, root)
+    from capplan.validate.report import unmeasured_lines
+
+    assert unmeasured_lines([dest]) == [f"- {run.name}: chat-c32"]  # the page names the gap
     cli = CliRunner()
     out = cli.invoke(main, ["validate", "emit", str(SUITE), "--out", str(tmp_path / "jobs"),
                             "--engine", run.name, "--missing", "--root", str(root)])
@@ -203,6 +206,7 @@ def test_ingest_adds_new_runs_to_what_is_stored(suite, tmp_path) -> None:
     out = cli.invoke(main, ["validate", "emit", str(SUITE), "--out", str(tmp_path / "jobs2"),
                             "--engine", run.name, "--missing", "--root", str(root)])
     assert out.exit_code == 0 and "every run already stored" in out.output
+    assert unmeasured_lines([dest]) == ["- none"]
 
 
 def _make(raw: Path, src: Path, runs: list[str]) -> Path:
