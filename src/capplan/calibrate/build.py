@@ -109,6 +109,17 @@ def _max_decode_context(df: pl.DataFrame) -> float:
     return float((dec["decode_ctx"] / dec["decode_seqs"]).max())  # type: ignore[arg-type]
 
 
+def _plan_file(name: str | None, raw: Path) -> Path | None:
+    """The sweep plan an engine ran: the runner records its path as given, absolute or
+    relative to the repository root (`calibration/_plans/...`, two levels above `_raw`)."""
+    if not name:
+        return None
+    for path in (Path(name), raw.resolve().parent.parent / name):
+        if path.is_file():
+            return path
+    return None
+
+
 def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                   gpu: str, git_commit: str, seed: int = 0) -> tuple[Profile, dict[str, Any],
                                                                       pl.DataFrame]:
@@ -137,9 +148,9 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
         fixed = {"decode_ctx_s": base.step.decode_ctx_s}
         notes.append(f"decode_ctx_s from {g.model}/bf16 (sweep reached decode context "
                      f"{_max_decode_context(df):.0f} < {MIN_DECODE_CONTEXT})")
-    plan_path = meta.get("args", {}).get("plan")
-    if plan_path and Path(plan_path).exists():
-        planned = [q["id"] for q in json.loads(Path(plan_path).read_text())["points"]
+    plan = _plan_file(meta.get("args", {}).get("plan"), raw)
+    if plan is not None:
+        planned = [q["id"] for q in json.loads(plan.read_text())["points"]
                    if not q.get("warmup")]
         measured = set(df["point"].to_list())
         left = [q for q in planned if q not in measured]

@@ -61,6 +61,13 @@ def draft_acceptance(before: str, after: str) -> dict[str, float] | None:
             "first_position_acceptance": first / drafts}
 
 
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a runner's JSON-lines file (none if it was never written)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def finished_in(raws: list[Path], metas: list[dict[str, Any]], run: EngineRun) -> dict[str, int]:
     """Each experiment run's folder (index into `raws`): the first whose engine.json says the
     run finished (a run cut off mid-way leaves a partial JSON-lines file behind)."""
@@ -82,8 +89,7 @@ def read_raw_requests(raws: list[Path], run: EngineRun, source: dict[str, int]) 
         for name in exp.runs():
             if name not in source:
                 continue
-            path = raws[source[name]] / f"{name}.jsonl"
-            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            rows = _jsonl(raws[source[name]] / f"{name}.jsonl")
             if not rows:
                 continue
             names = {i: w.name for i, w in enumerate(exp.workloads)}
@@ -117,10 +123,7 @@ def read_raw_steps(raws: list[Path], run: EngineRun, source: dict[str, int]) -> 
     frames = []
     for exp in run.experiments:
         for name in exp.runs():
-            path = raws[source[name]] / f"{name}.steps.jsonl" if name in source else None
-            if path is None or not path.exists():
-                continue
-            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            rows = _jsonl(raws[source[name]] / f"{name}.steps.jsonl") if name in source else []
             if rows:
                 frames.append(pl.DataFrame(rows).with_columns(pl.lit(name).alias("run")))
     return pl.concat(frames, how="diagonal") if frames else None
