@@ -5,16 +5,18 @@
 # done (listed in $CAL/done.txt) are skipped, so the same command can be sent again and
 # continues where the last call stopped; a job cut short resumes at its first unfinished
 # point. Each job gets at most what is left of DEADLINE_S; after every job the whole of
-# $CAL is packed into $OUT/raw.tgz, so whatever finished comes back even if the call dies.
+# $CAL is packed into $OUT/$PACK (raw.tgz unless set), so whatever finished comes back even if
+# the call dies.
 set -u
 queue=${1:?usage: gpu_calibrate.sh QUEUE DEADLINE_S}
 deadline=${2:-540}
 CAL=${CAL:-/tmp/capplan-cal}
 OUT=${OUT:-/tmp/capplan-out}
+PACK=${PACK:-raw.tgz}
 mkdir -p "$CAL" "$OUT"
 touch "$CAL/done.txt"
 start=$SECONDS
-pack() { tar czf "$OUT/raw.tgz.tmp" -C "$CAL" . && mv "$OUT/raw.tgz.tmp" "$OUT/raw.tgz"; }
+pack() { tar czf "$OUT/$PACK.tmp" -C "$CAL" . && mv "$OUT/$PACK.tmp" "$OUT/$PACK"; }
 while IFS='|' read -r name min_s args; do
   [[ -z $name || $name == \#* ]] && continue
   grep -qx "$name" "$CAL/done.txt" && continue
