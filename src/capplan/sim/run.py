@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import random
+import time
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
@@ -135,6 +136,15 @@ def simulate(
     return _Run(mix, st, workloads, replicas, duration, warmup, sim.drain_s, seed,
                 rate_scale, decode_cohort, keep_requests, client_latency_s,
                 stop_when_missed).run()
+
+
+def simulate_timed(
+    mix: TrafficMix, pool: str, replicas: int, **kwargs: Any
+) -> tuple[SimResult, float]:
+    """`simulate` and the wall-clock seconds it took (a worker process's run, timed there)."""
+    t0 = time.perf_counter()
+    res = simulate(mix, pool, replicas, **kwargs)
+    return res, time.perf_counter() - t0
 
 
 class _Run:

@@ -126,6 +126,9 @@ _traffic = click.option("--traffic", required=True, type=click.Path(path_type=Pa
 _seed = click.option("--seed", type=int, default=None, help="base seed (default: the mix's)")
 _spare = click.option("--spare", type=click.IntRange(min=0), default=0, show_default=True,
                       help="N+k: extra replicas per pool for failures")
+_workers = click.option("--workers", type=click.IntRange(min=1), default=None,
+                        help="processes for the simulations (default: $CAPPLAN_WORKERS, else "
+                        "the CPU count; 1: all in this process); the plan is the same")
 _quick = click.option("--quick", is_flag=True,
                       help="short probes, confirm at probe length (rougher, faster)")
 
@@ -141,22 +144,25 @@ _quick = click.option("--quick", is_flag=True,
 @_spare
 @_seed
 @_quick
+@_workers
 @click.option("--report", "report_out", type=click.Path(path_type=Path), default=None,
               help="also write the plan's HTML report (as `capplan report` does)")
 @click.option("--verbose", "-v", is_flag=True,
               help="explain each search step (every simulation and what it found) on stderr")
 @_errors_as_lines
 def size(traffic: Path, fmt: str, out: Path | None, growth: float, spare: int,
-         seed: int | None, quick: bool, report_out: Path | None, verbose: bool) -> None:
+         seed: int | None, quick: bool, workers: int | None, report_out: Path | None,
+         verbose: bool) -> None:
     """Fewest GPUs per pool that hold every workload's SLOs, with cost and why."""
     from capplan.mix import load_mix
+    from capplan.solve.jobs import cli_workers
     from capplan.solve.options import size_mix
 
     t0 = time.perf_counter()
     mix = load_mix(traffic)
     with _Feedback(verbose) as fb:
         plan = size_mix(mix, growth=growth, spare=spare, seed=seed, quick=quick,
-                        log=fb.log, on_pool=fb.pool)
+                        log=fb.log, on_pool=fb.pool, workers=cli_workers(workers))
     elapsed = time.perf_counter() - t0
     if out is not None:
         _write_plan(plan, out)
@@ -267,13 +273,15 @@ def _plot(rows: list[dict[str, Any]], path: Path, console: Console) -> None:
 @_spare
 @_seed
 @_quick
+@_workers
 @_errors_as_lines
 def sweep(traffic: Path, growth_text: str, out: Path | None, plot: Path | None, spare: int,
-          seed: int | None, quick: bool) -> None:
+          seed: int | None, quick: bool, workers: int | None) -> None:
     """GPUs per pool as traffic grows: the capacity-planning curve."""
     import polars as pl
 
     from capplan.mix import load_mix
+    from capplan.solve.jobs import cli_workers
     from capplan.solve.options import floors_of, size_mix
 
     mix = load_mix(traffic)
@@ -289,7 +297,8 @@ def sweep(traffic: Path, growth_text: str, out: Path | None, plot: Path | None, 
 
             try:
                 plans.append(size_mix(mix, growth=g, spare=spare, seed=seed, quick=quick,
-                                      advice=False, floors=floors, on_pool=step))
+                                      advice=False, floors=floors, on_pool=step,
+                                      workers=cli_workers(workers)))
                 floors = floors_of(plans[-1])
             except InfeasibleError as e:
                 # more traffic never needs fewer GPUs: every larger growth is infeasible too

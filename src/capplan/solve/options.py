@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import replace
 from typing import Literal
 
@@ -16,6 +17,7 @@ from capplan.mix import TrafficMix
 from capplan.pool import Pool, SpeculativeConfig
 from capplan.profiles import measured_speculative
 from capplan.sim.run import PoolSetup
+from capplan.solve import jobs
 from capplan.solve.choose import AUTO_PRECISIONS, PoolChoice, choose, with_pool
 from capplan.solve.plan import Advice, Plan, PoolPlan, pool_plan
 from capplan.solve.search import SearchSettings, Sizer, worst_check
@@ -168,23 +170,26 @@ def size_mix(
     floors: dict[tuple[str, str], int] | None = None,
     log: Callable[[str], None] | None = None,
     on_pool: Callable[[str, int, int], None] | None = None,
+    workers: int | None = None,
 ) -> Plan:
     """Size every pool of `mix` (or those named) at peak traffic x `growth`, plus `spare`
     replicas each for failures. `floors[(pool, label)]`: replicas known to be needed, by
     candidate label (see `floors_of`). `log` is told every simulation of the search;
-    `on_pool(name, i, n)` when pool i of n starts."""
+    `on_pool(name, i, n)` when pool i of n starts. `workers` > 1 (None: $CAPPLAN_WORKERS,
+    else 1) sizes the pools side by side, their simulations in that many processes: the
+    same plan (call it under an `if __name__ == "__main__":` guard, as multiprocessing
+    needs)."""
     if spare < 0:
         raise ConfigError(f"spare must be >= 0, got {spare}", field="--spare")
-    settings = SearchSettings(seed=seed, rate_scale=growth, quick=quick, log=log)
+    settings = SearchSettings(seed=seed, rate_scale=growth, quick=quick, log=log,
+                              workers=workers)
     m = grown(mix, growth)
-    plans: list[PoolPlan] = []
     todo = [
         p for p in m.pools
         if (pools is None or p.name in pools) and m.workloads_of(p.name)
     ]
-    for i, pool in enumerate(todo):
-        if on_pool is not None:
-            on_pool(pool.name, i, len(todo))
+
+    def plan_pool(pool: Pool, settings: SearchSettings) -> PoolPlan:
         choice = choose(m, pool.name, settings, spare=spare, floors=floors)
         notes: list[Advice] = []
         if advice:
@@ -194,15 +199,52 @@ def size_mix(
                       text_only_advice(chosen, choice.sizing.setup)):
                 if a is not None:
                     notes.append(a)
-        plans.append(pool_plan(
+        return pool_plan(
             choice.sizing, m.workloads_of(pool.name), spare=spare,
             runners_up=choice.runners_up, advice=notes, auto=choice.auto,
             reasoning=choice.reasoning,
-        ))
+        )
+
+    plans: list[PoolPlan] = []
+    workers = settings.processes
+    if workers > 1 and len(todo) > 1:
+        jobs.warm(workers)
+        plans = _side_by_side(todo, plan_pool, settings, on_pool)
+    else:
+        for i, pool in enumerate(todo):
+            if on_pool is not None:
+                on_pool(pool.name, i, len(todo))
+            plans.append(plan_pool(pool, settings))
     return Plan(
         mix=mix.name, source=mix.source, growth=growth, spare=spare,
         seed=mix.simulation.seed if seed is None else seed, quick=quick, pools=plans,
     )
+
+
+def _side_by_side(
+    todo: list[Pool],
+    plan_pool: Callable[[Pool, SearchSettings], PoolPlan],
+    settings: SearchSettings,
+    on_pool: Callable[[str, int, int], None] | None,
+) -> list[PoolPlan]:
+    """Every pool at once, a thread each (their simulations run in worker processes): the
+    same plans as one pool after another, and the same log and progress, in pool order; the
+    first pool (in order) that fails raises, as it would have serially."""
+    order = jobs.InOrder([p.name for p in todo], settings.log, on_pool)
+
+    def one(i: int, pool: Pool) -> PoolPlan:
+        try:
+            out = plan_pool(pool, replace(settings, log=order.logger(i)))
+        except BaseException:
+            order.finished(i, failed=True)
+            raise
+        order.finished(i)
+        return out
+
+    with ThreadPoolExecutor(len(todo), thread_name_prefix="capplan-pool") as ex:
+        futures = [ex.submit(one, i, p) for i, p in enumerate(todo)]
+        wait(futures)
+    return [f.result() for f in futures]
 
 
 def floors_of(plan: Plan) -> dict[tuple[str, str], int]:

@@ -12,17 +12,17 @@ certain (sim/verdict.py); runs that pass always run to the end.
 from __future__ import annotations
 
 import math
-import multiprocessing
-import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
+from typing import Any
 
-from capplan.errors import ConfigError, InfeasibleError
+from capplan.errors import InfeasibleError
 from capplan.mix import TrafficMix
 from capplan.sim.results import SimResult, SloCheck
-from capplan.sim.run import PoolSetup, setup_pool, simulate
+from capplan.sim.run import PoolSetup, setup_pool, simulate_timed
+from capplan.solve import jobs
 from capplan.solve.bounds import (
     Bracket,
     bracket,
@@ -66,8 +66,9 @@ class SearchSettings:
     production mix) and answers 4 and 5 GPUs for two pools where 120 s x 3 seeds answer 5
     and 4; 30 s also outlasts a tail request's lifetime (seconds) many times over."""
     workers: int | None = None
-    """Processes for the confirmation runs (None: $CAPPLAN_WORKERS, else 1). Opt-in: on a
-    shared 2-core machine the process start-up and contention ate the gain."""
+    """Processes for the simulations (None: $CAPPLAN_WORKERS, else 1: all in this process;
+    `capplan size` passes the CPU count). With more than one, a pool's confirmation seeds
+    run side by side and `size_mix` searches its pools at once (solve/jobs.py)."""
     log: Callable[[str], None] | None = field(default=None, compare=False)
     """Told each simulation the search runs and what it found (`capplan size --verbose`)."""
 
@@ -78,36 +79,11 @@ class SearchSettings:
 
     @property
     def processes(self) -> int:
-        if self.workers is not None:
-            return max(1, self.workers)
-        env = os.environ.get("CAPPLAN_WORKERS", "1")
-        if not env.isdigit():
-            raise ConfigError(f"CAPPLAN_WORKERS must be a whole number, got {env!r}")
-        return max(1, int(env))
+        return max(1, self.workers) if self.workers is not None else jobs.default_workers()
 
 
-PARALLEL_MIN_REPLICA_S = 600.0
-"""Confirmation runs go to worker processes only when each simulates at least this many
-replica-seconds: below it, starting a process costs more than it saves."""
-
-_EXECUTORS: dict[int, ProcessPoolExecutor] = {}
-
-
-def _executor(workers: int) -> ProcessPoolExecutor:
-    """One pool of worker processes per size, kept for the process's life (spawn, not fork:
-    polars' thread pool does not survive a fork)."""
-    if workers not in _EXECUTORS:
-        ctx = multiprocessing.get_context("spawn")
-        _EXECUTORS[workers] = ProcessPoolExecutor(workers, mp_context=ctx)
-    return _EXECUTORS[workers]
-
-
-def _simulate_job(
-    mix: TrafficMix, pool: str, n: int, duration_s: float, seed: int, rate_scale: float,
-    setup: PoolSetup,
-) -> SimResult:
-    return simulate(mix, pool, n, duration_s=duration_s, seed=seed, rate_scale=rate_scale,
-                    setup=setup)
+_Key = tuple[int, float, int, bool]
+"""A simulation of the search: (replicas, duration_s, seed, probe)."""
 
 
 @dataclass(slots=True)
@@ -200,9 +176,12 @@ class Sizer:
         )
         self.probe_s, self.confirm_s = self._durations(mix)
         self.probes: list[tuple[int, bool]] = []
-        self._cache: dict[tuple[int, float, int, bool], SimResult] = {}
+        self._cache: dict[_Key, SimResult] = {}
+        self._pending: dict[_Key, Future[tuple[SimResult, float]]] = {}
+        self.processes = self.settings.processes
         self.simulations = 0
         self.wall_s = 0.0
+        self._sim_s = self._replica_s = 0.0  # wall and simulated replica-seconds of runs
 
     def _durations(self, mix: TrafficMix) -> tuple[float, float]:
         s = self.settings
@@ -239,22 +218,54 @@ class Sizer:
         """One simulation, memoised (same inputs, same result). `verdict_only`: the caller
         needs pass or fail only, so the run stops once a miss is certain; a run that passes
         is the full run either way, and a stopped one is re-run in full when its figures are
-        wanted."""
+        wanted. A run counts (`simulations`, the log) when the search first uses it, so the
+        count and the log are the same whether runs were prefetched or not."""
         key = (replicas, duration_s, seed, probe)
+        pending = self._pending.pop(key, None)
+        if pending is not None:
+            self._use(key, pending)
         cached = self._cache.get(key)
         if cached is None or (cached.stopped_at_s is not None and not verdict_only):
-            t0 = time.perf_counter()
-            self._cache[key] = simulate(
-                self.probe_mix if probe else self.mix, self.pool.name, replicas,
-                duration_s=duration_s, seed=seed, rate_scale=self.settings.rate_scale,
-                setup=self.setup, keep_requests=False, stop_when_missed=verdict_only,
-            )
-            self.simulations += 1
-            self.wall_s += time.perf_counter() - t0
-            self._tell(key, self._cache[key], time.perf_counter() - t0)
+            if self.processes > 1:
+                self._use(key, self._submit(key, verdict_only, jobs.CHAIN))
+            else:
+                t0 = time.perf_counter()
+                self._record(key, simulate_timed(*self._args(key), **self._kwargs(
+                    key, verdict_only)), time.perf_counter() - t0)
         return self._cache[key]
 
-    def _tell(self, key: tuple[int, float, int, bool], res: SimResult, wall_s: float) -> None:
+    def _args(self, key: _Key) -> tuple[TrafficMix, str, int]:
+        return (self.probe_mix if key[3] else self.mix), self.pool.name, key[0]
+
+    def _kwargs(self, key: _Key, verdict_only: bool) -> dict[str, Any]:
+        return {"duration_s": key[1], "seed": key[2], "rate_scale": self.settings.rate_scale,
+                "setup": self.setup, "keep_requests": False, "stop_when_missed": verdict_only}
+
+    def _submit(
+        self, key: _Key, verdict_only: bool, priority: tuple[int, float]
+    ) -> Future[tuple[SimResult, float]]:
+        return jobs.submit(self.processes, priority, *self._args(key),
+                           **self._kwargs(key, verdict_only))
+
+    def _use(self, key: _Key, future: Future[tuple[SimResult, float]]) -> None:
+        t0 = time.perf_counter()
+        done = future.result()
+        self._record(key, done, time.perf_counter() - t0)
+
+    def _cost_s(self, replicas: int, duration_s: float) -> float:
+        """Wall seconds a run is expected to take, from the runs so far (for scheduling)."""
+        return replicas * duration_s * self._sim_s / max(self._replica_s, 1e-9)
+
+    def _record(self, key: _Key, done: tuple[SimResult, float], waited_s: float) -> None:
+        res, sim_s = done
+        self._cache[key] = res
+        self.simulations += 1
+        self._sim_s += sim_s
+        self._replica_s += key[0] * (res.stopped_at_s or res.pool.simulated_s)
+        self.wall_s += waited_s
+        self._tell(key, res, sim_s)
+
+    def _tell(self, key: _Key, res: SimResult, wall_s: float) -> None:
         log = self.settings.log
         if log is None:
             return
@@ -272,27 +283,31 @@ class Sizer:
         log(f"{name}: {replicas} replica(s), {'probe' if probe else 'confirm'} "
             f"{duration_s:g} s, seed {seed}: {verdict}{worst} ({wall_s:.1f} s)")
 
-    def prefetch(self, runs: list[tuple[int, int, bool]]) -> None:
-        """Run the confirmation-length simulations (replicas, seed, probe) not yet cached, in
-        worker processes when they are long enough to be worth it; the results are the same."""
-        todo = [r for r in dict.fromkeys(runs) if (r[0], self.confirm_s, r[1], r[2])
-                not in self._cache]
-        workers = min(self.settings.processes, len(todo))
-        if workers < 2 or min(r[0] for r in todo) * self.confirm_s < PARALLEL_MIN_REPLICA_S:
+    def prefetch(self, runs: list[tuple[int, int, bool, bool]]) -> None:
+        """Start the confirmation-length simulations (replicas, seed, probe, verdict_only)
+        not yet run, side by side in worker processes (with one process: nothing; `run`
+        runs them when asked). They count when the search uses them. A verdict-only run
+        decides where the walk goes next, so it goes first; the rest, longest first."""
+        if self.processes < 2:
             return
-        t0 = time.perf_counter()
-        pool = _executor(self.settings.processes)
-        futures = {
-            (n, self.confirm_s, s, probe): pool.submit(
-                _simulate_job, self.probe_mix if probe else self.mix, self.pool.name, n,
-                self.confirm_s, s, self.settings.rate_scale, self.setup,
-            )
-            for n, s, probe in todo
-        }
-        for key, f in futures.items():
-            self._cache[key] = f.result()
-        self.simulations += len(futures)
-        self.wall_s += time.perf_counter() - t0
+        for n, seed, probe, verdict_only in dict.fromkeys(runs):
+            key = (n, self.confirm_s, seed, probe)
+            if key not in self._cache and key not in self._pending:
+                priority = (jobs.CHAIN if verdict_only
+                            else jobs.bulk(self._cost_s(n, self.confirm_s)))
+                self._pending[key] = self._submit(key, verdict_only, priority)
+
+    def _expect(self, n: int) -> None:
+        """Prefetch what confirming `n` usually takes: every seed at n, the base seed at
+        n - 1 (expected to fail, so verdict only)."""
+        self.prefetch([(n, s, self.settings.quick, False) for s in self.seeds]
+                      + ([(n - 1, self.seed, True, True)] if n > 1 else []))
+
+    def _drop(self, n: int) -> None:
+        """The walk left `n`: prefetched runs at n that have not started are not needed."""
+        for key in [k for k in self._pending if k[0] == n]:
+            if self._pending[key].cancel():
+                del self._pending[key]
 
     def _probe(self, n: int) -> bool:
         ok = self.run(n, self.probe_s, self.seed, probe=True, verdict_only=True).slo_met
@@ -409,6 +424,8 @@ class Sizer:
             below = self._below(n)
             if not below.slo_met:
                 return n, results, below
+            self._drop(n)
+            self._expect(n - 1)
             lower = self._all_seeds(n - 1)
             if not lower[-1].slo_met:
                 return n, results, lower[-1]  # the seed that fails
@@ -421,14 +438,14 @@ class Sizer:
         seed passes. The one-fewer check runs before the seeds at `n`, so a probe answer one
         too high costs no seed runs at it."""
         cap = self.pool.max_replicas
-        # the usual outcome needs every seed at n and the base seed at n - 1: run them together
-        self.prefetch([(n, s, self.settings.quick) for s in self.seeds]
-                      + ([(n - 1, self.seed, True)] if n > 1 else []))
+        self._expect(n)  # the usual outcome: every seed at n passes, n - 1 fails
         n, results, below = self._walk_down(n)
         if results is None:
             results = self._all_seeds(n)
             failed = None
             while not all(r.slo_met for r in results) and n < cap:
+                self._drop(n)
+                self._expect(n + 1)
                 n, failed, results = n + 1, results, self._all_seeds(n + 1)
             if failed is not None:  # walked up: n - 1 failed a seed
                 below = self._below(n)

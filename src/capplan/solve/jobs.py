@@ -1,0 +1,226 @@
+"""Simulations in worker processes, and pools sized side by side that still report in order.
+
+A search is a chain (each probe depends on the last), so one pool's simulations barely run
+in parallel; the pools of a mix are independent, and so are a pool's confirmation seeds.
+`size_mix` with more than one worker therefore searches every pool at once, one thread each,
+and the threads hand their simulations to one set of worker processes, a search's next step
+first: the cores stay busy from the first probe to the last seed.
+
+Workers are forked from a fork server that imported the simulator once: ready in
+milliseconds, not the second a spawned interpreter takes to import numpy, polars and
+capplan, and never forked from the caller (polars' thread pool does not survive a fork).
+A simulation's result depends on its inputs only, so where it runs changes nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import itertools
+import multiprocessing
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Any
+
+from capplan.errors import ConfigError
+from capplan.mix import TrafficMix
+from capplan.sim.results import SimResult
+from capplan.sim.run import simulate_timed
+
+PRELOAD = ["capplan.sim.run", "capplan.solve.jobs"]
+"""Modules the fork server imports once, so that every worker starts with them."""
+
+CHAIN = (0, 0.0)
+"""Priority of a search's next step: a thread waits on it and more work follows it, so it
+goes before every prefetched run (`bulk`)."""
+
+
+def bulk(cost_s: float) -> tuple[int, float]:
+    """Priority of a prefetched run expected to take `cost_s`: after every search step, the
+    longest first (the last to start are short, so the cores finish together)."""
+    return (1, -cost_s)
+
+
+
+def default_workers() -> int:
+    """$CAPPLAN_WORKERS, else 1 (everything in this process). Worker processes import the
+    caller's main module, as multiprocessing's do: a script that sizes with more than one
+    needs an `if __name__ == "__main__":` guard, so the library stays serial unless asked."""
+    env = os.environ.get("CAPPLAN_WORKERS", "1")
+    if not env.isdigit():
+        raise ConfigError(f"CAPPLAN_WORKERS must be a whole number, got {env!r}")
+    return max(1, int(env))
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def cli_workers(given: int | None) -> int:
+    """The CLI's worker count: --workers, else $CAPPLAN_WORKERS, else every usable CPU."""
+    if given is not None:
+        return given
+    return default_workers() if "CAPPLAN_WORKERS" in os.environ else usable_cpus()
+
+
+_Job = tuple[tuple[int, float], int, "Future[Any]", Callable[..., Any], tuple[Any, ...]]
+
+
+class _Dispatcher:
+    """`workers` forkserver processes fed from a priority queue (ProcessPoolExecutor alone
+    runs jobs first come, first served): a job is handed over only when a worker is free."""
+
+    def __init__(self, workers: int) -> None:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
+        self._ex = ProcessPoolExecutor(workers, mp_context=ctx)
+        self._free = workers
+        self._queue: list[_Job] = []
+        self._order = itertools.count()
+        self._cond = threading.Condition()
+        threading.Thread(target=self._feed, name="capplan-jobs", daemon=True).start()
+
+    def submit(
+        self, priority: tuple[int, float], fn: Callable[..., Any], *args: Any
+    ) -> Future[Any]:
+        out: Future[Any] = Future()
+        with self._cond:
+            heapq.heappush(self._queue, (priority, next(self._order), out, fn, args))
+            self._cond.notify()
+        return out
+
+    def _feed(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._free and self._queue):
+                    self._cond.wait()
+                _, _, out, fn, args = heapq.heappop(self._queue)
+                self._free -= 1
+            if not out.set_running_or_notify_cancel():
+                self._release()
+                continue
+            try:
+                job = self._ex.submit(fn, *args)
+            except BaseException as e:  # a broken pool: the caller sees why
+                out.set_exception(e)
+                self._release()
+                continue
+            job.add_done_callback(functools.partial(self._done, out))
+
+    def _release(self) -> None:
+        with self._cond:
+            self._free += 1
+            self._cond.notify()
+
+    def _done(self, out: Future[Any], job: Future[Any]) -> None:
+        self._release()
+        exc = job.exception()
+        if exc is not None:
+            out.set_exception(exc)
+        else:
+            out.set_result(job.result())
+
+
+_DISPATCHERS: dict[int, _Dispatcher] = {}
+_LOCK = threading.Lock()
+
+
+def _dispatcher(workers: int) -> _Dispatcher:
+    """One set of `workers` processes, started on first use and kept for the process's life."""
+    with _LOCK:
+        if workers not in _DISPATCHERS:
+            _DISPATCHERS[workers] = _Dispatcher(workers)
+        return _DISPATCHERS[workers]
+
+
+def _ready() -> None:
+    """A job that does nothing: running it starts a worker."""
+
+
+def warm(workers: int) -> None:
+    """Start the workers now (the fork server imports while the caller goes on)."""
+    d = _dispatcher(workers)
+    for _ in range(workers):
+        d.submit(CHAIN, _ready)
+
+
+def submit(
+    workers: int, priority: tuple[int, float], mix: TrafficMix, pool: str, replicas: int,
+    **kwargs: Any,
+) -> Future[tuple[SimResult, float]]:
+    """`simulate_timed(mix, pool, replicas, **kwargs)` in a worker process."""
+    return _dispatcher(workers).submit(priority, _simulate, mix, pool, replicas, kwargs)
+
+
+def _simulate(
+    mix: TrafficMix, pool: str, replicas: int, kwargs: dict[str, Any]
+) -> tuple[SimResult, float]:
+    return simulate_timed(mix, pool, replicas, **kwargs)
+
+
+class InOrder:
+    """Pools sized side by side tell their progress as if sized one after another: pool i's
+    log lines and start wait until every pool before it has finished, so the output is the
+    serial run's, line for line. A pool that fails ends the telling (serially, the pools
+    after it would not have run)."""
+
+    def __init__(
+        self,
+        names: list[str],
+        log: Callable[[str], None] | None,
+        on_pool: Callable[[str, int, int], None] | None,
+    ) -> None:
+        self._names = names
+        self._log = log
+        self._on_pool = on_pool
+        self._lines: list[list[str]] = [[] for _ in names]
+        self._done = [False] * len(names)
+        self._failed = [False] * len(names)
+        self._current = 0
+        self._halted = False
+        self._lock = threading.Lock()
+        if names and on_pool is not None:
+            on_pool(names[0], 0, len(names))
+
+    def logger(self, i: int) -> Callable[[str], None] | None:
+        """The log of pool i (None when nobody listens)."""
+        if self._log is None:
+            return None
+
+        def tell(line: str) -> None:
+            with self._lock:
+                if self._halted:
+                    return
+                if i == self._current:
+                    assert self._log is not None
+                    self._log(line)
+                else:
+                    self._lines[i].append(line)
+
+        return tell
+
+    def finished(self, i: int, *, failed: bool = False) -> None:
+        """Pool i is done; the next pools' waiting lines follow."""
+        with self._lock:
+            self._done[i] = True
+            self._failed[i] = failed
+            n = len(self._names)
+            while not self._halted and self._current < n and self._done[self._current]:
+                if self._failed[self._current]:
+                    self._halted = True
+                    return
+                self._current += 1
+                if self._current == n:
+                    return
+                if self._on_pool is not None:
+                    self._on_pool(self._names[self._current], self._current, n)
+                for line in self._lines[self._current]:
+                    assert self._log is not None
+                    self._log(line)
+                self._lines[self._current].clear()

@@ -1,0 +1,111 @@
+"""Sizing in worker processes (solve/jobs.py): the same plan, count and log as in one process."""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from capplan.errors import InfeasibleError
+from capplan.mix import TrafficMix, load_mix
+from capplan.solve.jobs import InOrder
+from capplan.solve.options import size_mix, with_pool
+from capplan.solve.search import SearchSettings, Sizer
+
+ROOT = Path(__file__).resolve().parents[1]
+PRODUCTION = ROOT / "examples" / "production-mix.yaml"
+SMALL = Path(__file__).parent / "data" / "size-small.yaml"
+
+
+@cache
+def production() -> TrafficMix:
+    return load_mix(PRODUCTION)
+
+
+def _untimed(lines: list[str]) -> list[str]:
+    """Log lines without the wall time each simulation took (the one part that varies)."""
+    return [re.sub(r" \(\d+\.\d s\)$", "", line) for line in lines]
+
+
+def _sized(workers: int) -> tuple[str, list[str]]:
+    lines: list[str] = []
+    plan = size_mix(production(), quick=True, workers=workers,
+                    log=lines.append, on_pool=lambda name, i, n: lines.append(f"pool {i} {name}"))
+    return plan.to_json(), _untimed(lines)
+
+
+def test_pools_side_by_side_give_the_serial_plan_and_log() -> None:
+    """Every pool searched at once, simulations in two processes: the plan byte for byte,
+    and the log and progress line for line, as one pool after another in this process."""
+    serial, parallel = _sized(1), _sized(2)
+    assert parallel[0] == serial[0]
+    assert parallel[1] == serial[1]
+    assert any(line.startswith("pool 2 ") for line in serial[1])
+
+
+@pytest.mark.parametrize("offset", [2, -1])
+def test_confirmation_walk_with_prefetched_seeds_matches_one_process(offset: int) -> None:
+    """Confirming from a count too high (walk down) or too low (walk up), with the
+    seeds prefetched and dropped in worker processes: the same answer, runs and count."""
+    mix = load_mix(SMALL)
+    quick = SearchSettings(quick=True, workers=1)
+    n = Sizer(mix, "chat", quick).search()
+    out = []
+    for workers in (1, 2):
+        sizer = Sizer(mix, "chat", SearchSettings(quick=True, workers=workers))
+        sizer.search()
+        s = sizer.confirm(max(1, n + offset))
+        out.append((s.replicas, s.seeds, s.stable, s.below_fails, s.simulations,
+                    [r.model_dump_json() for r in s.seed_results],
+                    None if s.below is None else s.below.model_dump_json()))
+    assert out[0] == out[1]
+    assert out[0][0] != n + offset  # it walked
+
+
+def test_first_failing_pool_raises_as_in_one_process() -> None:
+    """A pool that no count can size raises the same error side by side as serially, and the
+    log stops where the serial one stopped."""
+    mix = production()
+    capped = with_pool(mix, mix.pool("batch").model_copy(update={"max_replicas": 1}))
+    seen = []
+    for workers in (1, 2):
+        lines: list[str] = []
+        with pytest.raises(InfeasibleError) as e:
+            size_mix(capped, quick=True, workers=workers, log=lines.append)
+        seen.append((str(e.value), _untimed(lines)))
+    assert seen[0] == seen[1]
+    assert not any(line.startswith("vision") for line in seen[0][1])
+
+
+def test_in_order_releases_lines_in_pool_order() -> None:
+    """Pools finishing out of order tell their lines and starts in pool order; a failed pool
+    ends the telling, as the serial run would have stopped there."""
+    out: list[str] = []
+    order = InOrder(["a", "b", "c", "d"], out.append, lambda name, i, n: out.append(f"start {name}"))
+    logs = [order.logger(i) for i in range(4)]
+    assert all(log is not None for log in logs)
+    a, b, c, d = (log for log in logs if log is not None)
+    c("c1")
+    b("b1")
+    a("a1")
+    order.finished(2)
+    d("d1")
+    order.finished(0)
+    b("b2")
+    order.finished(3, failed=False)
+    order.finished(1)
+    assert out == ["start a", "a1", "start b", "b1", "b2", "start c", "c1", "start d", "d1"]
+
+    out.clear()
+    order = InOrder(["a", "b", "c"], out.append, None)
+    a2, b2, c2 = (order.logger(i) for i in range(3))
+    assert a2 is not None and b2 is not None and c2 is not None
+    c2("c1")
+    order.finished(2)
+    b2("b1")
+    order.finished(1, failed=True)
+    a2("a1")
+    order.finished(0)
+    assert out == ["a1", "b1"]
