@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import threading
+from concurrent.futures import CancelledError
 from functools import cache
 from pathlib import Path
 
@@ -83,7 +85,8 @@ def test_in_order_releases_lines_in_pool_order() -> None:
     """Pools finishing out of order tell their lines and starts in pool order; a failed pool
     ends the telling, as the serial run would have stopped there."""
     out: list[str] = []
-    order = InOrder(["a", "b", "c", "d"], out.append, lambda name, i, n: out.append(f"start {name}"))
+    order = InOrder(["a", "b", "c", "d"], out.append,
+                    lambda name, i, n: out.append(f"start {name}"))
     logs = [order.logger(i) for i in range(4)]
     assert all(log is not None for log in logs)
     a, b, c, d = (log for log in logs if log is not None)
@@ -109,3 +112,14 @@ def test_in_order_releases_lines_in_pool_order() -> None:
     a2("a1")
     order.finished(0)
     assert out == ["a1", "b1"]
+
+
+def test_a_stopped_search_asks_for_no_more_simulations() -> None:
+    """Once the stop event is set (the caller was interrupted), the next simulation a search
+    asks for raises instead of running."""
+    stop = threading.Event()
+    sizer = Sizer(load_mix(SMALL), "chat", SearchSettings(quick=True, workers=1, stop=stop))
+    stop.set()
+    with pytest.raises(CancelledError):
+        sizer.search()
+    assert sizer.simulations == 0

@@ -77,8 +77,11 @@ class _Dispatcher:
     runs jobs first come, first served): a job is handed over only when a worker is free."""
 
     def __init__(self, workers: int) -> None:
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(PRELOAD)
+        method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else (
+            "spawn")  # Windows
+        ctx = multiprocessing.get_context(method)
+        if method == "forkserver":
+            multiprocessing.set_forkserver_preload(PRELOAD)
         self._ex = ProcessPoolExecutor(workers, mp_context=ctx)
         self._free = workers
         self._queue: list[_Job] = []
@@ -94,6 +97,13 @@ class _Dispatcher:
             heapq.heappush(self._queue, (priority, next(self._order), out, fn, args))
             self._cond.notify()
         return out
+
+    def drop_queued(self) -> None:
+        """Cancel every job not yet handed to a worker."""
+        with self._cond:
+            queued, self._queue = self._queue, []
+        for _, _, out, _, _ in queued:
+            out.cancel()
 
     def _feed(self) -> None:
         while True:
@@ -137,6 +147,14 @@ def _dispatcher(workers: int) -> _Dispatcher:
         if workers not in _DISPATCHERS:
             _DISPATCHERS[workers] = _Dispatcher(workers)
         return _DISPATCHERS[workers]
+
+
+def drop_queued() -> None:
+    """Cancel every simulation not yet started (the caller was interrupted)."""
+    with _LOCK:
+        dispatchers = list(_DISPATCHERS.values())
+    for d in dispatchers:
+        d.drop_queued()
 
 
 def _ready() -> None:

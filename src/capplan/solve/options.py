@@ -7,8 +7,8 @@ computed by simulating the change.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import replace
 from typing import Literal
 
@@ -229,22 +229,39 @@ def _side_by_side(
 ) -> list[PoolPlan]:
     """Every pool at once, a thread each (their simulations run in worker processes): the
     same plans as one pool after another, and the same log and progress, in pool order; the
-    first pool (in order) that fails raises, as it would have serially."""
+    first pool (in order) that fails raises, as it would have serially. Interrupted (Ctrl-C),
+    the threads stop at their next simulation and the queued ones are dropped."""
     order = jobs.InOrder([p.name for p in todo], settings.log, on_pool)
+    stop = threading.Event()
+    out: list[PoolPlan | BaseException | None] = [None] * len(todo)
 
-    def one(i: int, pool: Pool) -> PoolPlan:
+    def one(i: int, pool: Pool) -> None:
         try:
-            out = plan_pool(pool, replace(settings, log=order.logger(i)))
-        except BaseException:
+            out[i] = plan_pool(pool, replace(settings, log=order.logger(i), stop=stop))
+        except BaseException as e:
+            out[i] = e
             order.finished(i, failed=True)
-            raise
+            return
         order.finished(i)
-        return out
 
-    with ThreadPoolExecutor(len(todo), thread_name_prefix="capplan-pool") as ex:
-        futures = [ex.submit(one, i, p) for i, p in enumerate(todo)]
-        wait(futures)
-    return [f.result() for f in futures]
+    threads = [threading.Thread(target=one, args=(i, p), name=f"capplan-{p.name}", daemon=True)
+               for i, p in enumerate(todo)]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            t.join()
+    except BaseException:
+        stop.set()
+        jobs.drop_queued()
+        raise
+    plans = []
+    for res in out:
+        if isinstance(res, BaseException):
+            raise res
+        assert res is not None
+        plans.append(res)
+    return plans
 
 
 def floors_of(plan: Plan) -> dict[tuple[str, str], int]:

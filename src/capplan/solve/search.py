@@ -12,9 +12,10 @@ certain (sim/verdict.py); runs that pass always run to the end.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -71,6 +72,9 @@ class SearchSettings:
     run side by side and `size_mix` searches its pools at once (solve/jobs.py)."""
     log: Callable[[str], None] | None = field(default=None, compare=False)
     """Told each simulation the search runs and what it found (`capplan size --verbose`)."""
+    stop: threading.Event | None = field(default=None, compare=False)
+    """Once set, the next simulation the search asks for raises CancelledError (pools sized
+    side by side stop so when the caller is interrupted)."""
 
     def scaled(self) -> SearchSettings:
         if not self.quick:
@@ -220,6 +224,8 @@ class Sizer:
         is the full run either way, and a stopped one is re-run in full when its figures are
         wanted. A run counts (`simulations`, the log) when the search first uses it, so the
         count and the log are the same whether runs were prefetched or not."""
+        if self.settings.stop is not None and self.settings.stop.is_set():
+            raise CancelledError(f"sizing of pool {self.pool.name} stopped")
         key = (replicas, duration_s, seed, probe)
         pending = self._pending.pop(key, None)
         if pending is not None:
