@@ -114,6 +114,9 @@ class Provenance(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow")
     source: Literal["measured", "analytic"]
     note: str = ""
+    analytic_terms: tuple[str, ...] = Field(
+        default=(), description="terms of a measured profile filled in by the analytic model "
+        "because calibration did not measure them (profiles.py: _with_encoder)")
 
 
 class Profile(BaseModel):

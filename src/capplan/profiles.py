@@ -121,7 +121,38 @@ def resolve_profile(
         for path in sorted(model_dir.rglob("profile.json")):
             p = Profile.load(path)
             if _matches(p, pool, spec, precision, kv_dtype, method, k):
-                return p
+                return _with_encoder(p, pool, spec, draft)
+    return _analytic(pool, spec, precision, kv_dtype, method, k, draft)
+
+
+def _with_encoder(p: Profile, pool: Pool, spec: ModelSpec, draft: ModelSpec | None) -> Profile:
+    """A measured profile of a multimodal model whose calibration ran text-only gets the
+    vision encoder's cost and KV reservation from the analytic model, and says so; every
+    other term stays measured."""
+    if not spec.vision_encoder_params or p.step.encoder_token_s > 0:
+        return p
+    a = _analytic(pool, spec, Precision(p.precision), p.kv_cache_dtype, p.spec_method,
+                  p.spec_k, draft)
+    supplied, terms = "vision encoder cost", ["vision encoder"]
+    kv = p.kv
+    if kv.image_reservation_tokens == 0 and a.kv.image_reservation_tokens > 0:
+        # the analytic reservation is in its own tokens; keep its share of the capacity
+        share = a.kv.image_reservation_tokens / max(1, a.kv.tokens(0.90))
+        kv = kv.model_copy(update={"image_reservation_tokens": round(share * kv.tokens(0.90))})
+        supplied += " and image-encoder KV reservation"
+        terms.append("image KV reservation")
+    note = "; ".join(x for x in (p.provenance.note,
+                                 f"{supplied} from the analytic model (not measured)") if x)
+    return p.model_copy(update={
+        "step": p.step.model_copy(update={"encoder_token_s": a.step.encoder_token_s}),
+        "kv": kv,
+        "provenance": p.provenance.model_copy(update={"note": note,
+                                                      "analytic_terms": tuple(terms)}),
+    })
+
+
+def _analytic(pool: Pool, spec: ModelSpec, precision: Precision, kv_dtype: str,
+              method: str | None, k: int, draft: ModelSpec | None) -> Profile:
     if method == "draft_model" and draft is None:
         draft = load_model_spec(DEFAULT_DRAFT)
         if draft.vocab_size != spec.vocab_size:

@@ -23,6 +23,7 @@ from capplan.calibrate import fit as F
 from capplan.calibrate import store
 from capplan.errors import CalibrationError
 from capplan.hardware import GPUS
+from capplan.modelspec import load_model_spec
 from capplan.profile import Box, Profile
 
 UTILS = (0.85, 0.90, 0.95)
@@ -120,6 +121,19 @@ def _plan_file(name: str | None, raw: Path) -> Path | None:
     return None
 
 
+def _context_kv_bytes(model: str, kv_meta: dict[str, Any], kv_dtype: str) -> float:
+    """KV bytes a decode reads per token of its context: every layer's with one KV cache
+    group; with sliding-window groups only the full-attention layers' (a window's read is
+    capped, a cost per sequence), from the model spec."""
+    if kv_meta.get("kv_cache_groups", 1) <= 1:
+        return float(kv_meta["kv_tensor_bytes"]) / float(kv_meta["kv_tokens"])
+    spec = load_model_spec(model)
+    full = spec.num_layers - spec.sliding_window_layers
+    dim = spec.global_head_dim or spec.head_dim
+    heads = spec.num_global_kv_heads or spec.num_kv_heads
+    return float(full * 2 * heads * dim * (1 if kv_dtype == "fp8" else 2))
+
+
 def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                   gpu: str, git_commit: str, seed: int = 0) -> tuple[Profile, dict[str, Any],
                                                                       pl.DataFrame]:
@@ -158,11 +172,12 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
             notes.append(f"sweep incomplete: {len(planned) - len(left)} of {len(planned)} "
                          f"points measured; the runner stopped before {left[0]}")
     kv_meta = meta["kv"]
-    kv_bytes = round(kv_meta["kv_tensor_bytes"] / kv_meta["kv_tokens"])
+    kv_bytes = round(kv_meta["kv_tensor_bytes"] / store.kv_tokens(kv_meta))
+    floors = F.physical_floors(_context_kv_bytes(g.model, kv_meta, kv_dtype),
+                               GPUS[gpu].hbm_bytes_per_s)
     res = F.fit_step_model(s, max_num_seqs=eng["max_num_seqs"],
                            max_num_batched_tokens=eng["max_num_batched_tokens"],
-                           spec_k=k, fixed=fixed, seed=seed,
-                           floors=F.physical_floors(kv_bytes, GPUS[gpu].hbm_bytes_per_s))
+                           spec_k=k, fixed=fixed, seed=seed, floors=floors)
     kvs = store.kv_points(g.metas, UTILS)
     kv = F.fit_kv_capacity(kvs, bytes_per_token=kv_bytes)
     reserved = image_reservation(g.metas, g.image_metas)
@@ -181,15 +196,21 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                 "cv5_windows": len(res.cv_ape),
                 "cv5_median_ape": round(float(np.median(res.cv_ape)), 5),
                 "cv5_p95_ape": round(float(np.percentile(res.cv_ape, 95)), 5),
-                "trimmed_train_windows": res.trimmed, "seed": seed,
+                "trimmed_train_windows": res.trimmed, "seed": seed, "floors": floors,
                 "fixed_coefficients": fixed},
         "points_measured": sorted(set(df["point"].to_list())),
         "points_skipped": meta.get("points_skipped", []),
         "kv_points": kvs,
     }
+    # the commit of the runner that measured this run: its own record when the run has one
+    # (a later runner than the folder's), else the folder's RUNNER_COMMIT
     runner_commit = raw / "RUNNER_COMMIT"
-    if runner_commit.exists():
+    if "runner_commit" in meta:
+        extra["runner_commit"] = meta["runner_commit"]
+    elif runner_commit.exists():
         extra["runner_commit"] = runner_commit.read_text().strip()
+    if "extra_packages" in meta:
+        extra["extra_packages"] = meta["extra_packages"]
     prov = store.provenance(meta, git_commit=git_commit, gpu_seconds=g.seconds,
                             note="; ".join(notes), extra=extra)
     profile = Profile(

@@ -272,6 +272,12 @@ def kv_info(llm):
         info["kv_cache_groups"] = len(kcc.kv_cache_groups)
         info["kv_num_blocks"] = kcc.num_blocks
         info["kv_tensor_bytes"] = sum(t.size for t in kcc.kv_cache_tensors)
+        # vLLM's own capacity in tokens (the "GPU KV cache size" it logs): blocks per request
+        # at max_model_len over all KV cache groups, so sliding-window layers count once per
+        # window (vllm/v1/core/kv_cache_utils.py: get_kv_cache_capacity)
+        from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity
+        tokens, concurrency = get_kv_cache_capacity(cfg, kcc)
+        info["vllm_kv_tokens"], info["max_concurrency"] = int(tokens), float(concurrency)
     except Exception as e:
         info["kv_cache_config_error"] = repr(e)
     return info

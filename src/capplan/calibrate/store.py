@@ -97,6 +97,14 @@ def read_samples(path: Path) -> pl.DataFrame:
         raise CalibrationError(f"{p}: cannot read samples ({e})") from e
 
 
+def kv_tokens(kv: Mapping[str, Any]) -> float:
+    """An engine's KV capacity in tokens as vLLM counts it (the "GPU KV cache size" it logs,
+    vllm/v1/core/kv_cache_utils.py: get_kv_cache_capacity): blocks x block size for one KV
+    cache group; with sliding-window groups (Gemma 4), requests at max_model_len, each window
+    counted once. Runs recorded before the runner stored it have one group."""
+    return float(kv.get("vllm_kv_tokens") or kv["kv_tokens"])
+
+
 def kv_points(metas: Sequence[Mapping[str, Any]], utils: Sequence[float]) -> list[dict[str, float]]:
     """KV capacity at each utilisation: measured where an engine ran at it, else derived
     from the nearest measured engine's memory profile (vllm/v1/worker/gpu_worker.py:
@@ -106,16 +114,17 @@ def kv_points(metas: Sequence[Mapping[str, Any]], utils: Sequence[float]) -> lis
     for u in utils:
         key = round(u, 4)
         if key in measured:
-            kv = measured[key]["kv"]
-            out.append({"gpu_memory_utilization": u, "tokens": float(kv["kv_tokens"]),
+            out.append({"gpu_memory_utilization": u, "tokens": kv_tokens(measured[key]["kv"]),
                         "derived": 0.0})
             continue
         ref = min(measured.values(), key=lambda m: abs(m["kv"]["gpu_memory_utilization"] - u))
         kv, total = ref["kv"], ref["versions"]["gpu_total_bytes"]
-        per_token = kv["kv_tensor_bytes"] / kv["kv_tokens"]
+        blocks_ref = kv["kv_tokens"] / kv["block_size"]
+        per_block = kv["kv_tensor_bytes"] / blocks_ref
         avail = kv["available_kv_bytes"] + (u - kv["gpu_memory_utilization"]) * total
-        blocks = math.floor(avail / (per_token * kv["block_size"]))
-        out.append({"gpu_memory_utilization": u, "tokens": float(blocks * kv["block_size"]),
+        blocks = math.floor(avail / per_block)
+        tokens = blocks * kv_tokens(kv) / blocks_ref  # vLLM's tokens per block, as measured
+        out.append({"gpu_memory_utilization": u, "tokens": float(math.floor(tokens)),
                     "derived": 1.0})
     return out
 

@@ -409,7 +409,7 @@ class _Run:
             replicas=n,
             gpus=n * st.pool.tp,
             profile=f"{st.profile.gpu}/{st.profile.model}/{st.profile.key}",
-            profile_source=st.profile.source,
+            profile_source=_source(st.profile),
             kv_tokens_per_replica=st.kv_tokens,
             duration_s=self.duration,
             warmup_s=self.warmup,
@@ -443,3 +443,10 @@ class _Run:
                     "running": pl.Int64},
         )
         return res
+
+
+def _source(profile: Profile) -> str:
+    """`measured`, `analytic`, or `measured (<terms>: analytic)` for a measured profile with
+    terms its calibration did not measure (profiles.py: _with_encoder)."""
+    terms = profile.provenance.analytic_terms
+    return f"{profile.source} ({', '.join(terms)}: analytic)" if terms else profile.source
