@@ -24,17 +24,23 @@ while IFS='|' read -r name min_s args; do
   if (( left < min_s )); then echo "SKIP $name: ${left}s left, needs ${min_s}s"; continue; fi
   echo "=== JOB $name (${left}s left) $(date -u +%T)"
   t0=$SECONDS
-  # shellcheck disable=SC2086 # args are a word list by design
-  timeout --signal=INT --kill-after=15 "$left" python3 src/capplan/calibrate/runner.py $args \
-    --out "$CAL/$name.jsonl" --meta "$CAL/$name.meta.json" > "$CAL/$name.log" 2>&1
-  rc=$?
+  # rc 5: a point hung the engine (runner.py's watchdog); start it again past that point
+  rc=5
+  while [[ $rc == 5 ]] && (( deadline - (SECONDS - start) >= min_s / 2 )); do
+    left=$(( deadline - (SECONDS - start) ))
+    # shellcheck disable=SC2086 # args are a word list by design
+    timeout --signal=INT --kill-after=15 "$left" python3 src/capplan/calibrate/runner.py $args \
+      --out "$CAL/$name.jsonl" --meta "$CAL/$name.meta.json" >> "$CAL/$name.log" 2>&1
+    rc=$?
+    [[ $rc == 5 ]] && echo "HUNG $name: $(grep -o 'point [^ ]* hung' "$CAL/$name.log" | tail -n 1); again"
+  done
   grep -E '^(ENGINE|POINT|TIME|DONE)|capplan-runner|Error|error' "$CAL/$name.log" | tail -n 60
   echo "=== END $name rc=$rc $((SECONDS - t0))s"
   echo "$name rc=$rc s=$((SECONDS - t0))" >> "$CAL/rc.txt"
   [[ $rc == 0 ]] && echo "$name" >> "$CAL/done.txt"
   pack
   # a failure after the engine started is a driver bug: stop rather than repeat it
-  if [[ $rc != 0 && $rc != 124 ]] && grep -q '^ENGINE' "$CAL/$name.log"; then
+  if [[ $rc != 0 && $rc != 124 && $rc != 5 ]] && grep -q '^ENGINE' "$CAL/$name.log"; then
     tail -n 40 "$CAL/$name.log"; echo "STOP: $name failed while measuring"; break
   fi
   [[ $rc != 0 ]] && tail -n 15 "$CAL/$name.log"

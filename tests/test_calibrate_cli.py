@@ -167,3 +167,37 @@ def test_image_reservation_is_the_kv_difference_at_one_utilisation() -> None:
     assert m and (m["model"], m["key"], m["u"], m["img"]) == ("gemma-4-31b", "bf16", None, "--img")
     m = _NAME.match("qwen3-32b--fp8--u85")
     assert m and (m["key"], m["u"], m["img"]) == ("fp8", "85", None)
+
+
+def test_sliding_window_kv_capacity_is_vllms_own_token_count() -> None:
+    """With several KV cache groups (Gemma 4's sliding-window layers), capacity is vLLM's
+    own token count (get_kv_cache_capacity), not blocks x block size, and the utilisations
+    derived from the engine's memory profile keep its tokens per block."""
+    from capplan.calibrate import store
+
+    kv = {"gpu_memory_utilization": 0.9, "kv_tokens": 427136, "block_size": 16,
+          "num_gpu_blocks": 26696, "kv_tensor_bytes": 69981962240,
+          "available_kv_bytes": 69983805440, "kv_cache_groups": 6, "vllm_kv_tokens": 135225}
+    meta = {"kv": kv, "versions": {"gpu_total_bytes": 150109880320}}
+    pts = {p["gpu_memory_utilization"]: p for p in store.kv_points([meta], (0.85, 0.90, 0.95))}
+    assert pts[0.90]["tokens"] == 135225 and pts[0.90]["derived"] == 0.0
+    per_block = kv["kv_tensor_bytes"] / kv["num_gpu_blocks"]
+    blocks = (kv["available_kv_bytes"] + 0.05 * 150109880320) // per_block
+    assert pts[0.95]["tokens"] == pytest.approx(blocks * 135225 / 26696, abs=1)
+    assert pts[0.85]["tokens"] < 135225 < pts[0.95]["tokens"]
+    one_group = {**kv, "kv_cache_groups": 1}
+    del one_group["vllm_kv_tokens"]
+    assert store.kv_tokens(one_group) == 427136
+
+
+def test_decode_floor_counts_full_attention_layers_only() -> None:
+    """A sliding window's KV read is capped (a cost per sequence), so the floor on the
+    per-context-token decode cost counts the full-attention layers alone."""
+    from capplan.calibrate.build import _context_kv_bytes
+
+    hybrid = {"kv_cache_groups": 6, "kv_tensor_bytes": 1, "kv_tokens": 1}
+    # Gemma 4 31B: 10 full layers x K and V x 4 heads x 512 x 2 bytes
+    assert _context_kv_bytes("gemma-4-31b", hybrid, "auto") == 10 * 2 * 4 * 512 * 2
+    assert _context_kv_bytes("gemma-4-31b", hybrid, "fp8") == 10 * 2 * 4 * 512
+    llama = {"kv_cache_groups": 1, "kv_tensor_bytes": 131072 * 1000, "kv_tokens": 1000}
+    assert _context_kv_bytes("llama-3.1-8b", llama, "auto") == 131072

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import time
 import types
 from pathlib import Path
 from types import SimpleNamespace as NS
@@ -151,3 +152,42 @@ def test_resume_skips_completed_points(runner: Any, tmp_path: Path) -> None:
     out = tmp_path / "s.jsonl"
     out.write_text(json.dumps({"kind": "point_done", "point": "a"}) + "\n{\"kind\": \"st")
     assert runner.load_done(str(out)) == {"a"}
+
+
+def test_hung_point_ends_the_run_and_a_rerun_resumes_past_it(tmp_path: Path) -> None:
+    """A point stuck past its limit (vLLM waiting forever on a CUDA copy) ends the process
+    with exit code 5 and a `point_hung` line; the next start counts it as done."""
+    import subprocess
+    import textwrap
+
+    out, meta = tmp_path / "s.jsonl", tmp_path / "m.json"
+    out.write_text(json.dumps({"kind": "point_done", "point": "a", "steps": 1}) + "\n")
+    code = textwrap.dedent(f"""
+        import importlib.util, time
+        spec = importlib.util.spec_from_file_location("r", {str(RUNNER)!r})
+        r = importlib.util.module_from_spec(spec); spec.loader.exec_module(r)
+        with open({str(out)!r}, "a") as f:
+            dog = r.Watchdog(f, {{}}, {str(meta)!r}, hang_s=1.0)
+            dog.start({{"id": "b", "est_s": 0.01}})
+            time.sleep(30)  # the stuck engine step
+    """)
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 5, res.stderr
+    assert time.perf_counter() - t0 < 20
+    assert "point b hung" in res.stderr
+    assert json.loads(meta.read_text())["points_hung"] == ["b"]
+    runner = _load_runner()
+    assert runner.load_done(str(out)) == {"a", "b"}
+    assert runner.load_hung(str(out)) == ["b"]
+
+
+def test_a_point_that_finishes_in_time_is_not_hung(tmp_path: Path) -> None:
+    runner = _load_runner()
+    with open(tmp_path / "s.jsonl", "a") as f:
+        dog = runner.Watchdog(f, {}, str(tmp_path / "m.json"), hang_s=1.5)
+        dog.start({"id": "b", "est_s": 0.01})
+        dog.stop()
+        time.sleep(2.5)
+    assert runner.load_hung(str(tmp_path / "s.jsonl")) == []

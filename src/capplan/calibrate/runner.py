@@ -16,8 +16,14 @@ the GPU. A step's time is `t_done[i] - max(t_done[i-1], t_sched0[i])`: the gap b
 consecutive completions while batches are queued back to back, or from scheduling when
 the GPU sat idle before the step (computed on the CPU side, see fit.py).
 
+A point that runs far past its estimate (`--hang-s`, or 10x its estimate if longer) is a
+hung engine: vLLM 0.26.0 has waited forever on its output copy in one batch shape on the
+H200 (256 decodes plus a 256-token chunk, three times in four engines). A watchdog thread
+then writes a `point_hung` line and ends the process; the re-run resumes past that point.
+
 Exit codes: 0 done (or time budget reached), 3 no vllm / no GPU, 4 out of memory or the
-engine failed to start; the reason is the last line on stderr and in the meta file.
+engine failed to start, 5 a point hung (run it again to go on); the reason is the last line
+on stderr and in the meta file.
 """
 
 import argparse
@@ -25,6 +31,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -33,6 +40,7 @@ os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # flashinfer is not b
 
 EXIT_NO_VLLM = 3
 EXIT_ENGINE = 4
+EXIT_HUNG = 5
 
 
 def fail(code, message, meta=None, meta_path=None):
@@ -73,6 +81,8 @@ def parse_args(argv=None):
                     help="JSON for LLM(hf_overrides=...): what the model spec says vLLM needs")
     ap.add_argument("--kv-only", action="store_true", help="start, record KV capacity, exit")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hang-s", type=float, default=90.0,
+                    help="a point running this long (or 10x its estimate) has hung the engine")
     return ap.parse_args(argv)
 
 
@@ -110,9 +120,54 @@ def load_done(path):
                 rec = json.loads(line)
             except ValueError:
                 continue  # a line cut short by a crash
-            if rec.get("kind") == "point_done":
+            if rec.get("kind") in ("point_done", "point_hung"):
                 done.add(rec["point"])
     return done
+
+
+def load_hung(path):
+    """Point ids an earlier run of the same output file declared hung."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line)["point"] for line in f if '"point_hung"' in line]
+
+
+class Watchdog:
+    """Ends the process when the current point runs past its limit (see module docstring):
+    the engine is stuck inside a CUDA synchronize, which no exception can interrupt."""
+
+    def __init__(self, out, meta, meta_path, hang_s):
+        self.out, self.meta, self.meta_path, self.hang_s = out, meta, meta_path, hang_s
+        self.point, self.deadline = None, None
+        self.lock = threading.Lock()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def start(self, point):
+        with self.lock:
+            limit = max(self.hang_s, 10 * point.get("est_s", 0))
+            self.point, self.deadline = point["id"], time.perf_counter() + limit
+
+    def stop(self):
+        with self.lock:
+            self.point = self.deadline = None
+
+    def _watch(self):
+        while True:
+            time.sleep(1.0)
+            with self.lock:
+                if self.deadline is None or time.perf_counter() < self.deadline:
+                    continue
+                pid = self.point
+                self.out.write(json.dumps({"kind": "point_hung", "point": pid,
+                                           "limit_s": self.hang_s}) + "\n")
+                self.out.flush()
+                self.meta.setdefault("points_hung", []).append(pid)
+                try:  # SystemExit would end this thread only: report, then leave at once
+                    fail(EXIT_HUNG, f"point {pid} hung: no engine step came back within its "
+                         "limit; run again to resume after it", self.meta, self.meta_path)
+                finally:
+                    os._exit(EXIT_HUNG)
 
 
 class Recorder:
@@ -384,9 +439,11 @@ def main(argv=None):
     # warm-up points run on every start: a resumed engine is as cold as a new one
     todo = [p for p in plan["points"] if p.get("warmup") or p["id"] not in done]
     meta["points_resumed"] = sorted(done)
+    meta["points_hung"] = load_hung(args.out)
     t_start = time.perf_counter()
     measured, skipped = 0, []
     with open(args.out, "a") as out:
+        dog = Watchdog(out, meta, args.meta, args.hang_s)
         for i, p in enumerate(todo):
             elapsed = time.perf_counter() - t_start
             if elapsed > args.time_budget_s:
@@ -398,11 +455,13 @@ def main(argv=None):
                 skipped.append(p["id"])
                 continue
             tp = time.perf_counter()
+            dog.start(p)
             try:
                 recs = drv.point(p)
             except torch.cuda.OutOfMemoryError as e:
                 fail(EXIT_ENGINE, f"out of memory at point {p['id']}: {e}".splitlines()[0],
                      meta, args.meta)
+            dog.stop()
             for r in recs:
                 out.write(json.dumps(r) + "\n")
             out.write(json.dumps({"kind": "point_done", "point": p["id"], "steps": len(recs),
