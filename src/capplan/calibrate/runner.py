@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -419,7 +420,11 @@ def main(argv=None):
     try:
         llm = LLM(**kw)
     except Exception as e:
+        # the whole traceback to the log (a bare AssertionError names no place), one line
+        # to the meta file and the last line on stderr
+        traceback.print_exc(file=sys.stderr)
         text = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        meta["traceback_tail"] = traceback.format_exc().splitlines()[-12:]
         oom = "out of memory" in text.lower() or isinstance(e, torch.cuda.OutOfMemoryError)
         why = "out of memory starting the engine" if oom else "engine failed to start"
         fail(EXIT_ENGINE, f"{why}: {text}", meta, args.meta)
