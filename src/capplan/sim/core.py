@@ -61,6 +61,7 @@ class SimRequest:
         "scheduled_s",
         "spec",
         "status",
+        "stop_out",
         "trail_from",
         "trail_until",
         "u0",
@@ -89,6 +90,7 @@ class SimRequest:
         self.arrival_s = arrival_s
         self.prompt = prompt
         self.max_tokens = max_tokens
+        self.stop_out = max_tokens  # output tokens at which it stops (EngineCore.add_request)
         self.priority = priority
         self.prefix_base = prefix_base  # hash of shared block 0; block i hashes to base - i
         self.prefix_blocks = prefix_blocks  # leading blocks shared with other requests
@@ -224,6 +226,8 @@ class EngineCore:
         return len(self._heap) if self.priority else len(self._fcfs)
 
     def add_request(self, r: SimRequest) -> None:
+        # check_stop (vllm/v1/core/sched/utils.py) stops at max_tokens or max_model_len
+        r.stop_out = min(r.max_tokens, self.cfg.max_model_len - r.prompt)
         if self.priority:
             heapq.heappush(self._heap, r)  # PriorityRequestQueue.add_request
         else:
@@ -253,13 +257,15 @@ class EngineCore:
         if full <= start:
             return
         r.n_reg = full
+        if start >= r.prefix_blocks and not r.preemptions:
+            return  # blocks unique to a request never preempted: see the end
         kv = self.kv
         if not kv.caching:
             return
         if start < r.pinned_blocks:
             start = r.pinned_blocks
         hashes = r.hashes
-        shared_end = min(full, r.prefix_blocks)
+        shared_end = full if full < r.prefix_blocks else r.prefix_blocks
         for i in range(start, shared_end):  # shared prefix: another request may have it
             hashes.append(kv.cache(r.prefix_base - i))
         if shared_end > start:
@@ -275,15 +281,24 @@ class EngineCore:
 
     def _allocate_running(self, r: SimRequest, n: int) -> bool:
         """allocate_slots for a running request: blocks up to computed + n + lookahead."""
-        bs = self.cfg.block_size
-        need_tokens = min(r.computed + n + self.lookahead, self.cfg.max_model_len)
-        need = -(-need_tokens // bs) - r.blocks - r.pinned_blocks
+        cfg = self.cfg
+        bs = cfg.block_size
+        upto = r.computed + n  # (conditionals, not min(): this runs for every block filled)
+        end = upto + self.lookahead
+        if end > cfg.max_model_len:
+            end = cfg.max_model_len
+        need = -(-end // bs) - r.blocks - r.pinned_blocks
         if need > 0:
-            if need > self.kv.num_free:
+            kv = self.kv
+            if need > kv.num_free:
                 return False
-            self.kv.allocate(need)
+            kv.allocate(need)
             r.blocks += need
-        self._cache_blocks(r, min(r.computed + n, r.num_tokens))
+        num_tokens = r.prompt + r.out
+        if upto > num_tokens:
+            upto = num_tokens
+        if upto // bs > r.n_reg:
+            self._cache_blocks(r, upto)
         return True
 
     def _free(self, r: SimRequest) -> None:
@@ -432,7 +447,9 @@ class EngineCore:
             if n > avail:
                 n = avail
             used += n
-            end = min(computed + n + la, max_len)
+            end = computed + n + la
+            if end > max_len:
+                end = max_len
             need = -(-end // bs) - r.blocks - r.pinned_blocks
             if need > 0:
                 free_blocks -= need
@@ -467,7 +484,8 @@ class EngineCore:
         la = self.lookahead
         prio = self.priority
         preempted = False
-        reqs, toks, specs = plan.reqs, plan.tokens, plan.spec
+        reqs = plan.reqs
+        add_req, add_tok, add_spec = reqs.append, plan.tokens.append, plan.spec.append
         all_running = self.running
         # the plan's integer sums, added to it at the end (a priority preemption's undo
         # subtracts from the plan meanwhile: the sum comes out the same)
@@ -490,7 +508,8 @@ class EngineCore:
                 i += 1
                 continue
             num_tokens = r.prompt + r.out
-            n = num_tokens + r.spec + ph - computed
+            drafts = r.spec
+            n = num_tokens + drafts + ph - computed
             if 0 < threshold < n:
                 n = threshold
             if n > budget:
@@ -500,8 +519,7 @@ class EngineCore:
             if n <= 0:
                 i += 1
                 continue
-            end = computed + n + la
-            if end > (r.blocks + r.pinned_blocks) * bs or (
+            if computed + n + la > (r.blocks + r.pinned_blocks) * bs or (
                 (computed + n if computed + n < num_tokens else num_tokens) // bs > r.n_reg
             ):
                 ok = self._allocate_running(r, n)
@@ -526,10 +544,14 @@ class EngineCore:
                 if not ok:
                     break  # r itself was preempted: nothing more fits
             n_scheduled += 1
-            spec = n + computed - num_tokens - ph if r.spec else 0
-            reqs.append(r)
-            toks.append(n)
-            specs.append(spec if spec > 0 else 0)
+            add_req(r)
+            add_tok(n)
+            if drafts:
+                drafts = n + computed - num_tokens - ph
+                add_spec(drafts if drafts > 0 else 0)
+                r.spec = 0  # consumed; new drafts arrive with the output (or as placeholders)
+            else:
+                add_spec(0)
             total_tokens += n
             if r.decoding:
                 decode_ctx += computed
@@ -540,7 +562,6 @@ class EngineCore:
                 if r.image_tokens and not r.encoded:
                     plan.encoder_tokens += r.image_tokens
                     r.encoded = True
-            r.spec = 0  # consumed; new drafts arrive with the output (or as placeholders)
             budget -= n
             i += 1
 
@@ -667,16 +688,16 @@ class EngineCore:
         """Scheduler._update_after_schedule (+ AsyncScheduler's placeholders)."""
         k = self.cfg.spec_k
         async_ = self.cfg.async_scheduling
-        emits = plan.emits
+        emit = plan.emits.append
         drafting = 0
         for r, n, spec in zip(plan.reqs, plan.tokens, plan.spec, strict=True):
             computed = r.computed + n
             r.computed = computed
             # is_prefill_chunk: the prompt (or the recompute after preemption) is not done
             if computed < r.prompt + r.out + r.placeholders:
-                emits.append(False)
+                emit(False)
                 continue
-            emits.append(True)
+            emit(True)
             r.decoding = True
             drafting += 1
             if async_:
@@ -699,16 +720,16 @@ class EngineCore:
             cohort.last_update_s = self.now
         if not plan.reqs:  # cohort members only: the replica streams their tokens
             return out
-        k = self.cfg.spec_k
-        async_ = self.cfg.async_scheduling
-        max_len = self.cfg.max_model_len
-        bs = self.cfg.block_size
+        cfg = self.cfg
+        async_ = cfg.async_scheduling
+        redraft = cfg.spec_k if not async_ else 0  # sync: drafts come with the output
+        bs = cfg.block_size
         log_acceptance, draw, log = self._log_acceptance, self.rng.random, math.log
+        emit = out.append
         finished_any = False
         for r, emits, spec in zip(plan.reqs, plan.emits, plan.spec, strict=True):
             if not emits or r.status == FINISHED:
                 continue
-            new = 1
             if spec:
                 # draft tokens accepted: each in turn with probability alpha, until one is
                 # not (the number of leading successes of a geometric draw; inline, as this
@@ -721,20 +742,23 @@ class EngineCore:
                     accepted = spec if u <= 0 else int(log(u) / log_alpha)
                     if accepted > spec:
                         accepted = spec
-                rejected = spec - accepted
-                if r.computed > 0:
-                    r.computed -= rejected
-                if r.placeholders > 0:
-                    r.placeholders -= rejected
-                new += accepted
+                if accepted < spec:
+                    rejected = spec - accepted
+                    if r.computed > 0:
+                        r.computed -= rejected
+                    if r.placeholders > 0:
+                        r.placeholders -= rejected
+                new = 1 + accepted
+            else:
+                new = 1
             # check_stop (vllm/v1/core/sched/utils.py): max_tokens, then max_model_len
+            # (stop_out: the fewer of the two, as output tokens)
             o = r.out
-            if new > r.max_tokens - o:
-                new = r.max_tokens - o
-            if new > max_len - r.prompt - o:
-                new = max_len - r.prompt - o
-            if new <= 0:
-                continue
+            left = r.stop_out - o
+            if new >= left:
+                if left <= 0:
+                    continue
+                new = left
             o += new
             r.out = o
             if async_:
@@ -745,18 +769,18 @@ class EngineCore:
                 # AsyncScheduler._update_request_with_output caches the blocks the new tokens
                 # filled, also on the update that finishes the request (before it is freed);
                 # the synchronous Scheduler caches only when it allocates
-                if r.status == RUNNING and (r.computed - ph) // bs > r.n_reg:
+                if (r.computed - ph) // bs > r.n_reg and r.status == RUNNING:
                     self._cache_blocks(r, r.computed - ph)
-            if o >= r.max_tokens or r.prompt + o >= max_len:
+            if new == left:
                 r.status = FINISHED
                 finished_any = True
                 if r.blocks or r.hashes:
                     self._free(r)
-                out.append((r, new, True))
+                emit((r, new, True))
                 continue
-            if k and not async_:
-                r.spec = k  # the drafter proposes k tokens after each sampled step
-            out.append((r, new, False))
+            if redraft:
+                r.spec = redraft  # the drafter proposes k tokens after each sampled step
+            emit((r, new, False))
         if finished_any:
             self.running = [q for q in self.running if q.status != FINISHED]
         return out

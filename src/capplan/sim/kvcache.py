@@ -149,11 +149,12 @@ class KVCache:
 
     def allocate(self, n: int) -> None:
         """Take `n` free blocks from the front of the free queue, evicting cached hashes."""
-        take = min(n, self.free_unhashed)
-        self.free_unhashed -= take
-        n -= take
-        if not n:
+        unhashed = self.free_unhashed
+        if n <= unhashed:  # the common case: blocks no cached hash lives in
+            self.free_unhashed = unhashed - n
             return
+        self.free_unhashed = 0
+        n -= unhashed
         if n > self.free_cached:
             raise RuntimeError("allocate called without enough free blocks")
         self.free_cached -= n

@@ -41,6 +41,12 @@ class GapHistogram:
         if len(self._buf) >= 65536:
             self._flush()
 
+    def add_many(self, xs: list[float]) -> None:
+        """Single observations, in bulk (the histogram keeps no order)."""
+        self._buf.extend(xs)
+        if len(self._buf) >= 65536:
+            self._flush()
+
     def add_repeated(self, x: float, count: int) -> None:
         """`count` observations of x (one step's gap, seen by `count` requests)."""
         self._rep.append(x)

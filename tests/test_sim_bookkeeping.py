@@ -1,0 +1,118 @@
+"""The replica's per-step bookkeeping is an evaluation detail: streaming one step's tokens in
+bulk must give the same simulation, byte for byte, as streaming them one request at a time
+(rule 7: same seed, same result). The engine's own per-step rules are held to a transcription
+of vLLM by tests/test_sim_properties.py (test_engine_matches_reference_vllm)."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+
+import capplan.sim.run
+from capplan.mix import TrafficMix
+from capplan.sim.core import SimRequest
+from capplan.sim.metrics import WorkloadRecorder
+from capplan.sim.replica import Replica
+from capplan.sim.run import simulate
+
+
+def _reference_emit(
+    self: Replica, emitted: list[tuple[SimRequest, int, bool]], now: float
+) -> None:
+    """Replica._emit as it was: every token's figures recorded as it streams."""
+    window = self.window
+    seen = now + self.latency
+    in_window = window.start_s <= now < window.end_s
+    for r, new, done in emitted:
+        rec = window.recorders[r.wl]
+        if in_window:
+            rec.output_tokens_in_window += new
+        if r.first_token_s < 0:
+            r.first_token_s = now
+            if in_window:
+                rec.input_tokens_in_window += r.prompt
+        elif r.measured:
+            rec.itl.add(now - r.last_token_s)
+        r.last_token_s = now
+        if done:
+            self.outstanding -= 1
+            if r.measured:
+                rec.add_request(
+                    r.arrival_s,
+                    r.first_token_s + self.latency - r.arrival_s,
+                    seen - r.arrival_s,
+                    max(r.scheduled_s, r.arrival_s) - r.arrival_s,
+                    r.prompt,
+                    r.out,
+                    r.cached_tokens,
+                    r.preemptions,
+                    self.index,
+                )
+            self.on_finish(r, self)
+
+
+def _mix(engine: dict[str, Any]) -> TrafficMix:
+    """Two workloads (one long-prompt, one chat) on one pool, enough load to keep ~50
+    requests decoding per replica."""
+    return TrafficMix.model_validate({
+        "schema_version": 1,
+        "pools": [{"name": "p", "model": "llama-3.1-8b", "engine": engine}],
+        "workloads": [
+            {"name": "docs", "pool": "p", "arrival": {"kind": "poisson", "rate_rps": 8},
+             "input_tokens": {"kind": "normal", "mean": 3000, "std": 600, "min": 500,
+                              "max": 6000},
+             "output_tokens": {"kind": "normal", "mean": 200, "std": 50, "min": 20, "max": 400},
+             "priority": 1},
+            {"name": "chat", "pool": "p", "arrival": {"kind": "poisson", "rate_rps": 12},
+             "input_tokens": {"kind": "lognormal", "mean": 500, "sigma": 0.6, "max": 1500},
+             "output_tokens": {"kind": "lognormal", "mean": 120, "sigma": 0.6, "max": 400},
+             "slo": {"ttft_p99_s": 0.5, "itl_p99_s": 0.05}},
+        ],
+        "simulation": {"duration_s": 20.0, "warmup_s": 2.0, "drain_s": 60.0},
+    })
+
+
+def _fingerprint(mix: TrafficMix, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> bytes:
+    """The result, its per-request rows and KV series, and every histogram bin count."""
+    recorders: list[WorkloadRecorder] = []
+
+    def recorder(**kw: Any) -> WorkloadRecorder:
+        recorders.append(WorkloadRecorder(**kw))
+        return recorders[-1]
+
+    monkeypatch.setattr(capplan.sim.run, "WorkloadRecorder", recorder)
+    res = simulate(mix, "p", 1, seed=3, **kw)
+    buf = io.BytesIO()
+    res.requests().write_csv(buf)
+    res.kv_series().write_csv(buf)
+    for rec in recorders:
+        buf.write(f"{rec.output_tokens_in_window} {rec.input_tokens_in_window}".encode())
+        for hist in (rec.itl, rec.ttft, rec.e2e, rec.tpot, rec.queue):
+            hist.merge(type(hist)())  # flushes its buffers into the counts
+            buf.write(hist.counts.tobytes() + str(hist.n).encode())
+    return res.model_dump_json().encode() + buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("engine", "kw"),
+    [
+        ({"speculative": {"method": "draft_model", "num_speculative_tokens": 4},
+          "scheduling_policy": "priority"}, {}),
+        ({"speculative": {"method": "ngram", "num_speculative_tokens": 3},
+          "async_scheduling": False, "gpu_memory_utilization": 0.3}, {}),
+        ({"max_num_batched_tokens": 512}, {}),
+        ({"max_num_batched_tokens": 512}, {"decode_cohort": False}),
+    ],
+    ids=["draft-model-priority", "ngram-sync-preempting", "cohort", "no-cohort"],
+)
+def test_bulk_emit_matches_token_by_token(
+    engine: dict[str, Any], kw: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replica._emit hands a step's ITL gaps and window tokens to the recorders per workload
+    after its loop: the figures, per-request rows and KV series equal the reference's."""
+    mix = _mix(engine)
+    fast = _fingerprint(mix, monkeypatch, **kw)
+    monkeypatch.setattr(Replica, "_emit", _reference_emit)
+    assert _fingerprint(mix, monkeypatch, **kw) == fast
