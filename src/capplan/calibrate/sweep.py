@@ -55,9 +55,9 @@ def design_points(max_num_batched_tokens: int = 8192, spec_k: int = 0) -> list[P
         _prefill(8192), _prefill(2048), _prefill(512), _prefill(128),
         _decode(8, 2048), _decode(1, 8192), _decode(16, 8192),
         _mixed(64, 1024, 2048, 3), _mixed(16, 512, 512, 4), _mixed(128, 512, 4096, 2),
-        # steps just past the largest CUDA graph (512 tokens): Llama-3.1-8B took 22.7 ms for
-        # 16 decodes + a 512-token chunk where the fits through graphed and large steps
-        # give 16-18 ms, and the serving engine's traced steps show the same (validation.md)
+        # steps just past the largest CUDA graph (512 tokens): the serving engine's traced
+        # steps of 513-1,100 tokens cost 8-9 ms more than the profile (validation.md); the
+        # calibration engines mostly do not (calibration.md, "Model shape")
         _mixed(64, 512, 640, 3), _mixed(32, 2048, 896, 3),
     ]
     fill = [

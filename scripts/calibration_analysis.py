@@ -1,0 +1,107 @@
+"""The figures of docs/calibration.md outside its profile table: each profile against the
+physics of its GPU, and the steps just past the largest CUDA graph.
+
+    python scripts/calibration_analysis.py [sanity|graph]
+
+With no argument it prints both.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import polars as pl
+
+from capplan.calibrate.store import CALIBRATION_DIR
+from capplan.hardware import GPUS, Precision
+from capplan.modelspec import load_model_spec
+from capplan.profile import Profile, StepTimer
+
+HBM_BYTES_PER_S = 4.8e12  # the H200 datasheet's, as the table's header says
+PROFILES = CALIBRATION_DIR / "h200" / "vllm-0.26.0"
+
+
+def _prefill_flops(model: str, chunk: int, chunks: int) -> float:
+    """FLOPs of `chunks` prefill chunks of `chunk` tokens, chunk i over i x chunk tokens of
+    context: the linears and LM head, plus attention (full layers over the whole context,
+    sliding-window layers over their window)."""
+    spec = load_model_spec(model)
+    full = spec.num_layers - spec.sliding_window_layers
+    pairs_full = sum(chunk * (i * chunk + chunk / 2) for i in range(chunks))
+    pairs_window = chunk * chunks * (spec.sliding_window or 0)
+    attention = 4 * spec.num_attention_heads * (
+        full * (spec.global_head_dim or spec.head_dim) * pairs_full
+        + spec.sliding_window_layers * spec.head_dim * pairs_window)
+    return spec.flops_per_token() * chunk * chunks + attention
+
+
+def sanity() -> None:
+    """Decode at batch 1 against the weight-streaming bound; three 8192-token prefill chunks
+    against the matrix units' peak (weight-only 4-bit runs its MMA in BF16)."""
+    print("| profile | decode b=1 step (ms) | weights ÷ 4.8 TB/s (ms) | of bound "
+          "| prefill 3 × 8192 chunks, ctx 0–24k (ms) | FLOPs ÷ peak (ms) | of peak |")
+    print("|---|---|---|---|---|---|---|")
+    for folder in sorted(PROFILES.glob("*/*/samples.parquet")):
+        d = folder.parent
+        prof = Profile.load(d)
+        if prof.spec_k or prof.kv_cache_dtype != "auto":
+            continue
+        s = pl.read_parquet(folder).filter(~pl.col("warmup"))
+        dec = s.filter((pl.col("point") == "decode-b1-c512") & (pl.col("prefill_tokens") == 0))
+        pre = s.filter(pl.col("point") == "prefill-p8192-x3")
+        if dec.is_empty() or pre.height != 3:
+            continue
+        precision = Precision(prof.precision)
+        spec = load_model_spec(prof.model)
+        decode_ms = float(dec["step_s"].median()) * 1e3  # type: ignore[arg-type]
+        bound_ms = spec.weight_bytes(precision) / HBM_BYTES_PER_S * 1e3
+        prefill_ms = float(pre["step_s"].sum()) * 1e3
+        peak = GPUS["h200"].matmul_flops(precision)
+        flops_ms = _prefill_flops(prof.model, 8192, 3) / peak * 1e3
+        print(f"| {prof.model}/{prof.key} | {decode_ms:.2f} | {bound_ms:.2f} | "
+              f"{bound_ms / decode_ms:.0%} | {prefill_ms:.0f} | {flops_ms:.0f} "
+              f"({peak / 1e12:.0f} TFLOP/s) | {flops_ms / prefill_ms:.0%} |")
+
+
+def graph() -> None:
+    """Steps of one prefill chunk beside decodes, just past the largest CUDA graph (512
+    tokens), against the fit: summed over each point's steps, because a single step's
+    completion stamp can land a step late (fit.py: windows)."""
+    runs = [("llama-3.1-8b/bf16-kvfp8", PROFILES / "llama-3.1-8b/bf16-kvfp8"),
+            ("qwen3-32b/fp8", PROFILES / "qwen3-32b/fp8"),
+            ("gemma-4-31b/bf16", PROFILES / "gemma-4-31b/bf16")]
+    resweep = CALIBRATION_DIR / "_raw/s4-resweep/llama-3.1-8b--bf16.jsonl.gz"
+    for name, d in runs:
+        _graph_steps(name, pl.read_parquet(d / "samples.parquet"), Profile.load(d))
+    # the Llama BF16 re-sweep is not a shipped profile: its steps against the shipped fit
+    from capplan.calibrate import store
+
+    df = store.with_derived(store.read_runner_jsonl(resweep))
+    _graph_steps("llama-3.1-8b/bf16 re-sweep (shipped fit)", df,
+                 Profile.load(PROFILES / "llama-3.1-8b/bf16"))
+
+
+def _graph_steps(name: str, df: pl.DataFrame, prof: Profile) -> None:
+    timer = StepTimer(prof, max_num_seqs=256, max_num_batched_tokens=8192)
+    steps = df.filter(~pl.col("warmup") & (pl.col("prefill_tokens") > 0)
+                      & (pl.col("decode_seqs") > 0) & (pl.col("tokens") > 512)
+                      & (pl.col("tokens") <= 1100))
+    print(f"  {name}")
+    for (point,), g in steps.group_by(["point"], maintain_order=True):
+        rows = list(g.iter_rows(named=True))
+        fit = sum(timer.step_time_s(r["tokens"], r["seqs"], r["prefill_attn"],
+                                    r["decode_ctx"], 0) for r in rows)
+        took = sum(r["step_s"] for r in rows)
+        toks = sorted({r["tokens"] for r in rows})
+        print(f"    {point:28s} {len(rows)} steps of {toks} tokens: {took * 1e3:6.1f} ms "
+              f"measured, {fit * 1e3:6.1f} ms by the fit ({took / fit - 1:+.0%})")
+
+
+def main() -> None:
+    for name in sys.argv[1:] or ["sanity", "graph"]:
+        print(f"== {name}")
+        {"sanity": sanity, "graph": graph}[name]()
+
+
+if __name__ == "__main__":
+    main()
