@@ -141,5 +141,7 @@ def test_text_only_multimodal_profile_takes_the_encoder_from_the_analytic_model(
     assert p.kv.tokens(0.9) == shipped.kv.tokens(0.9)
     assert p.provenance.analytic_terms == ("vision encoder", "image KV reservation")
     assert "analytic model (not measured)" in p.provenance.note
-    assert _source(p) == "measured (vision encoder, image KV reservation: analytic)"
-    assert _source(shipped) == "measured"
+    assert _source(p, text_only=False) == ("measured (vision encoder, image KV reservation: "
+                                           "analytic)")
+    assert _source(p, text_only=True) == "measured"  # uses neither
+    assert _source(shipped, text_only=False) == "measured"

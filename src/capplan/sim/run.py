@@ -409,7 +409,7 @@ class _Run:
             replicas=n,
             gpus=n * st.pool.tp,
             profile=f"{st.profile.gpu}/{st.profile.model}/{st.profile.key}",
-            profile_source=_source(st.profile),
+            profile_source=_source(st.profile, text_only=st.pool.engine.text_only),
             kv_tokens_per_replica=st.kv_tokens,
             duration_s=self.duration,
             warmup_s=self.warmup,
@@ -445,8 +445,9 @@ class _Run:
         return res
 
 
-def _source(profile: Profile) -> str:
+def _source(profile: Profile, *, text_only: bool) -> str:
     """`measured`, `analytic`, or `measured (<terms>: analytic)` for a measured profile with
-    terms its calibration did not measure (profiles.py: _with_encoder)."""
-    terms = profile.provenance.analytic_terms
+    terms its calibration did not measure (profiles.py: _with_encoder) that this pool uses:
+    a text-only pool uses neither the vision encoder nor its KV reservation."""
+    terms = () if text_only else profile.provenance.analytic_terms
     return f"{profile.source} ({', '.join(terms)}: analytic)" if terms else profile.source
