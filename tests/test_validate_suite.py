@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -212,3 +213,27 @@ def test_ingest_adds_new_runs_to_what_is_stored(suite, tmp_path) -> None:
 def _make(raw: Path, src: Path, runs: list[str]) -> Path:
     _raw_from_stored(src, raw / src.name, runs)
     return raw / src.name
+
+
+def test_next_suite_engine_runs_gemma_text_only_with_its_overrides(tmp_path) -> None:
+    """validation/h200-next.yaml's Gemma 4 engine starts text-only (as its profile was
+    calibrated) and passes the config fixes the model spec says vLLM 0.26.0 needs."""
+    nxt = load_suite(Path(__file__).resolve().parents[1] / "validation" / "h200-next.yaml")
+    eng = emit_job(nxt.engine("gemma-4-31b-fp8"), Path("models"), tmp_path)["engine"]
+    assert eng["limit_mm_per_prompt"] == {"image": 0}
+    assert eng["quantization"] == "fp8"
+    assert eng["hf_overrides"] == {"text_config": {"global_head_dim": 512,
+                                                   "num_global_key_value_heads": 4}}
+
+
+def test_vllm_patches_are_plain_python() -> None:
+    """The GPU runners read src/capplan/vllm_patches.py by path: it may import only vllm
+    (inside its functions) and the standard library."""
+    import runpy
+
+    path = Path(__file__).resolve().parents[1] / "src" / "capplan" / "vllm_patches.py"
+    text = path.read_text()
+    imports = {ln.split()[1].split(".")[0] for ln in text.splitlines()
+               if ln.strip().startswith(("import ", "from "))}
+    assert imports <= {"vllm", *sys.stdlib_module_names}
+    runpy.run_path(str(path))["apply_all"]()  # without vllm: a no-op, not an error

@@ -29,6 +29,7 @@ on stderr and in the meta file.
 import argparse
 import json
 import os
+import runpy
 import subprocess
 import sys
 import threading
@@ -365,20 +366,6 @@ def engine_settings(llm):
     }
 
 
-def token_prompts_without_tokenizer():
-    """vLLM 0.26.0's Gemma 4 asks the tokenizer for its chat template to choose
-    add_special_tokens, even for token-id prompts (model_executor/models/gemma4_mm.py:
-    Gemma4ProcessingInfo.get_default_tok_params), so it fails under skip_tokenizer_init.
-    Token-id prompts are never tokenized, so the base class's parameters are the same."""
-    try:
-        from vllm.model_executor.models import gemma4_mm
-        from vllm.multimodal.processing.context import BaseProcessingInfo
-    except ImportError:
-        return
-    gemma4_mm.Gemma4ProcessingInfo.get_default_tok_params = (
-        BaseProcessingInfo.get_default_tok_params)
-
-
 def main(argv=None):
     args = parse_args(argv)
     meta = {"argv": sys.argv, "args": vars(args), "started_unix": time.time()}
@@ -415,7 +402,10 @@ def main(argv=None):
     if args.hf_overrides:
         kw["hf_overrides"] = args.hf_overrides
     meta["engine_kwargs"] = {k: v for k, v in kw.items()}
-    token_prompts_without_tokenizer()
+    # vLLM 0.26.0 work-arounds, shared with the validation runner (read by path: this
+    # script imports nothing of capplan)
+    runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                "vllm_patches.py"))["apply_all"]()
     t0 = time.perf_counter()
     try:
         llm = LLM(**kw)

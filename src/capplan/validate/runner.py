@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import runpy
 import subprocess
 import sys
 import time
@@ -391,6 +392,10 @@ async def amain(args):
         except Exception as e:  # tracing is a diagnosis aid: never fail the run for it
             meta["trace_error"] = f"{type(e).__name__}: {e}"[:300]
             trace, loggers = None, None
+    # vLLM 0.26.0 work-arounds, shared with the calibration runner (read by path: this
+    # script imports nothing of capplan)
+    runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                "vllm_patches.py"))["apply_all"]()
     t = time.perf_counter()
     try:
         engine = AsyncLLM.from_engine_args(

@@ -168,6 +168,8 @@ def engine_kwargs(run: EngineRun, models_root: Path, work: Path) -> dict[str, An
         kw["quantization"] = "fp8"
     if spec.vllm_hf_overrides:
         kw["hf_overrides"] = spec.vllm_hf_overrides
+    if eng.limit_mm_per_prompt is not None:
+        kw["limit_mm_per_prompt"] = dict(eng.limit_mm_per_prompt)
     if eng.long_prefill_token_threshold:
         kw["long_prefill_token_threshold"] = eng.long_prefill_token_threshold
     if eng.speculative is not None:
