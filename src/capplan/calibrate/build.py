@@ -171,6 +171,9 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
         if left:
             notes.append(f"sweep incomplete: {len(planned) - len(left)} of {len(planned)} "
                          f"points measured; the runner stopped before {left[0]}")
+    if meta.get("points_hung"):
+        notes.append(f"vLLM hung in {', '.join(meta['points_hung'])} (the runner's watchdog "
+                     "ended the run; the point is left out)")
     kv_meta = meta["kv"]
     kv_bytes = round(kv_meta["kv_tensor_bytes"] / store.kv_tokens(kv_meta))
     floors = F.physical_floors(_context_kv_bytes(g.model, kv_meta, kv_dtype),
@@ -200,6 +203,7 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                 "fixed_coefficients": fixed},
         "points_measured": sorted(set(df["point"].to_list())),
         "points_skipped": meta.get("points_skipped", []),
+        "points_hung": meta.get("points_hung", []),
         "kv_points": kvs,
     }
     # the commit of the runner that measured this run: its own record when the run has one

@@ -18,8 +18,9 @@ the GPU sat idle before the step (computed on the CPU side, see fit.py).
 
 A point that runs far past its estimate (`--hang-s`, or 10x its estimate if longer) is a
 hung engine: vLLM 0.26.0 has waited forever on its output copy in one batch shape on the
-H200 (256 decodes plus a 256-token chunk, three times in four engines). A watchdog thread
-then writes a `point_hung` line and ends the process; the re-run resumes past that point.
+H200 (256 decodes plus a 256-token chunk: two engines hung in it, none finished it). A
+watchdog thread then writes a `point_hung` line and ends the process; the re-run resumes
+past that point.
 
 Exit codes: 0 done (or time budget reached), 3 no vllm / no GPU, 4 out of memory or the
 engine failed to start, 5 a point hung (run it again to go on); the reason is the last line
