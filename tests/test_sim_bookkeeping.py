@@ -37,20 +37,7 @@ def _reference_emit(
             rec.itl.add(now - r.last_token_s)
         r.last_token_s = now
         if done:
-            self.outstanding -= 1
-            if r.measured:
-                rec.add_request(
-                    r.arrival_s,
-                    r.first_token_s + self.latency - r.arrival_s,
-                    seen - r.arrival_s,
-                    max(r.scheduled_s, r.arrival_s) - r.arrival_s,
-                    r.prompt,
-                    r.out,
-                    r.cached_tokens,
-                    r.preemptions,
-                    self.index,
-                )
-            self.on_finish(r, self)
+            self._finish(r, rec, seen)  # unchanged by the bulk path: shared, not copied
 
 
 def _mix(engine: dict[str, Any]) -> TrafficMix:

@@ -131,6 +131,23 @@ class Replica:
             if n_meas:
                 rec.itl.add_repeated(dt, n_meas)
 
+    def _finish(self, r: SimRequest, rec: WorkloadRecorder, seen: float) -> None:
+        """A request's last token reached the client at `seen`: its row, and the router."""
+        self.outstanding -= 1
+        if r.measured:
+            rec.add_request(
+                r.arrival_s,
+                r.first_token_s + self.latency - r.arrival_s,
+                seen - r.arrival_s,
+                max(r.scheduled_s, r.arrival_s) - r.arrival_s,
+                r.prompt,
+                r.out,
+                r.cached_tokens,
+                r.preemptions,
+                self.index,
+            )
+        self.on_finish(r, self)
+
     def _emit(self, emitted: list[tuple[SimRequest, int, bool]], now: float) -> None:
         """Stream tokens to clients: TTFT, ITL and completion, as vllm bench sees them (the
         client sees each token `latency` after the step that made it ends)."""
@@ -153,21 +170,7 @@ class Replica:
                 gaps[wl].append(now - r.last_token_s)
             r.last_token_s = now
             if done:
-                rec = recorders[wl]
-                self.outstanding -= 1
-                if r.measured:
-                    rec.add_request(
-                        r.arrival_s,
-                        r.first_token_s + self.latency - r.arrival_s,
-                        seen - r.arrival_s,
-                        max(r.scheduled_s, r.arrival_s) - r.arrival_s,
-                        r.prompt,
-                        r.out,
-                        r.cached_tokens,
-                        r.preemptions,
-                        self.index,
-                    )
-                self.on_finish(r, self)
+                self._finish(r, recorders[wl], seen)
         for rec, n, xs in zip(recorders, tokens, gaps, strict=True):
             if in_window:
                 rec.output_tokens_in_window += n
