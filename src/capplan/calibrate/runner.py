@@ -112,11 +112,10 @@ def versions():
     return out
 
 
-def load_done(path):
-    """Point ids already complete in an earlier run of the same output file."""
-    done = set()
+def _point_lines(path):
+    """`point_done` / `point_hung` records of an earlier run of the same output file."""
     if not os.path.exists(path):
-        return done
+        return
     with open(path) as f:
         for line in f:
             try:
@@ -124,16 +123,17 @@ def load_done(path):
             except ValueError:
                 continue  # a line cut short by a crash
             if rec.get("kind") in ("point_done", "point_hung"):
-                done.add(rec["point"])
-    return done
+                yield rec
+
+
+def load_done(path):
+    """Point ids already complete, or declared hung, in an earlier run (both are skipped)."""
+    return {rec["point"] for rec in _point_lines(path)}
 
 
 def load_hung(path):
     """Point ids an earlier run of the same output file declared hung."""
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line)["point"] for line in f if '"point_hung"' in line]
+    return [rec["point"] for rec in _point_lines(path) if rec["kind"] == "point_hung"]
 
 
 class Watchdog:
