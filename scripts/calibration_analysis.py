@@ -2,8 +2,9 @@
 physics of its GPU, and the steps just past the largest CUDA graph.
 
     python scripts/calibration_analysis.py [sanity|graph]
+    python scripts/calibration_analysis.py points MODEL/KEY   # e.g. gemma-4-31b/fp8
 
-With no argument it prints both.
+With no argument it prints the first two.
 """
 
 from __future__ import annotations
@@ -97,8 +98,29 @@ def _graph_steps(name: str, df: pl.DataFrame, prof: Profile) -> None:
               f"measured, {fit * 1e3:6.1f} ms by the fit ({took / fit - 1:+.0%})")
 
 
+def points(profile: str) -> None:
+    """Each sweep point of one profile: its steps' time, measured and by the fit, summed over
+    the point (a single step's stamp can land a step late; the sum telescopes)."""
+    d = PROFILES / profile
+    prof = Profile.load(d)
+    timer = StepTimer(prof, max_num_seqs=int(prof.engine["max_num_seqs"]),  # type: ignore[call-overload]
+                      max_num_batched_tokens=int(prof.engine["max_num_batched_tokens"]))  # type: ignore[call-overload]
+    df = pl.read_parquet(d / "samples.parquet").filter(~pl.col("warmup"))
+    for (point,), g in df.group_by(["point"], maintain_order=True):
+        rows = list(g.iter_rows(named=True))
+        fit = sum(timer.step_time_s(r["tokens"], r["seqs"], r["prefill_attn"], r["decode_ctx"],
+                                    r["drafting_seqs"]) for r in rows)
+        took = sum(r["step_s"] for r in rows)
+        print(f"  {point:28s} {len(rows):4d} steps {took * 1e3:9.1f} ms measured, "
+              f"{fit * 1e3:9.1f} ms by the fit ({fit / took - 1:+.0%})")
+
+
 def main() -> None:
-    for name in sys.argv[1:] or ["sanity", "graph"]:
+    what = sys.argv[1:] or ["sanity", "graph"]
+    if what[0] == "points":
+        points(what[1])
+        return
+    for name in what:
         print(f"== {name}")
         {"sanity": sanity, "graph": graph}[name]()
 
