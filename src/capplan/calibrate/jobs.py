@@ -22,7 +22,11 @@ QUANT_CONFIGS: dict[Precision, dict[str, object]] = {
     Precision.AWQ: {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True,
                     "version": "gemm"},
 }
-SPEC_METHODS = ("draft_model", "ngram")
+SPEC_METHODS = ("draft_model", "mtp", "ngram")
+# Methods whose drafter is a separate checkpoint: `--spec-model` names its folder. For Gemma 4
+# the MTP drafter is one (the "assistant", vllm/config/speculative.py: gemma4_assistant ->
+# gemma4_mtp); models with MTP layers inside their own checkpoint need no folder.
+SPEC_MODEL_NEEDED = ("draft_model",)
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,9 @@ class Job:
                 f"speculative method {self.spec_method!r} is not supported; "
                 f"use one of {', '.join(SPEC_METHODS)}"
             )
+        if self.spec_k and self.spec_method in SPEC_MODEL_NEEDED and not self.spec_model:
+            raise ConfigError(f"speculative method {self.spec_method!r} needs --spec-model, "
+                              "the draft model's folder (models/<name>)")
         if not 0.1 <= self.gpu_memory_utilization <= 0.99:
             raise ConfigError(f"gpu_memory_utilization {self.gpu_memory_utilization} not in "
                               "[0.1, 0.99]")
