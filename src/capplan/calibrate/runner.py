@@ -402,15 +402,11 @@ def main(argv=None):
         kw["limit_mm_per_prompt"] = {"image": args.limit_images}
     # vLLM 0.26.0 work-arounds, shared with the validation runner (read by path: this
     # script imports nothing of capplan)
-    patches = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
-                                          "vllm_patches.py"))
-    patches["apply_all"]()
-    meta["engine_kwargs"] = {k: v for k, v in kw.items()}
+    runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                "vllm_patches.py"))["apply_all"]()
     if args.hf_overrides:
-        meta["engine_kwargs"]["hf_overrides"] = args.hf_overrides
-        # a separate drafter's config needs the same keys, and only a callable reaches it
-        kw["hf_overrides"] = (patches["ConfigOverrides"](args.hf_overrides)
-                              if args.spec_model else args.hf_overrides)
+        kw["hf_overrides"] = args.hf_overrides
+    meta["engine_kwargs"] = {k: v for k, v in kw.items()}
     t0 = time.perf_counter()
     try:
         llm = LLM(**kw)
