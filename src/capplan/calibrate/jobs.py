@@ -17,8 +17,12 @@ RUNNER = Path(__file__).with_name("runner.py")
 # How a 4-bit checkpoint is emulated on dummy weights: a `quantization_config` in a copy
 # of the BF16 config (../shared/gpu/README.md). FP8 is online: `quantization="fp8"`.
 QUANT_CONFIGS: dict[Precision, dict[str, object]] = {
+    # In a config.json `quantization_config` ModelOpt's exclusions are "ignore"
+    # (vllm/model_executor/layers/quantization/modelopt.py: ModelOptQuantConfigBase.from_config;
+    # "exclude_modules" is the key of the separate hf_quant_config.json only). Real checkpoints
+    # keep the LM head in BF16; for Gemma 4 it is tied to the embedding and cannot be NVFP4.
     Precision.NVFP4: {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
-                      "kv_cache_quant_algo": None, "exclude_modules": ["lm_head"]},
+                      "kv_cache_quant_algo": None, "ignore": ["lm_head"]},
     Precision.AWQ: {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True,
                     "version": "gemm"},
 }
