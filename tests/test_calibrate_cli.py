@@ -201,3 +201,17 @@ def test_decode_floor_counts_full_attention_layers_only() -> None:
     assert _context_kv_bytes("gemma-4-31b", hybrid, "fp8") == 10 * 2 * 4 * 512
     llama = {"kv_cache_groups": 1, "kv_tensor_bytes": 131072 * 1000, "kv_tokens": 1000}
     assert _context_kv_bytes("llama-3.1-8b", llama, "auto") == 131072
+
+
+def test_speculative_jobs_find_their_drafter() -> None:
+    """Without --spec-model: Gemma 4's MTP engines load its drafter folder, Llama's
+    draft-model engines capplan's Llama 3.2 1B; a model with MTP layers of its own gets no
+    folder."""
+    def drafter(model: str, method: str) -> str | None:
+        job = ccli.plan_jobs(model, [ccli.Precision.FP8], [4], method, None, "auto", [0.90], 1)[0]
+        assert job.key == f"fp8-{method}4"
+        return job.spec_model
+
+    assert drafter("gemma-4-31b", "mtp") == "models/gemma-4-31b-assistant"
+    assert drafter("llama-3.1-8b", "draft_model") == "models/llama-3.2-1b"
+    assert drafter("qwen3-32b", "mtp") is None

@@ -293,9 +293,10 @@ def test_four_bit_pools_serve_a_placeholder_checkpoint() -> None:
     eagle = serve_command(by["awq-eagle"])
     sc = json.loads(eagle[eagle.index("--speculative-config") + 1])
     assert sc["model"].startswith("<eagle3 head for")
-    mtp = serve_command(by["nvfp4-mtp"])
+    mtp = serve_command(by["nvfp4-mtp"])  # Gemma 4's drafter ships as its own checkpoint
     assert json.loads(mtp[mtp.index("--speculative-config") + 1]) == {
-        "method": "mtp", "num_speculative_tokens": 4}
+        "method": "mtp", "num_speculative_tokens": 4, "model": "google/gemma-4-31B-it-assistant"}
+    assert any("gemma-4-31B-it-assistant" in n for n in serve_notes(by["nvfp4-mtp"]))
 
 
 def test_vision_model_without_limit_gets_a_note() -> None:

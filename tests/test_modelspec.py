@@ -87,3 +87,23 @@ def test_typo_in_a_spec_key_is_an_error(tmp_path) -> None:  # type: ignore[no-un
     with pytest.raises(ConfigError, match="num_kv_head") as e:
         load_model_spec(bad)
     assert str(bad) in str(e.value)
+
+
+def test_gemma_mtp_drafter_fits_its_target() -> None:
+    """The Gemma 4 drafter reads the target's KV (every layer KV-shared) and its hidden state:
+    its attention shapes, vocabulary and backbone width must be the target's, and its config
+    must pass what transformers' Gemma4AssistantConfig validates."""
+    spec = load_model_spec("gemma-4-31b")
+    assert spec.mtp_drafter is not None and spec.mtp_drafter.hf_id.endswith("-assistant")
+    cfg = json.loads((spec.mtp_drafter.config_dir / "config.json").read_text())
+    text = cfg["text_config"]
+    assert cfg["model_type"] == "gemma4_assistant"
+    assert cfg["backbone_hidden_size"] == spec.hidden_size
+    assert text["vocab_size"] == spec.vocab_size
+    assert (text["head_dim"], text["num_key_value_heads"]) == (spec.head_dim, spec.num_kv_heads)
+    assert (text["global_head_dim"], text["num_global_key_value_heads"]) == (
+        spec.global_head_dim, spec.num_global_kv_heads)
+    assert text["num_kv_shared_layers"] == text["num_hidden_layers"]
+    assert text["layer_types"][-1] == "full_attention"
+    assert text["hidden_size_per_layer_input"] == text["vocab_size_per_layer_input"] == 0
+    assert (spec.mtp_drafter.config_dir / "provenance.md").exists()

@@ -122,26 +122,35 @@ def test_draft_model_pool_defaults_to_the_shipped_draft(tmp_path: Path) -> None:
 
 
 def test_text_only_multimodal_profile_takes_the_encoder_from_the_analytic_model() -> None:
-    """Gemma 4's shipped FP8 profile was calibrated text-only: a pool resolves to it, keeps
-    every measured step term, and gets the vision encoder's cost and image KV reservation
-    from the analytic model, named in `analytic_terms` and in the plan's profile source."""
+    """Gemma 4's shipped profiles were timed text-only: a pool resolves to one, keeps every
+    measured step term, and gets the vision encoder's cost from the analytic model, named in
+    `analytic_terms` and in the plan's profile source. FP8's image KV reservation was
+    measured (an engine with images allowed) and is kept; BF16's was not, so it takes the
+    analytic reservation's share of the cache too."""
     from capplan.sim.run import _source
 
     gemma = load_model_spec("gemma-4-31b")
-    pool = Pool.model_validate({"name": "vision", "model": "gemma-4-31b", "precision": "fp8",
-                                "engine": {"limit_mm_per_prompt": {"image": 1}}})
-    p = resolve_profile(pool, gemma)
-    shipped = Profile.load(Path(__file__).resolve().parents[1] / "calibration" / "h200"
-                           / "vllm-0.26.0" / "gemma-4-31b" / "fp8" / "profile.json")
-    assert p.source == "measured" and shipped.step.encoder_token_s == 0
-    a = analytic_profile(gemma, GPUS["h200"], Precision.FP8)
-    assert p.step.encoder_token_s == a.step.encoder_token_s > 0
-    assert p.step.model_copy(update={"encoder_token_s": 0.0}) == shipped.step
-    assert p.kv.image_reservation_tokens > 0
-    assert p.kv.tokens(0.9) == shipped.kv.tokens(0.9)
-    assert p.provenance.analytic_terms == ("vision encoder", "image KV reservation")
-    assert "analytic model (not measured)" in p.provenance.note
-    assert _source(p, text_only=False) == ("measured (vision encoder, image KV reservation: "
-                                           "analytic)")
-    assert _source(p, text_only=True) == "measured"  # uses neither
-    assert _source(shipped, text_only=False) == "measured"
+    root = Path(__file__).resolve().parents[1] / "calibration" / "h200" / "vllm-0.26.0"
+    for prec, reservation_measured in (("fp8", True), ("bf16", False)):
+        pool = Pool.model_validate({"name": "vision", "model": "gemma-4-31b", "precision": prec,
+                                    "engine": {"limit_mm_per_prompt": {"image": 1}}})
+        p = resolve_profile(pool, gemma)
+        shipped = Profile.load(root / "gemma-4-31b" / prec / "profile.json")
+        assert p.source == "measured" and shipped.step.encoder_token_s == 0
+        a = analytic_profile(gemma, GPUS["h200"], Precision(prec))
+        assert p.step.encoder_token_s == a.step.encoder_token_s > 0
+        assert p.step.model_copy(update={"encoder_token_s": 0.0}) == shipped.step
+        assert p.kv.image_reservation_tokens > 0
+        assert p.kv.tokens(0.9) == shipped.kv.tokens(0.9)
+        assert "analytic model (not measured)" in p.provenance.note
+        assert _source(p, text_only=True) == "measured"  # uses neither
+        assert _source(shipped, text_only=False) == "measured"
+        if reservation_measured:
+            assert p.kv.image_reservation_tokens == shipped.kv.image_reservation_tokens
+            assert p.provenance.analytic_terms == ("vision encoder",)
+            assert _source(p, text_only=False) == "measured (vision encoder: analytic)"
+        else:
+            assert shipped.kv.image_reservation_tokens == 0
+            assert p.provenance.analytic_terms == ("vision encoder", "image KV reservation")
+            assert _source(p, text_only=False) == ("measured (vision encoder, image KV "
+                                                   "reservation: analytic)")

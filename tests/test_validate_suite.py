@@ -215,15 +215,21 @@ def _make(raw: Path, src: Path, runs: list[str]) -> Path:
     return raw / src.name
 
 
-def test_next_suite_engine_runs_gemma_text_only_with_its_overrides(tmp_path) -> None:
-    """validation/h200-next.yaml's Gemma 4 engine starts text-only (as its profile was
-    calibrated) and passes the config fixes the model spec says vLLM 0.26.0 needs."""
-    nxt = load_suite(Path(__file__).resolve().parents[1] / "validation" / "h200-next.yaml")
-    eng = emit_job(nxt.engine("gemma-4-31b-fp8"), Path("models"), tmp_path)["engine"]
-    assert eng["limit_mm_per_prompt"] == {"image": 0}
-    assert eng["quantization"] == "fp8"
-    assert eng["hf_overrides"] == {"text_config": {"global_head_dim": 512,
-                                                   "num_global_key_value_heads": 4}}
+def test_gemma_engines_run_text_only_with_their_overrides(tmp_path) -> None:
+    """The Gemma 4 engines (h200.yaml's, and h200-next.yaml's with its MTP drafter) start
+    text-only, as their profiles were calibrated, and pass the config fixes the model spec
+    says vLLM 0.26.0 needs; the MTP engine names the drafter's folder as the speculative model."""
+    root = Path(__file__).resolve().parents[1] / "validation"
+    grid = load_suite(root / "h200.yaml").engine("gemma-4-31b-fp8")
+    mtp = load_suite(root / "h200-next.yaml").engine("gemma-4-31b-fp8-mtp4")
+    for run in (grid, mtp):
+        eng = emit_job(run, Path("models"), tmp_path)["engine"]
+        assert eng["limit_mm_per_prompt"] == {"image": 0}
+        assert eng["quantization"] == "fp8"
+        assert eng["hf_overrides"] == {"text_config": {"global_head_dim": 512,
+                                                       "num_global_key_value_heads": 4}}
+    assert emit_job(mtp, Path("models"), tmp_path)["engine"]["speculative_config"] == {
+        "method": "mtp", "num_speculative_tokens": 4, "model": "models/gemma-4-31b-assistant"}
 
 
 def test_vllm_patches_are_plain_python() -> None:
@@ -237,3 +243,23 @@ def test_vllm_patches_are_plain_python() -> None:
                if ln.strip().startswith(("import ", "from "))}
     assert imports <= {"vllm", *sys.stdlib_module_names}
     runpy.run_path(str(path))["apply_all"]()  # without vllm: a no-op, not an error
+
+
+def test_config_overrides_apply_as_vllm_applies_a_dict() -> None:
+    """The drafter gets the target's hf_overrides through this callable: a nested dict
+    updates the sub-config of that name; a config without it (vLLM's placeholder, used to
+    learn the model type) is left alone; a flat key is set."""
+    import runpy
+    from types import SimpleNamespace
+
+    path = Path(__file__).resolve().parents[1] / "src" / "capplan" / "vllm_patches.py"
+    overrides = runpy.run_path(str(path))["ConfigOverrides"](
+        {"text_config": {"global_head_dim": 512, "num_global_key_value_heads": 4}, "x": 1})
+    cfg = SimpleNamespace(text_config=SimpleNamespace(head_dim=256))
+    out = overrides(cfg)
+    assert out is cfg and cfg.x == 1
+    assert vars(cfg.text_config) == {"head_dim": 256, "global_head_dim": 512,
+                                     "num_global_key_value_heads": 4}
+    bare = overrides(SimpleNamespace(model_type="dummy_gemma4_assistant"))
+    assert not hasattr(bare, "text_config") and bare.model_type == "dummy_gemma4_assistant"
+

@@ -20,6 +20,22 @@ from capplan.hardware import Precision
 MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
 
 
+class MtpDrafter(BaseModel):
+    """A multi-token-prediction drafter that ships as its own checkpoint (Gemma 4's
+    "assistant"); vLLM 0.26.0 runs it with `--speculative-config '{"method": "mtp",
+    "model": ...}'` (vllm/config/speculative.py: gemma4_assistant -> gemma4_mtp)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hf_id: str = Field(description="the drafter's Hugging Face id, for `vllm serve`")
+    config: str = Field(description="models/<folder> holding its config.json, for dummy weights")
+    source: str = Field(description="where the config's figures came from")
+
+    @property
+    def config_dir(self) -> Path:
+        return MODELS_DIR / self.config
+
+
 class ModelSpec(BaseModel):
     """A dense decoder's shape; weight and KV sizes follow from it."""
 
@@ -50,6 +66,9 @@ class ModelSpec(BaseModel):
     vllm_hf_overrides: dict[str, Any] = Field(
         default_factory=dict,
         description="vLLM `hf_overrides` this config needs to build (calibration, validation)",
+    )
+    mtp_drafter: MtpDrafter | None = Field(
+        default=None, description="the separate MTP drafter, where the model has one"
     )
 
     @cached_property

@@ -19,7 +19,8 @@ from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.calibrate.sweep import make_plan, write_plan
 from capplan.errors import CalibrationError, ConfigError
 from capplan.hardware import Precision
-from capplan.modelspec import load_model_spec
+from capplan.modelspec import ModelSpec, load_model_spec
+from capplan.profiles import DEFAULT_DRAFT
 
 EXIT_NO_VLLM, EXIT_ENGINE = 3, 4  # runner.py's exit codes
 
@@ -51,6 +52,18 @@ def git_commit() -> str:
     return r.stdout.strip() or "unknown"
 
 
+def _default_drafter(spec: ModelSpec, method: str) -> str | None:
+    """The drafter folder when --spec-model is not given: the model's own MTP drafter, or
+    capplan's draft model where it shares the target's vocabulary."""
+    if method == "mtp" and spec.mtp_drafter is not None:
+        return os.path.relpath(spec.mtp_drafter.config_dir)
+    if method == "draft_model":
+        draft = load_model_spec(DEFAULT_DRAFT)
+        if draft.vocab_size == spec.vocab_size:
+            return os.path.relpath(draft.config_path.parent)
+    return None
+
+
 def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
               spec_method: str, spec_model: str | None, kv_cache_dtype: str,
               utils: list[float], tp: int) -> list[Job]:
@@ -65,6 +78,8 @@ def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
         raise ConfigError(f"--spec-tokens {spec_tokens}: each k must be in 0..8")
     if any(spec_tokens) and spec_method not in SPEC_METHODS:
         raise ConfigError(f"--spec-method {spec_method!r}: use one of {', '.join(SPEC_METHODS)}")
+    if any(spec_tokens) and spec_model is None:
+        spec_model = _default_drafter(spec, spec_method)
     text = 0 if spec.vision_encoder_params else None
     jobs = [Job(spec, p, kv_cache_dtype=kv_cache_dtype, spec_k=k, limit_images=text,
                 spec_method=spec_method if k else None, spec_model=spec_model if k else None)

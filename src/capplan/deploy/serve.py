@@ -124,6 +124,8 @@ def speculative_config(d: PoolDeploy, spec: ModelSpec) -> dict[str, Any] | None:
     out: dict[str, Any] = {"method": sc.method, "num_speculative_tokens": sc.num_speculative_tokens}
     if sc.method == "draft_model":
         out["model"] = _draft_model(spec)
+    elif sc.method == "mtp" and spec.mtp_drafter is not None:
+        out["model"] = spec.mtp_drafter.hf_id
     elif sc.method in ("eagle", "eagle3"):
         out["model"] = f"<{sc.method} head for {spec.hf_id}>"
     return out
@@ -201,6 +203,8 @@ def serve_notes(pool: PoolDeploy | PoolPlan | Pool, spec: ModelSpec | None = Non
     elif sc is not None and sc.method in ("eagle", "eagle3"):
         notes.append(f"speculative {sc.method}: replace <{sc.method} head for {spec.hf_id}> "
                      "with the id of an EAGLE head trained for that model")
+    elif sc is not None and sc.method == "mtp" and spec.mtp_drafter is not None:
+        notes.append(f"speculative mtp: {spec.mtp_drafter.hf_id} is {spec.hf_id}'s drafter")
     elif sc is not None and sc.method == "mtp":
         notes.append("speculative mtp: uses the checkpoint's own MTP layers; where the drafter "
                      'ships separately, add its id as "model" to --speculative-config')

@@ -177,6 +177,8 @@ def engine_kwargs(run: EngineRun, models_root: Path, work: Path) -> dict[str, An
                               "num_speculative_tokens": eng.speculative.num_speculative_tokens}
         if run.draft_model:
             sc["model"] = str(models_root / load_model_spec(run.draft_model).name)
+        elif eng.speculative.method == "mtp" and spec.mtp_drafter is not None:
+            sc["model"] = str(models_root / spec.mtp_drafter.config)
         if eng.speculative.method == "ngram":
             sc.update(prompt_lookup_min=2, prompt_lookup_max=4)
         kw["speculative_config"] = sc
