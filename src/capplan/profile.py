@@ -31,8 +31,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from capplan.errors import CalibrationCoverageError, ConfigError
+from capplan.kvlayout import KvLayout
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+_POOL_KEYS = ("layout", "slope_blocks", "intercept_blocks", "image_reservation_blocks")
 
 
 def cudagraph_capture_sizes(
@@ -71,7 +73,15 @@ class StepModel(BaseModel):
 
 class KvCapacity(BaseModel):
     """KV capacity in tokens: measured points and the line through them,
-    tokens = slope_tokens * gpu_memory_utilization - intercept_tokens."""
+    tokens = slope_tokens * gpu_memory_utilization - intercept_tokens.
+
+    The tokens are vLLM's "GPU KV cache size" (vllm/v1/core/kv_cache_utils.py
+    get_kv_cache_capacity): blocks x block size for a model with one KV-cache group. A model
+    with sliding-window layers (Gemma 4) has several groups sharing one pool of blocks
+    (kvlayout.py), and vLLM's tokens count each request at the engine's max_model_len; its
+    profile also carries the pool itself, in blocks of `layout.block_bytes` bytes,
+    blocks = slope_blocks * gpu_memory_utilization - intercept_blocks, and the layout the
+    simulator follows (profiles without them, every one-group profile, keep the tokens)."""
 
     model_config = _FROZEN
     bytes_per_token: int = Field(gt=0)
@@ -81,12 +91,36 @@ class KvCapacity(BaseModel):
         default=0.0, ge=0, description="KV tokens the vision encoder's profiling reserves"
     )
     measured: list[dict[str, float]] = Field(default_factory=list)
+    layout: KvLayout | None = Field(
+        default=None, description="KV-cache groups (kvlayout.py) of a sliding-window model"
+    )
+    slope_blocks: float | None = Field(default=None, gt=0)
+    intercept_blocks: float | None = None
+    image_reservation_blocks: float = Field(
+        default=0.0, ge=0, description="pool blocks the vision encoder's profiling reserves"
+    )
 
     def tokens(self, gpu_memory_utilization: float, *, text_only: bool = True) -> int:
         t = self.slope_tokens * gpu_memory_utilization - self.intercept_tokens
         if not text_only:
             t -= self.image_reservation_tokens
         return max(0, int(t))
+
+    @property
+    def pooled(self) -> bool:
+        """The capacity is a pool of blocks shared by sliding-window and full groups."""
+        return (self.layout is not None and self.layout.hybrid
+                and self.slope_blocks is not None and self.intercept_blocks is not None)
+
+    def blocks(self, gpu_memory_utilization: float, *, text_only: bool = True) -> int:
+        """The pool's blocks (vLLM's num_gpu_blocks, the null block included) of a pooled
+        capacity (`pooled`)."""
+        if self.slope_blocks is None or self.intercept_blocks is None:
+            raise ValueError("this KV capacity has no block pool")
+        b = self.slope_blocks * gpu_memory_utilization - self.intercept_blocks
+        if not text_only:
+            b -= self.image_reservation_blocks
+        return max(0, int(b))
 
 
 class Box(BaseModel):
@@ -167,8 +201,17 @@ class Profile(BaseModel):
         except ValueError as e:
             raise ConfigError(f"not a valid profile: {str(e).splitlines()[0]}", file=str(p)) from e
 
+    def to_json(self) -> dict[str, object]:
+        """The profile as JSON data; a one-group capacity leaves out the pool's keys, so
+        such profiles read as they did before pools were recorded."""
+        data = self.model_dump(mode="json")
+        if not self.kv.pooled:
+            for key in _POOL_KEYS:
+                data["kv"].pop(key, None)
+        return data
+
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.model_dump(mode="json"), indent=1) + "\n")
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
 
 
 class StepTimer:

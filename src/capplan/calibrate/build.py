@@ -23,6 +23,7 @@ from capplan.calibrate import fit as F
 from capplan.calibrate import store
 from capplan.errors import CalibrationError
 from capplan.hardware import GPUS
+from capplan.kvlayout import derive_layout, max_in_flight_tokens
 from capplan.modelspec import load_model_spec
 from capplan.profile import Box, Profile
 
@@ -87,14 +88,48 @@ def groups(raw: Path) -> dict[tuple[str, str], Group]:
     return out
 
 
-def image_reservation(text: list[dict[str, Any]], images: list[dict[str, Any]]) -> float | None:
+def image_reservation(text: list[dict[str, Any]], images: list[dict[str, Any]], *,
+                      blocks: bool = False) -> float | None:
     """KV tokens the image-encoder reservation costs: a text-only engine's capacity minus
     that of an engine with images at the same utilisation (vLLM profiles the encoder's
-    peak memory, gpu_model_runner.py profile_run, and takes it from KV); None without one."""
-    by_util = {round(m["kv"]["gpu_memory_utilization"], 4): m["kv"]["kv_tokens"] for m in text}
-    diffs = [by_util[u] - m["kv"]["kv_tokens"] for m in images
+    peak memory, gpu_model_runner.py profile_run, and takes it from KV); None without one.
+    In the unit of the profile's token line (store.kv_tokens: vLLM's "GPU KV cache size"),
+    or with `blocks=True` in pool blocks (num_gpu_blocks)."""
+    of = store.pool_blocks if blocks else store.kv_tokens
+    by_util = {round(m["kv"]["gpu_memory_utilization"], 4): of(m["kv"]) for m in text}
+    diffs = [by_util[u] - of(m["kv"]) for m in images
              if (u := round(m["kv"]["gpu_memory_utilization"], 4)) in by_util]
     return float(max(diffs[0], 0)) if diffs else None
+
+
+def pool_capacity(model: str, kv_meta: dict[str, Any], eng: dict[str, Any], kv_dtype: str,
+                  points: list[dict[str, float]]) -> dict[str, Any]:
+    """A sliding-window model's KV pool: its layout derived from the model spec
+    (kvlayout.py), checked against what the engine measured (groups, bytes per block and
+    vLLM's "GPU KV cache size"), and the line through the measured blocks."""
+    spec = load_model_spec(model)
+    layout = derive_layout(spec, block_size=int(kv_meta["block_size"]),
+                           kv_dtype_bytes=1 if kv_dtype == "fp8" else 2)
+    blocks = store.pool_blocks(kv_meta)
+    per_block = kv_meta["kv_tensor_bytes"] / blocks
+    in_flight = max_in_flight_tokens(eng["max_num_batched_tokens"], eng["async_scheduling"])
+    checks = [
+        ("KV cache groups", layout.num_groups, kv_meta["kv_cache_groups"]),
+        ("bytes per block", layout.block_bytes, per_block),
+    ]
+    if kv_meta.get("vllm_kv_tokens"):
+        checks.append(("GPU KV cache size",
+                       layout.vllm_kv_tokens(blocks, eng["max_model_len"], in_flight),
+                       kv_meta["vllm_kv_tokens"]))
+    for what, derived, measured in checks:
+        if derived != measured:
+            raise CalibrationError(f"{model}: the KV layout derived from the model spec gives "
+                                   f"{what} {derived}, the engine measured {measured}")
+    u = np.array([p["gpu_memory_utilization"] for p in points], dtype=float)
+    b = np.array([p["blocks"] for p in points], dtype=float)
+    slope, offset = np.polyfit(u, b, 1)
+    return {"layout": layout, "slope_blocks": round(float(slope), 2),
+            "intercept_blocks": round(float(-offset), 2)}
 
 
 def _box(df: pl.DataFrame) -> Box:
@@ -181,13 +216,19 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     res = F.fit_step_model(s, max_num_seqs=eng["max_num_seqs"],
                            max_num_batched_tokens=eng["max_num_batched_tokens"],
                            spec_k=k, fixed=fixed, seed=seed, floors=floors)
-    kvs = store.kv_points(g.metas, UTILS)
+    pooled = kv_meta.get("kv_cache_groups", 1) > 1
+    kvs = store.kv_points(g.metas, UTILS, with_blocks=pooled)
     kv = F.fit_kv_capacity(kvs, bytes_per_token=kv_bytes)
+    if pooled:
+        kv = kv.model_copy(update=pool_capacity(g.model, kv_meta, eng, kv_dtype, kvs))
     reserved = image_reservation(g.metas, g.image_metas)
     if reserved is not None:
         kv = kv.model_copy(update={"image_reservation_tokens": reserved})
         notes.append(f"image-encoder reservation {reserved:,.0f} KV tokens (measured at "
                      "the same utilisation with and without images)")
+        if pooled:
+            blocks = image_reservation(g.metas, g.image_metas, blocks=True)
+            kv = kv.model_copy(update={"image_reservation_blocks": blocks})
     derived = [p["gpu_memory_utilization"] for p in kvs if p["derived"]]
     if derived:
         notes.append("KV at util " + ", ".join(f"{u:.2f}" for u in derived)
@@ -252,7 +293,7 @@ def build_all(raw: Path, out_root: Path, *, gpu: str = "h200", git_commit: str =
                                           seed=seed)
         done[(g.model, g.key)] = profile
         d = store.profile_dir(out_root, gpu, profile.vllm_version, g.model, g.key)
-        store.write_profile_dir(d, profile.model_dump(mode="json"), prov, df)
+        store.write_profile_dir(d, profile.to_json(), prov, df)
         written.append(d)
         by_model[g.model] += 1
     return written

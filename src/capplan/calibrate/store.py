@@ -105,17 +105,26 @@ def kv_tokens(kv: Mapping[str, Any]) -> float:
     return float(kv.get("vllm_kv_tokens") or kv["kv_tokens"])
 
 
-def kv_points(metas: Sequence[Mapping[str, Any]], utils: Sequence[float]) -> list[dict[str, float]]:
+def pool_blocks(kv: Mapping[str, Any]) -> int:
+    """An engine's pool of KV blocks, the null block included (vLLM's num_gpu_blocks)."""
+    return int(kv.get("num_gpu_blocks") or kv["kv_tokens"] // kv["block_size"])
+
+
+def kv_points(metas: Sequence[Mapping[str, Any]], utils: Sequence[float], *,
+              with_blocks: bool = False) -> list[dict[str, float]]:
     """KV capacity at each utilisation: measured where an engine ran at it, else derived
     from the nearest measured engine's memory profile (vllm/v1/worker/gpu_worker.py:
-    available KV bytes = util x total - non-KV usage, so Δbytes = Δutil x total)."""
+    available KV bytes = util x total - non-KV usage, so Δbytes = Δutil x total).
+    `with_blocks=True` adds the pool's blocks (num_gpu_blocks) to each point."""
     measured = {round(m["kv"]["gpu_memory_utilization"], 4): m for m in metas}
     out = []
     for u in utils:
         key = round(u, 4)
         if key in measured:
-            out.append({"gpu_memory_utilization": u, "tokens": kv_tokens(measured[key]["kv"]),
-                        "derived": 0.0})
+            kv = measured[key]["kv"]
+            out.append({"gpu_memory_utilization": u, "tokens": kv_tokens(kv), "derived": 0.0})
+            if with_blocks:
+                out[-1]["blocks"] = float(pool_blocks(kv))
             continue
         ref = min(measured.values(), key=lambda m: abs(m["kv"]["gpu_memory_utilization"] - u))
         kv, total = ref["kv"], ref["versions"]["gpu_total_bytes"]
@@ -126,6 +135,8 @@ def kv_points(metas: Sequence[Mapping[str, Any]], utils: Sequence[float]) -> lis
         tokens = blocks * kv_tokens(kv) / blocks_ref  # vLLM's tokens per block, as measured
         out.append({"gpu_memory_utilization": u, "tokens": float(math.floor(tokens)),
                     "derived": 1.0})
+        if with_blocks:
+            out[-1]["blocks"] = float(blocks)
     return out
 
 
