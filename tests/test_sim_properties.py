@@ -279,6 +279,7 @@ class _Req:
         self.status, self.prefill_chunk, self.cached_tokens = "waiting", True, -1
         self.blocks: list[_Blk] = []
         self.ncached = 0
+        self.inflight = 0  # num_in_flight_tokens (read by the hybrid reference only)
 
     @property
     def num_tokens(self) -> int:
@@ -346,6 +347,9 @@ class RefVllm:
         r.blocks, r.ncached = [], 0
 
     # kv_cache_manager.py
+    def _hit_tokens(self, hit: Any) -> int:
+        return len(hit) * self.cfg.block_size
+
     def _hit(self, r: _Req) -> list[_Blk]:
         if not self.cfg.enable_prefix_caching:
             return []
@@ -456,7 +460,7 @@ class RefVllm:
                     break
                 r = self.waiting[0]
                 hit = self._hit(r)
-                computed = len(hit) * cfg.block_size
+                computed = self._hit_tokens(hit)
                 n = r.num_tokens - computed
                 pad = False
                 if k and n == 1 and sched_running and not prefill_scheduled:
@@ -481,6 +485,7 @@ class RefVllm:
         steps = []
         for r, n in sched.values():  # _update_after_schedule (+ AsyncScheduler's)
             r.computed += n
+            r.inflight += n
             r.prefill_chunk = r.computed < r.num_tokens + r.ph
             if cfg.async_scheduling and not r.prefill_chunk:
                 r.ph += 1 + spec.get(r.rid, 0)
@@ -490,6 +495,8 @@ class RefVllm:
 
     def update(self, step: list[tuple[_Req, int, int, bool]]) -> list[tuple[int, int, bool]]:
         cfg, out = self.cfg, []
+        for r, n, _s, _samples in step:
+            r.inflight -= n
         for r, _n, s, samples in step:
             if r.status == "finished" or not samples:
                 continue

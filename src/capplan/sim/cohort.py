@@ -19,6 +19,16 @@ steps where vLLM's ordered walk over the running list would give every request w
 for (budget and free blocks suffice for all), so the walk's order cannot matter, and the
 results equal the request-by-request path (tests/test_cohort.py holds them equal).
 
+A hybrid model's member (sliding-window groups, sim/core.py) also takes a block in every
+sliding group each `sw_block_size` steps and frees one that left its window each
+`sw_block_size` steps, each at a phase of its own (with async scheduling and a window that
+is a multiple of the block, the same phase: the pool's count does not move). Both are
+counted per phase like the full-attention blocks. A member joins only when that pattern
+holds until it leaves: its window's tail is settled (no chunk in flight), the blocks it
+will free are its own content (no shared prefix in its window, never preempted with
+caching on: those carry hashes and are freed in order, by the explicit path), and it frees
+blocks at all; otherwise it leaves at the step where the pattern would change.
+
 A member's counters hold its values as of two step indices: `s0`, the first schedule and
 `u0`, the first output update it has not yet been advanced by. After `sc` implicit
 schedules and `uc` implicit updates, computed += sc, out += uc, placeholders += sc - uc.
@@ -42,6 +52,10 @@ class DecodeCohort:
     __slots__ = (
         "all_w",
         "bs",
+        "sw",
+        "sw_alloc",
+        "sw_both",
+        "sw_free",
         "ctx",
         "events",
         "last_update_s",
@@ -53,9 +67,18 @@ class DecodeCohort:
         "upd_done",
     )
 
-    def __init__(self, workloads: int, block_size: int) -> None:
+    def __init__(
+        self, workloads: int, block_size: int, sw: tuple[int, int, int, int] | None = None
+    ) -> None:
         self.members: dict[int, SimRequest] = {}
         self.bs = block_size
+        # sliding-window groups: (groups, block size, window, tokens in flight at a steady
+        # decoder's schedule), and members allocating / freeing / doing both per phase
+        self.sw = sw
+        sbs = sw[1] if sw else 0
+        self.sw_alloc = [0] * sbs
+        self.sw_free = [0] * sbs
+        self.sw_both = [0] * sbs
         self.ctx = 0  # sum of members' computed tokens at the next schedule
         self.all_w = [0] * workloads  # members per workload
         self.meas_w = [0] * workloads  # measured members per workload
@@ -74,6 +97,18 @@ class DecodeCohort:
         """Blocks the members take at this schedule."""
         return self.phase[step % self.bs]
 
+    def sw_step(self, step: int) -> tuple[int, int, int]:
+        """A hybrid model's schedule: blocks the members take in every group, sliding blocks
+        they free, and the sum over members of what each takes beyond what it frees first
+        (each frees before it allocates: kv_cache_manager.py allocate_slots)."""
+        assert self.sw is not None
+        groups, sbs = self.sw[0], self.sw[1]
+        full = self.phase[step % self.bs]
+        q = step % sbs
+        alloc = self.sw_alloc[q]
+        return (full + groups * alloc, groups * self.sw_free[q],
+                full + groups * (alloc - self.sw_both[q]))
+
     def join(self, r: SimRequest, s0: int, lookahead: int, max_len: int) -> bool:
         """Make r implicit from step s0 on (its counters are as of step s0's schedule).
         False when r is too close to its end to be worth it."""
@@ -81,6 +116,12 @@ class DecodeCohort:
         if leave <= 0:
             return False
         bs = self.bs
+        if self.sw is not None:
+            sw_leave = self._sw_join(r, s0, lookahead)
+            if sw_leave is not None:
+                if sw_leave <= s0:
+                    return False
+                leave = min(leave, sw_leave - s0)
         r.lazy = True
         r.s0 = r.u0 = s0
         self.members[r.rid] = r
@@ -92,6 +133,12 @@ class DecodeCohort:
         first = s0 + (r.blocks + r.pinned_blocks) * bs - lookahead - r.computed
         r.phase = first % bs
         self.phase[r.phase] += 1
+        if self.sw is not None:
+            self.sw_alloc[r.sw_phase] += 1
+            if r.sw_fphase >= 0:
+                self.sw_free[r.sw_fphase] += 1
+                if r.sw_fphase == r.sw_phase:
+                    self.sw_both[r.sw_phase] += 1
         ev = s0 + leave
         r.event = ev
         bucket = self.events.get(ev)
@@ -100,6 +147,32 @@ class DecodeCohort:
         else:
             bucket.append(r)
         return True
+
+    def _sw_join(self, r: SimRequest, s0: int, lookahead: int) -> int | None:
+        """Set a hybrid member's sliding phases; the step at which it must leave (its
+        pattern changes then), or None."""
+        assert self.sw is not None
+        _groups, sbs, window, in_flight = self.sw
+        c0 = r.computed
+        # allocate_slots asks for a sliding block when computed + 1 passes the entries held
+        r.sw_phase = (s0 + r.sw_hi * sbs - lookahead - c0) % sbs
+        # remove_skipped_blocks frees block j when computed - in flight - window + 1 reaches
+        # (j + 1) x block: the first one it releases (pinned blocks are not its own)
+        pin = r.pinned_blocks * (self.bs // sbs)
+        lo = r.sw_lo if r.sw_lo > pin else pin
+        first = s0 + (lo + 1) * sbs + window - 1 + in_flight - c0
+        r.sw_fphase = -1
+        if first < s0:
+            return s0  # a tail still to free at once: not steady yet
+        keyed = r.sw_keys is not None and bool(r.sw_keys[0])
+        if first < s0 + sbs and not keyed:
+            # blocks below the pinned ones are not its own: their null entries may still
+            # be settled at s0 (a chunk was in flight), which frees nothing; from here on
+            # each free is one of its own, the first at `first`
+            r.sw_lo = lo
+            r.sw_fphase = first % sbs
+            return None
+        return first
 
     def materialize(self, r: SimRequest) -> None:
         """Bring r's counters and blocks up to date with the steps done so far."""
@@ -111,11 +184,21 @@ class DecodeCohort:
             # block crossings at steps in [s0, done] with step = phase (mod bs)
             bs, p = self.bs, r.phase
             r.blocks += (done - p) // bs - (r.s0 - 1 - p) // bs
+            if self.sw is not None:
+                r.inflight += sc
+                sbs, p = self.sw[1], r.sw_phase
+                r.sw_hi += (done - p) // sbs - (r.s0 - 1 - p) // sbs
+                p = r.sw_fphase
+                if p >= 0:
+                    r.sw_lo += (done - p) // sbs - (r.s0 - 1 - p) // sbs
+                    r.sw_free_at = (r.sw_lo + 1) * sbs + self.sw[2] - 1
             r.s0 = done + 1
         uc = self.upd_done - r.u0 + 1
         if uc > 0:
             r.out += uc
             r.placeholders -= uc
+            if self.sw is not None:
+                r.inflight -= uc
             r.last_token_s = self.last_update_s
             r.u0 = self.upd_done + 1
 
@@ -129,6 +212,12 @@ class DecodeCohort:
         if r.measured:
             self.meas_w[r.wl] -= 1
         self.phase[r.phase] -= 1
+        if self.sw is not None:
+            self.sw_alloc[r.sw_phase] -= 1
+            if r.sw_fphase >= 0:
+                self.sw_free[r.sw_fphase] -= 1
+                if r.sw_fphase == r.sw_phase:
+                    self.sw_both[r.sw_phase] -= 1
         r.trail_from = r.u0
         r.trail_until = self.sched_done
         if r.trail_from <= r.trail_until:
@@ -142,6 +231,8 @@ class DecodeCohort:
             if r.trail_from <= step <= r.trail_until:
                 r.out += 1
                 r.placeholders -= 1
+                if self.sw is not None:
+                    r.inflight -= 1
                 r.last_token_s = now
                 r.trail_from = step + 1
                 advanced.append(r)

@@ -8,6 +8,15 @@ update_from_output, _preempt_request) and vllm/v1/core/sched/async_scheduler.py;
 waiting queue follows vllm/v1/core/sched/request_queue.py. Rules for connectors, LoRA,
 structured output, encoder-decoder models, Mamba and pipeline parallelism are left out:
 none of them bears on a dense decoder served from one replica.
+
+A model with sliding-window layers (`CoreConfig.sw_groups`, from kvlayout.py) keeps one
+full-attention KV-cache group, whose blocks (`block_size` tokens, 32 for Gemma 4) cover every
+token, and `sw_groups` sliding-window groups (`sw_block_size` tokens) holding only the
+blocks of the window, all from one pool (vllm/v1/core/kv_cache_coordinator.py:
+HybridKVCacheCoordinator; single_type_kv_cache_manager.py: SlidingWindowManager). A request
+keeps the same counters for every sliding group (they are allocated, freed and cached
+together): `sw_hi` block-table entries, the first `sw_lo` of them freed (null) once out of
+the window, freed on the processed-token basis (`inflight`: num_in_flight_tokens).
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ from capplan.sim.kvcache import KVCache
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
 _LAZY = attrgetter("lazy")
+_SW_SHIFT = 52  # group bits of a sliding-window block's hash (above the request-unique ones)
+_NEVER = 1 << 62  # sw_free_at of a request without sliding-window groups
 
 
 class SimRequest:
@@ -42,6 +53,7 @@ class SimRequest:
         "first_token_s",
         "hashes",
         "image_tokens",
+        "inflight",
         "last_token_s",
         "lazy",
         "max_tokens",
@@ -62,6 +74,12 @@ class SimRequest:
         "spec",
         "status",
         "stop_out",
+        "sw_fphase",
+        "sw_free_at",
+        "sw_hi",
+        "sw_keys",
+        "sw_lo",
+        "sw_phase",
         "trail_from",
         "trail_until",
         "u0",
@@ -115,6 +133,14 @@ class SimRequest:
         self.scheduled_s = -1.0
         self.lazy = False  # advanced implicitly by the decode cohort (sim/cohort.py)
         self.s0 = self.u0 = self.event = self.trail_from = self.trail_until = self.phase = 0
+        # sliding-window groups (hybrid models only): every group's block-table entries,
+        # the leading ones freed out of the window, the processed tokens at which the next
+        # one leaves it, and per group the hashes of the cached blocks held (from block
+        # max(sw_lo, pinned) on); tokens scheduled but not yet settled (num_in_flight_tokens)
+        self.inflight = self.sw_hi = self.sw_lo = 0
+        self.sw_free_at = _NEVER
+        self.sw_keys: list[list[int]] | None = None
+        self.sw_phase = self.sw_fphase = -1  # decode cohort: sliding alloc / free phases
 
     @property
     def num_tokens(self) -> int:
@@ -177,7 +203,7 @@ class CoreConfig:
     """The engine settings the scheduler reads."""
 
     num_blocks: int
-    block_size: int = 16
+    block_size: int = 16  # tokens per block of the (full-attention) group
     max_num_seqs: int = 1024
     max_num_batched_tokens: int = 8192
     max_model_len: int = 8192
@@ -190,6 +216,11 @@ class CoreConfig:
     drop_eagle_block: bool = False  # EAGLE/MTP drafters recompute the last cached block
     decode_cohort: bool = False  # evaluate steady decoders lazily (sim/cohort.py)
     workloads: int = 1
+    # sliding-window KV-cache groups beside the full-attention one (kvlayout.py); 0: none
+    sw_groups: int = 0
+    sw_block_size: int = 16  # tokens per block of a sliding-window group (divides block_size)
+    sw_window: int = 0  # tokens a sliding layer attends
+    max_in_flight_tokens: int = 0  # VllmConfig.max_in_flight_tokens (admission cap)
 
 
 class EngineCore:
@@ -214,8 +245,26 @@ class EngineCore:
         self.prompt_tokens_queried = 0
         self.prompt_tokens_hit = 0
         self.step_idx = 0
+        self.sw = cfg.sw_groups  # sliding-window groups (0: one full-attention group)
+        if self.sw:
+            sbs = cfg.sw_block_size
+            if cfg.sw_window < 1 or sbs < 1 or cfg.block_size % sbs:
+                raise ValueError("sliding-window groups need a window and a block size that "
+                                 f"divides {cfg.block_size}, got {cfg.sw_window}, {sbs}")
+            self._sw_k = cfg.block_size // sbs  # sliding blocks per full-attention block
+            if cfg.enable_prefix_caching and -(-(cfg.sw_window - 1) // sbs) < self._sw_k:
+                # SlidingWindowManager.reachable_block_mask would cache only some blocks
+                raise NotImplementedError("a window shorter than a full-attention block: "
+                                          "vLLM caches its sliding blocks sparsely")
+            # kv_cache_interface.py SlidingWindowSpec.max_admission_blocks_per_request
+            in_flight = cfg.max_in_flight_tokens or cfg.max_model_len
+            self._sw_cap = -(-min(cfg.sw_window - 1 + in_flight, cfg.max_model_len) // sbs) + 1
+            # tokens in flight at a steady decoder's schedule (async: the step before's)
+            steady = 1 if cfg.async_scheduling else 0
         self.cohort = (
-            DecodeCohort(cfg.workloads, cfg.block_size)
+            DecodeCohort(cfg.workloads, cfg.block_size,
+                         (cfg.sw_groups, cfg.sw_block_size, cfg.sw_window, steady)
+                         if self.sw else None)
             if cfg.decode_cohort and cfg.spec_k == 0
             else None
         )
@@ -257,6 +306,8 @@ class EngineCore:
         if full <= start:
             return
         r.n_reg = full
+        if self.sw and self.kv.caching:
+            self._cache_sw(r, start, full)
         if start >= r.prefix_blocks and not r.preemptions:
             return  # blocks unique to a request never preempted: see the end
         kv = self.kv
@@ -303,6 +354,8 @@ class EngineCore:
 
     def _free(self, r: SimRequest) -> None:
         """_free_request_blocks: release every block, tail first."""
+        if self.sw:
+            self._free_sw(r)
         # entry k of r.hashes is block pinned_blocks + k; only shared-prefix blocks can be
         # held by other requests too. A request never preempted holds its own full blocks
         # [own_from, n_reg) outside r.hashes (_cache_blocks): they are freed as one run
@@ -316,6 +369,203 @@ class EngineCore:
         r.blocks = 0
         r.hashes = []
         r.n_reg = 0
+
+    # -- sliding-window groups: single_type_kv_cache_manager.py SlidingWindowManager --------
+    def _sw_hashes(self, r: SimRequest, lo: int, hi: int, g: int) -> list[int]:
+        """Hashes of sliding blocks [lo, hi) of group g: a shared prefix's blocks as the
+        prefix's (negative), the rest unique to r; each group apart (the pool caches
+        (hash, group) pairs, block_pool.py get_cached_block)."""
+        tag = (g + 1) << _SW_SHIFT
+        pre = r.prefix_blocks * self._sw_k
+        pre = hi if hi < pre else pre
+        base = r.prefix_base - tag
+        out = list(range(base - lo, base - pre, -1)) if lo < pre else []
+        if hi > pre:
+            unique = (r.rid << _UNIQUE_SHIFT) + tag
+            out += range(unique + (lo if lo > pre else pre), unique + hi)
+        return out
+
+    def _cache_sw(self, r: SimRequest, start: int, full: int) -> None:
+        """Cache the sliding blocks that full-attention blocks [start, full) cover
+        (HybridKVCacheCoordinator.cache_blocks: every group up to the same multiple of the
+        scheduler block size). As for the full-attention group, only blocks a lookup can
+        reach get their hash now: a shared prefix's, and every block of a request that was
+        preempted (its own content may still be cached from before); `sw_keys` holds them."""
+        k = self._sw_k
+        lo = max(start * k, r.sw_lo, r.pinned_blocks * k)
+        hi = full * k
+        if not r.preemptions and hi > r.prefix_blocks * k:
+            hi = r.prefix_blocks * k
+        if lo >= hi:
+            return
+        keys = r.sw_keys
+        assert keys is not None
+        cache = self.kv.cache
+        for g in range(self.sw):
+            keys[g] += map(cache, self._sw_hashes(r, lo, hi, g))
+
+    def _sw_release(self, r: SimRequest, a: int, b: int) -> None:
+        """Free sliding blocks [a, b) of every group (a = max(sw_lo, pinned), b > a): in
+        group order, each from its tail (_remove_blocks_in_range). Cached ones go to the LRU
+        tail: those a lookup can reach with their hashes, those unique to a request never
+        preempted anonymously (kvcache.py free_anon: only this request could ask for its own
+        content, after a preemption, and such a hit needs the window's last blocks, not these;
+        docs/simulator.md); the rest to the free queue's front."""
+        kv = self.kv
+        n = b - a
+        if not kv.caching:
+            kv.free_unhashed += self.sw * n
+            return
+        k = self._sw_k
+        keys = r.sw_keys
+        assert keys is not None
+        m = min(n, len(keys[0]))
+        reg = r.n_reg * k
+        anon = min(b, reg) - (a + m)
+        if anon < 0:
+            anon = 0
+        private = n - m - anon
+        shared = min(r.prefix_blocks * k, a + m) - a
+        if shared < 0:
+            shared = 0
+        for g in range(self.sw):
+            kv.free_anon(anon)
+            kv.free(keys[g][:m], private, shared)
+            del keys[g][:m]
+
+    def _sw_skip(self, r: SimRequest, processed: int) -> None:
+        """remove_skipped_blocks: free the sliding blocks every token of which precedes the
+        window of the next token (get_num_skipped_tokens: processed - window + 1)."""
+        cfg = self.cfg
+        sbs = cfg.sw_block_size
+        lo = (processed - cfg.sw_window + 1) // sbs
+        if lo > r.sw_hi:
+            lo = r.sw_hi
+        if lo > r.sw_lo:
+            pin = r.pinned_blocks * self._sw_k
+            a = r.sw_lo if r.sw_lo > pin else pin
+            if lo > a:
+                self._sw_release(r, a, lo)
+            r.sw_lo = lo
+        r.sw_free_at = (r.sw_lo + 1) * sbs + cfg.sw_window - 1
+
+    def _free_sw(self, r: SimRequest) -> None:
+        """Free every sliding group's blocks (before the full-attention group's: group order,
+        sliding layers first in Gemma 4). A finished request's blocks unique to it can never
+        be hit again (anonymous); a preempted one's are cached under their hashes for its
+        return (vLLM cached them as they filled; here they get their hashes now)."""
+        k = self._sw_k
+        pin = r.pinned_blocks * k
+        a = r.sw_lo if r.sw_lo > pin else pin
+        b = r.sw_hi
+        kv = self.kv
+        if b > a:
+            if not kv.caching:
+                kv.free_unhashed += self.sw * (b - a)
+            else:
+                keys = r.sw_keys
+                assert keys is not None
+                m = len(keys[0])
+                reg = r.n_reg * k
+                mid = min(b, reg) - (a + m)  # cached, unique to r, without a hash yet
+                if mid < 0:
+                    mid = 0
+                private = (b - a) - m - mid
+                shared = min(r.prefix_blocks * k, a + m) - a
+                if shared < 0:
+                    shared = 0
+                finished = r.status == FINISHED
+                for g in range(self.sw):
+                    held = keys[g]
+                    if mid and not finished:
+                        held = held + list(map(kv.cache, self._sw_hashes(r, a + m, a + m + mid,
+                                                                         g)))
+                    elif mid:
+                        kv.free_anon(mid)
+                    kv.free(held, private, shared)
+        r.sw_hi = r.sw_lo = 0
+        r.sw_keys = None
+        r.sw_free_at = _NEVER
+
+    def _allocate_running_sw(self, r: SimRequest, n: int) -> bool:
+        """allocate_slots for a running request of a hybrid model: free the sliding blocks
+        out of the window (on the processed-token basis: tokens of steps in flight are not
+        settled), then blocks up to computed + n + lookahead in every group."""
+        cfg = self.cfg
+        bs = cfg.block_size
+        sbs = cfg.sw_block_size
+        max_len = cfg.max_model_len
+        computed = r.computed
+        processed = (computed if computed < max_len else max_len) - r.inflight
+        if processed >= r.sw_free_at:
+            self._sw_skip(r, processed)
+        upto = computed + n
+        end = upto + self.lookahead
+        if end > max_len:
+            end = max_len
+        need = -(-end // bs) - r.blocks - r.pinned_blocks
+        if need < 0:
+            need = 0
+        sw_need = -(-end // sbs) - r.sw_hi
+        total = need + self.sw * sw_need if sw_need > 0 else need
+        if total > 0:
+            kv = self.kv
+            if total > kv.num_free:
+                return False
+            kv.allocate(total)
+            r.blocks += need
+            if sw_need > 0:
+                r.sw_hi += sw_need
+        num_tokens = r.prompt + r.out
+        if upto > num_tokens:
+            upto = num_tokens
+        if upto // bs > r.n_reg:
+            self._cache_blocks(r, upto)
+        return True
+
+    def _sw_hit(self, r: SimRequest, max_tokens: int) -> tuple[int, int]:
+        """SlidingWindowManager.find_longest_cache_hit over the sliding groups (one spec,
+        looked up together: a block is a hit only if every group has it cached), at most
+        `max_tokens`: scanning right to left, the first run of cdiv(window - 1, block)
+        contiguous cached blocks whose right edge is a multiple of the scheduler block size
+        (the full-attention block); without one, the cached blocks contiguous from block 0.
+        EAGLE/MTP: one block more, then dropped. Pinned blocks count as cached. Returns
+        (hit tokens, first block of the hit that is not a null block)."""
+        cfg = self.cfg
+        sbs = cfg.sw_block_size
+        align = cfg.block_size
+        eagle = cfg.drop_eagle_block
+        need = -(-(cfg.sw_window - 1) // sbs) + (1 if eagle else 0)
+        pin = r.pinned_blocks * self._sw_k
+        cached = self.kv.is_cached
+        hashes = self._sw_hashes
+        count = 0
+        found = False
+        i = max_tokens // sbs - 1
+        while i >= 0:
+            if i < pin or all(cached(h) for g in range(self.sw)
+                              for h in hashes(r, i, i + 1, g)):
+                if count == 0 and sbs != align and ((i if eagle else i + 1) * sbs) % align:
+                    i -= 1
+                    continue
+                count += 1
+                if count >= need:
+                    found = True
+                    break
+            else:
+                count = 0
+            i -= 1
+        if found:
+            n, first = i + count, i
+        else:
+            n, first = count, 0
+            while sbs != align and n * sbs % align:
+                n -= 1
+        if eagle and n:
+            n -= 1
+            while sbs != align and n * sbs % align:
+                n -= 1
+        return n * sbs, first
 
     def _preempt(self, r: SimRequest) -> None:
         """Scheduler._preempt_request: recompute preemption, back to the waiting front."""
@@ -373,8 +623,14 @@ class EngineCore:
             at = list(compress(count(), map(not_, map(_LAZY, running))))
             others = list(map(running.__getitem__, at))
             before = list(map(sub, at, count()))
-        crossings = cohort.crossings(plan.idx)
-        free_blocks = self.kv.num_free - crossings
+        if self.sw:
+            # members' new blocks in every group, and the sliding blocks leaving their
+            # windows (each member frees before it allocates: it needs the positive part)
+            crossings, freed, positive = cohort.sw_step(plan.idx)
+            free_blocks = self.kv.num_free - positive
+        else:
+            crossings = cohort.crossings(plan.idx)
+            free_blocks = self.kv.num_free - crossings
         if not (
             self._fits(others, before, size, budget, free_blocks)
             if others
@@ -383,6 +639,12 @@ class EngineCore:
             for r in cohort.dissolve():
                 self._register_decoded(r)
             return self._schedule_running(plan, self.running, budget)
+        if self.sw and freed:
+            # members' out-of-window blocks: their own, cached (kvcache.py free_anon)
+            if self.kv.caching:
+                self.kv.free_anon(freed)
+            else:
+                self.kv.free_unhashed += freed
         if crossings:
             self.kv.allocate(crossings)  # members' new blocks; counted on them when met
         plan.total_tokens += size
@@ -427,6 +689,7 @@ class EngineCore:
         bs, max_len, threshold, la = (
             cfg.block_size, cfg.max_model_len, cfg.long_prefill_token_threshold, self.lookahead
         )
+        sw = self.sw
         if free_blocks < 0:
             return False
         used = 0  # tokens the explicit requests take
@@ -451,19 +714,58 @@ class EngineCore:
             if end > max_len:
                 end = max_len
             need = -(-end // bs) - r.blocks - r.pinned_blocks
+            if sw:
+                need = self._sw_net_need(r, end, need)
+                if need is None:
+                    return False
             if need > 0:
                 free_blocks -= need
                 if free_blocks < 0:
                     return False
         return used + members <= budget
 
+    def _sw_net_need(self, r: SimRequest, end: int, need: int) -> int | None:
+        """Blocks an explicit request of a hybrid model takes this step, less the sliding
+        blocks it frees first; None when the step must take the ordered walk: it would free
+        blocks a lookup can reach, or ones not cached, whose place in the free queue depends
+        on the order of the walk."""
+        cfg = self.cfg
+        sbs = cfg.sw_block_size
+        if need < 0:
+            need = 0
+        sw_need = -(-end // sbs) - r.sw_hi
+        if sw_need > 0:
+            need += self.sw * sw_need
+        computed = r.computed
+        processed = (computed if computed < cfg.max_model_len else cfg.max_model_len) - r.inflight
+        if processed >= r.sw_free_at:
+            lo = (processed - cfg.sw_window + 1) // sbs
+            if lo > r.sw_hi:
+                lo = r.sw_hi
+            k = self._sw_k
+            pin = r.pinned_blocks * k
+            a = r.sw_lo if r.sw_lo > pin else pin
+            if lo > a:
+                if self.kv.caching and (
+                    (r.sw_keys is not None and r.sw_keys[0]) or lo > r.n_reg * k
+                ):
+                    return None
+                need -= self.sw * (lo - a)
+        return need
+
     def _join_cohort(self, plan: StepPlan, cohort: DecodeCohort) -> None:
         """Explicit requests that will take one decode token a step from now on (their
         prompt is done) join the cohort."""
         cfg = self.cfg
         s0 = plan.idx + 1
-        for r, emits in zip(plan.reqs, plan.emits, strict=True):
+        sw = self.sw
+        for r, emits, n in zip(plan.reqs, plan.emits, plan.tokens, strict=True):
             if emits and not r.lazy and r.status == RUNNING:
+                if sw and ((self.kv.caching and r.preemptions)
+                           or (cfg.async_scheduling and n != 1)):
+                    # hybrid: a preempted request's blocks carry hashes (freed in order);
+                    # after a chunk, the next step frees its window's tail at once
+                    continue
                 cohort.join(r, s0, self.lookahead, cfg.max_model_len)
 
     def _schedule_running(
@@ -483,6 +785,9 @@ class EngineCore:
         bs = cfg.block_size
         la = self.lookahead
         prio = self.priority
+        sw = self.sw
+        sbs = cfg.sw_block_size
+        allocate = self._allocate_running_sw if sw else self._allocate_running
         preempted = False
         reqs = plan.reqs
         add_req, add_tok, add_spec = reqs.append, plan.tokens.append, plan.spec.append
@@ -521,8 +826,9 @@ class EngineCore:
                 continue
             if computed + n + la > (r.blocks + r.pinned_blocks) * bs or (
                 (computed + n if computed + n < num_tokens else num_tokens) // bs > r.n_reg
-            ):
-                ok = self._allocate_running(r, n)
+            ) or (sw and (computed + n + la > r.sw_hi * sbs
+                          or computed - r.inflight >= r.sw_free_at)):
+                ok = allocate(r, n)
                 while not ok:
                     # Out of KV: preempt the lowest-priority (priority) or newest (fcfs).
                     if prio:
@@ -540,7 +846,7 @@ class EngineCore:
                     plan.preempted += 1
                     if victim is r:
                         break
-                    ok = self._allocate_running(r, n)
+                    ok = allocate(r, n)
                 if not ok:
                     break  # r itself was preempted: nothing more fits
             n_scheduled += 1
@@ -579,6 +885,10 @@ class EngineCore:
         threshold = cfg.long_prefill_token_threshold
         bs = cfg.block_size
         kv = self.kv
+        sw = self.sw
+        if sw:
+            sbs = cfg.sw_block_size
+            cap = self._sw_cap
         while self.num_waiting and budget > 0:
             if len(running) >= cfg.max_num_seqs:
                 break
@@ -608,6 +918,9 @@ class EngineCore:
                     evictable = sum(map(kv.is_free, hit_hashes))
                 else:
                     hit_hashes = kv.hit_keys(hit_hashes)
+            if sw:
+                hit_blocks, hit_hashes, evictable, sw_hit = self._sw_admission(
+                    r, hit_blocks, hit_hashes, evictable)
             computed = (r.pinned_blocks + hit_blocks) * bs
             n = num_tokens - computed
             pad = 0
@@ -626,15 +939,41 @@ class EngineCore:
             held = r.pinned_blocks + hit_blocks
             full_need = -(-min(num_tokens, max_len) // bs) - held + evictable
             chunk_need = -(-min(computed + n + self.lookahead, max_len) // bs) - held
-            if max(full_need, chunk_need + evictable) > kv.num_free:
+            if sw:
+                # every sliding group: get_num_blocks_to_allocate with the hit's blocks
+                # (null ones included) counted as held; the whole-sequence check capped at
+                # max_admission_blocks_per_request (apply_admission_cap)
+                local = computed // sbs
+                seq_blocks = -(-min(num_tokens, max_len) // sbs)
+                sw_full = (seq_blocks if seq_blocks < cap else cap) - local
+                sw_chunk = -(-min(computed + n + self.lookahead, max_len) // sbs) - local
+                sw_evictable = sw_hit[3]
+                full_total = full_need + sw_evictable + (sw * sw_full if sw_full > 0 else 0)
+                chunk_total = chunk_need + evictable + sw_evictable + (
+                    sw * sw_chunk if sw_chunk > 0 else 0)
+                if max(full_total, chunk_total) > kv.num_free:
+                    break
+            elif max(full_need, chunk_need + evictable) > kv.num_free:
                 break
             self._pop()
             if hit_hashes:
                 kv.touch(hit_hashes)
                 r.hashes = hit_hashes
+            if sw:  # every group's hits are touched before any group allocates
+                sw_keys = sw_hit[2]
+                for keys in sw_keys:
+                    if keys:
+                        kv.touch(keys)
             if chunk_need > 0:
                 kv.allocate(chunk_need)
             r.blocks = hit_blocks + max(chunk_need, 0)
+            if sw:
+                if sw_chunk > 0:
+                    kv.allocate(sw * sw_chunk)
+                r.sw_hi = local + (sw_chunk if sw_chunk > 0 else 0)
+                r.sw_lo = sw_hit[1]
+                r.sw_keys = sw_keys
+                r.sw_free_at = (r.sw_lo + 1) * sbs + cfg.sw_window - 1
             r.n_reg = held
             r.computed = computed
             if r.cached_tokens < 0:
@@ -649,6 +988,46 @@ class EngineCore:
             if pad:
                 plan.spec[-1] = pad
             budget -= n
+
+    def _sw_admission(
+        self, r: SimRequest, hit_blocks: int, hit_hashes: list[int], evictable: int
+    ) -> tuple[int, list[int], int, tuple[int, int, list[list[int]], int]]:
+        """A hybrid model's prefix-cache hit (HybridKVCacheCoordinator.find_longest_cache_hit,
+        one full-attention and one sliding-window spec: one pass, full attention first): the
+        sliding groups' hit within the full-attention one, the full-attention hit cut to it.
+        Returns the full-attention (hit blocks, their hashes, evictable ones) and the sliding
+        groups' (hit tokens, first block held: skipped and null blocks before it, hashes to
+        touch per group, evictable blocks of all groups)."""
+        cfg = self.cfg
+        kv = self.kv
+        bs = cfg.block_size
+        sbs = cfg.sw_block_size
+        k = self._sw_k
+        pinned = r.pinned_blocks
+        hit = (pinned + hit_blocks) * bs
+        first = 0
+        if hit_blocks:
+            limit = hit
+            if cfg.drop_eagle_block:  # the EAGLE margin: one sliding block more, dropped
+                limit = min(hit + sbs, r.num_tokens - 1)
+            hit, first = self._sw_hit(r, limit)
+            hit = max(hit, pinned * bs)
+            cut = hit // bs - pinned
+            if cut < hit_blocks:
+                hit_blocks = cut
+                del hit_hashes[cut:]
+                evictable = sum(map(kv.is_free, hit_hashes))
+        skipped = max(0, hit - cfg.sw_window + 1) // sbs
+        lo = max(skipped, first)
+        start = max(lo, pinned * k)
+        end = hit // sbs
+        keys: list[list[int]] = [[] for _ in range(self.sw)]
+        sw_evictable = 0
+        if end > start:
+            for g in range(self.sw):
+                keys[g] = kv.hit_keys(self._sw_hashes(r, start, end, g))
+                sw_evictable += sum(map(kv.is_free, keys[g]))
+        return hit_blocks, hit_hashes, evictable, (hit, lo, keys, sw_evictable)
 
     def _add(self, plan: StepPlan, r: SimRequest, n: int) -> None:
         """Record r in the plan with its cost features (before counters advance)."""
@@ -690,6 +1069,9 @@ class EngineCore:
         async_ = self.cfg.async_scheduling
         emit = plan.emits.append
         drafting = 0
+        if self.sw:  # num_in_flight_tokens (scheduler.py _update_after_schedule)
+            for r, n in zip(plan.reqs, plan.tokens, strict=True):
+                r.inflight += n
         for r, n, spec in zip(plan.reqs, plan.tokens, plan.spec, strict=True):
             computed = r.computed + n
             r.computed = computed
@@ -720,6 +1102,9 @@ class EngineCore:
             cohort.last_update_s = self.now
         if not plan.reqs:  # cohort members only: the replica streams their tokens
             return out
+        if self.sw:  # every scheduled request's tokens settle (scheduler.py update_from_output)
+            for r, n in zip(plan.reqs, plan.tokens, strict=True):
+                r.inflight -= n
         cfg = self.cfg
         async_ = cfg.async_scheduling
         redraft = cfg.spec_k if not async_ else 0  # sync: drafts come with the output

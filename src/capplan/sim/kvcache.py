@@ -23,6 +23,11 @@ first part is kept as a count, the second as an OrderedDict. A request's own blo
 together (`free(own=...)`) sit in it as one entry, a run, not one entry a block: freed tail
 first, a run is evicted from its tail, and a hit on it (the request back after a
 preemption) takes its head; its blocks are hits and evictions exactly as single ones.
+
+Cached blocks no lookup will ask for sit in it as anonymous entries (`free_anon`): counted,
+evicted in their turn, never hit. The sliding-window groups of a hybrid model (sim/core.py)
+free their out-of-window blocks so (a request's own content: only it could come back for
+it, and only after a preemption; see docs/simulator.md).
 """
 
 from __future__ import annotations
@@ -41,6 +46,12 @@ class _Run:
 
     def __init__(self, key: int, lo: int, hi: int) -> None:
         self.key, self.lo, self.hi = key, lo, hi
+
+
+class _Anon(_Run):
+    """`hi - lo` free cached blocks no lookup can reach (not in `runs`)."""
+
+    __slots__ = ()
 
 
 class KVCache:
@@ -97,6 +108,27 @@ class KVCache:
     def is_free(self, key: int) -> bool:
         """Is the cached copy `key` in the free queue (evictable)?"""
         return key in self.free_hashed or self._run_of(key) is not None
+
+    def is_cached(self, h: int) -> bool:
+        """Is content `h` cached (held or free, itself or a duplicate copy)?"""
+        return (h in self.ref or h in self.free_hashed or self._run_of(h) is not None
+                or (bool(self.dups) and h in self.dups))
+
+    def free_anon(self, n: int) -> None:
+        """Free `n` cached blocks no lookup will ask for to the LRU tail (merged with an
+        anonymous entry already there: their order among themselves cannot matter)."""
+        if n <= 0:
+            return
+        free = self.free_hashed
+        self.free_cached += n
+        if free:
+            last = free[next(reversed(free))]
+            if type(last) is _Anon:
+                last.hi += n
+                return
+        key = self._next_run
+        self._next_run += 1
+        free[key] = _Anon(key, 0, n)
 
     def longest_hit(self, hashes: list[int]) -> tuple[int, int]:
         """Leading blocks of `hashes` present in the cache, and how many of those are free
@@ -170,7 +202,8 @@ class KVCache:
                     free.move_to_end(key, last=False)
                     return
                 n -= size
-                del self.runs[run.lo >> UNIQUE_SHIFT]
+                if type(run) is not _Anon:
+                    del self.runs[run.lo >> UNIQUE_SHIFT]
                 continue
             n -= 1
             if dup_hash and key in dup_hash:  # evicting a duplicate copy

@@ -20,6 +20,7 @@ import polars as pl
 import simpy
 
 from capplan.errors import ConfigError
+from capplan.kvlayout import KvLayout, derive_layout, max_in_flight_tokens
 from capplan.mix import TrafficMix, max_model_len
 from capplan.modelspec import ModelSpec, load_model_spec
 from capplan.pool import Pool, refuse_open
@@ -40,17 +41,70 @@ _GROUP_SHIFT = 22  # block-index bits of a shared-prefix hash
 
 @dataclass(frozen=True, slots=True)
 class PoolSetup:
-    """A pool resolved for simulation: its profile and the engine limits derived from it."""
+    """A pool resolved for simulation: its profile and the engine limits derived from it.
+
+    `num_blocks` are the pool's blocks requests can take (vLLM's num_gpu_blocks less the
+    null block); `layout` is set for a model with sliding-window layers, whose KV-cache groups
+    share them (kvlayout.py), None for one group of `block_size`-token blocks."""
 
     pool: Pool
     spec: ModelSpec
     profile: Profile
     num_blocks: int
     max_model_len: int
+    layout: KvLayout | None = None
 
     @property
     def kv_tokens(self) -> int:
+        """KV capacity in tokens as vLLM reports it ("GPU KV cache size"): blocks x block
+        size for one group; with sliding-window groups, requests at max_model_len (each
+        window counted once: kv_cache_utils.py get_kv_cache_capacity)."""
+        if self.layout is None:
+            return self.num_blocks * self.pool.engine.block_size
+        eng = self.pool.engine
+        return self.layout.vllm_kv_tokens(
+            self.num_blocks + 1, self.max_model_len,
+            max_in_flight_tokens(eng.max_num_batched_tokens, eng.async_scheduling))
+
+    @property
+    def block_tokens(self) -> int:
+        """The pool's blocks x the engine's block size (what vLLM's num_gpu_blocks x
+        block_size is to a measured engine), whatever the layout."""
         return self.num_blocks * self.pool.engine.block_size
+
+
+def pool_layout(profile: Profile, spec: ModelSpec, pool: Pool) -> tuple[KvLayout, int] | None:
+    """A sliding-window model's KV layout on this pool's engine and its pool's blocks (the
+    null block included) at the engine's utilisation; None for a one-group model.
+
+    The blocks come from the profile's measured pool (KvCapacity.blocks); a profile recorded
+    before pools were (vLLM's tokens only) is converted back through vLLM's own formula at its
+    engine's max_model_len. A block size other than the profile's scales them by bytes."""
+    eng = pool.engine
+    kvb = 1 if profile.kv_cache_dtype == "fp8" else 2
+    layout = derive_layout(spec, block_size=eng.block_size, kv_dtype_bytes=kvb, tp=profile.tp)
+    if not layout.hybrid:
+        return None
+    if layout.full_groups != 1:
+        raise ConfigError(f"{spec.name}: {layout.full_groups} full-attention KV-cache groups; "
+                          "the simulator models one beside the sliding-window groups")
+    kv = profile.kv
+    util = eng.gpu_memory_utilization
+    if kv.pooled:
+        assert kv.layout is not None
+        ref, blocks = kv.layout, kv.blocks(util, text_only=eng.text_only)
+    else:
+        meas = profile.engine
+        ref = derive_layout(spec, block_size=int(meas.get("block_size") or 16),  # type: ignore[call-overload]
+                            kv_dtype_bytes=kvb, tp=profile.tp)
+        m = int(meas.get("max_model_len") or spec.max_position_embeddings)  # type: ignore[call-overload]
+        in_flight = max_in_flight_tokens(int(meas.get("max_num_batched_tokens") or 8192),  # type: ignore[call-overload]
+                                         bool(meas.get("async_scheduling", True)))
+        per_req = ref.max_blocks_per_request(m, in_flight)
+        blocks = kv.tokens(util, text_only=eng.text_only) * per_req // m
+    if ref.block_bytes != layout.block_bytes:
+        blocks = blocks * ref.block_bytes // layout.block_bytes
+    return layout, blocks
 
 
 def setup_pool(pool: Pool, *, profile: Profile | None = None, source: str = "") -> PoolSetup:
@@ -68,6 +122,9 @@ def setup_pool(pool: Pool, *, profile: Profile | None = None, source: str = "") 
     spec = load_model_spec(pool.model)
     prof = profile or resolve_profile(pool, spec)
     eng = pool.engine
+    hybrid = pool_layout(prof, spec, pool)
+    if hybrid is not None:
+        return _setup_hybrid(pool, spec, prof, *hybrid, source)
     kv_tokens = prof.kv.tokens(eng.gpu_memory_utilization, text_only=eng.text_only)
     num_blocks = kv_tokens // eng.block_size - 1  # block_pool.py: one null block
     limit = max_model_len(pool, spec)
@@ -89,6 +146,33 @@ def setup_pool(pool: Pool, *, profile: Profile | None = None, source: str = "") 
             field="engine.max_model_len",
         )
     return PoolSetup(pool, spec, prof, num_blocks, limit)
+
+
+def _setup_hybrid(pool: Pool, spec: ModelSpec, prof: Profile, layout: KvLayout, blocks: int,
+                  source: str) -> PoolSetup:
+    eng = pool.engine
+    limit = max_model_len(pool, spec)
+    if blocks - 1 < 1:
+        raise ConfigError(
+            f"pool {pool.name!r}: at gpu_memory_utilization {eng.gpu_memory_utilization} the "
+            f"weights of {spec.name} ({pool.precision}) and the activations leave no room for "
+            "a KV cache (vLLM refuses to start); raise gpu_memory_utilization or pick a "
+            "smaller precision",
+            file=source or None,
+            field="engine.gpu_memory_utilization",
+        )
+    # kv_cache_utils.py _check_enough_kv_cache_memory: one request at max_model_len must fit
+    need = layout.max_blocks_per_request(
+        limit, max_in_flight_tokens(eng.max_num_batched_tokens, eng.async_scheduling))
+    if need > blocks:
+        raise ConfigError(
+            f"pool {pool.name!r}: KV cache holds {blocks} blocks, fewer than the {need} one "
+            f"request at max_model_len {limit} may need (vLLM refuses to start); lower "
+            "engine.max_model_len or raise gpu_memory_utilization",
+            file=source or None,
+            field="engine.max_model_len",
+        )
+    return PoolSetup(pool, spec, prof, blocks - 1, limit, layout)  # one null block
 
 
 def simulate(
@@ -176,7 +260,6 @@ class _Run:
         self.arrivals_done = False
         self.done = self.env.event()
         self.rid = 0
-        self.bs = st.pool.engine.block_size
         # Independent random streams: arrivals per workload ([seed, 1, w]), closed-loop
         # users ([seed, 3, w]), each replica's draft acceptance ([seed, 2, r]); so the same
         # traffic meets every replica count and configuration (common random numbers).
@@ -188,9 +271,11 @@ class _Run:
             if spec else 0.0
             for w in workloads
         ]
+        layout = st.layout
+        self.bs = layout.full_block_size if layout is not None else eng.block_size
         cfg = CoreConfig(
             num_blocks=st.num_blocks,
-            block_size=eng.block_size,
+            block_size=self.bs,
             max_num_seqs=eng.max_num_seqs,
             max_num_batched_tokens=eng.max_num_batched_tokens,
             max_model_len=st.max_model_len,
@@ -203,6 +288,13 @@ class _Run:
             long_prefill_token_threshold=eng.long_prefill_token_threshold,
             decode_cohort=decode_cohort,
             workloads=len(workloads),
+            **({} if layout is None else {
+                "sw_groups": layout.sliding_groups,
+                "sw_block_size": layout.sliding_block_size,
+                "sw_window": layout.sliding_window,
+                "max_in_flight_tokens": max_in_flight_tokens(eng.max_num_batched_tokens,
+                                                             eng.async_scheduling),
+            }),
         )
         self.timers = []
         self.replicas = []
