@@ -126,8 +126,11 @@ def test_vision_encoder_reserves_kv_only_for_multimodal_models() -> None:
 
 
 def test_sliding_window_layers_cost_less_at_long_max_model_len() -> None:
-    """Sliding-window layers keep only the window: per-token KV falls as max_model_len grows."""
-    short = analytic_profile(GEMMA, H200, Precision.BF16, engine=EngineConfig(max_model_len=8192))
+    """Sliding-window layers keep only the window: per-token KV (vLLM's tokens: requests at
+    max_model_len) falls as max_model_len grows past the window plus the tokens in flight
+    (below that, vLLM reserves a sliding group as much as a full one, plus a block)."""
+    short = analytic_profile(GEMMA, H200, Precision.BF16,
+                             engine=EngineConfig(max_model_len=32768))
     long = analytic_profile(GEMMA, H200, Precision.BF16, engine=EngineConfig(max_model_len=131072))
     assert long.kv.bytes_per_token < short.kv.bytes_per_token < GEMMA.kv_bytes_per_token(2)
 
@@ -181,3 +184,26 @@ def test_draft_model_cost_follows_the_draft() -> None:
     assert p.step.draft_pass_s >= draft.linear_params * 2 / H200.hbm_bytes_per_s
     with pytest.raises(ConfigError, match="draft"):
         analytic_profile(LLAMA8, H200, Precision.BF16, spec_method="draft_model", spec_k=4)
+
+
+@pytest.mark.parametrize("precision", [Precision.BF16, Precision.FP8])
+def test_sliding_window_model_gets_vllms_pool(precision: Precision) -> None:
+    """Gemma 4 31B analytic: the same KV layout as its measured profile (one pool shared by a
+    full-attention group and five sliding-window groups), the pool within 2 % of the blocks
+    measured at 0.90, and vLLM's token figure for requests at max_model_len."""
+    from pathlib import Path
+
+    from capplan.kvlayout import max_in_flight_tokens
+    from capplan.pool import EngineConfig
+    from capplan.profile import Profile
+
+    root = Path(__file__).resolve().parents[1] / "calibration" / "h200" / "vllm-0.26.0"
+    measured = Profile.load(root / "gemma-4-31b" / precision.value)
+    eng = EngineConfig(max_model_len=32768)
+    a = analytic_profile(GEMMA, H200, precision, engine=eng)
+    assert a.kv.pooled and a.kv.layout == measured.kv.layout
+    assert a.kv.blocks(0.9) == pytest.approx(measured.kv.blocks(0.9), rel=0.02)
+    per_req = a.kv.layout.max_blocks_per_request(32768, max_in_flight_tokens(8192, True))
+    assert a.kv.tokens(0.9) == pytest.approx(a.kv.blocks(0.9) * 32768 / per_req, rel=1e-3)
+    assert "one pool shared" in a.provenance.note
+    assert not analytic_profile(LLAMA8, H200, precision).kv.pooled

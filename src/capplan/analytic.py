@@ -19,6 +19,7 @@ import math
 
 from capplan.errors import ConfigError
 from capplan.hardware import GpuSpec, Precision
+from capplan.kvlayout import derive_layout, max_in_flight_tokens
 from capplan.modelspec import ModelSpec
 from capplan.pool import EngineConfig
 from capplan.profile import Box, KvCapacity, Profile, Provenance, StepModel
@@ -233,8 +234,9 @@ def analytic_profile(
         note += f"; TP={tp} all-reduce at an assumed {NVLINK_BYTES_PER_S / 1e9:.0f} GB/s NVLink"
     if d_note:
         note += f"; {d_note}"
-    if spec.sliding_window_layers:
-        note += "; sliding-window KV counted at window + one block per sequence"
+    if kv.pooled:
+        note += ("; KV as vLLM lays it out: one pool shared by the full-attention and "
+                 "sliding-window groups (a sliding group holds only its window)")
     return Profile(
         gpu=gpu.name,
         model=spec.name,
@@ -264,14 +266,28 @@ def _kv_capacity(
     draft_weight_bytes: float,
     draft_kv: float,
 ) -> KvCapacity:
-    """tokens = (util x GPU memory - weights - reservations) / KV bytes per token, per GPU."""
+    """tokens = (util x GPU memory - weights - reservations) / KV bytes per token, per GPU.
+
+    A model with sliding-window layers gets vLLM's layout instead (kvlayout.py, the same the
+    measured profiles record): a pool of blocks, blocks = (util x memory - weights -
+    reservations) / bytes per block, and the tokens vLLM would report for it, requests at
+    max_model_len (kv_cache_utils.py get_kv_cache_capacity). The drafter's KV is not added
+    there: Gemma 4's MTP engines measured the same bytes per block as the target alone."""
     max_model_len = engine.max_model_len or spec.max_position_embeddings
-    # vllm/v1/core/single_type_kv_cache_manager.py: a sliding-window layer keeps only the last
-    # `window` tokens (plus the block being filled), so per token of context it costs
-    # (window + block) / max_model_len of a full layer when requests run to max_model_len
-    window = spec.sliding_window or 0
-    local_share = min(1.0, (window + engine.block_size) / max_model_len) if window else 1.0
-    per_gpu = full_kv + local_kv * local_share + draft_kv
+    kvb = 1 if engine.kv_cache_dtype == "fp8" else 2
+    layout = (derive_layout(spec, block_size=engine.block_size, kv_dtype_bytes=kvb, tp=tp)
+              if spec.sliding_window_layers and spec.sliding_window else None)
+    if layout is not None and layout.hybrid:
+        per_req = layout.max_blocks_per_request(
+            max_model_len,
+            max_in_flight_tokens(engine.max_num_batched_tokens, engine.async_scheduling))
+        # a block's bytes per vLLM token (requests at max_model_len)
+        per_gpu = layout.block_bytes * per_req / max_model_len
+    else:
+        layout = None
+        window = spec.sliding_window or 0
+        local_share = min(1.0, (window + engine.block_size) / max_model_len) if window else 1.0
+        per_gpu = full_kv + local_kv * local_share + draft_kv
     weights = spec.weight_bytes(precision) / tp + draft_weight_bytes
     activation = (
         engine.max_num_batched_tokens
@@ -289,9 +305,16 @@ def _kv_capacity(
         budget = max(engine.max_num_batched_tokens, spec.image_tokens_per_image)
         image_bytes = budget * (VISION_ACT_BYTES_PER_IMAGE_TOKEN + spec.hidden_size * 2)
         image_tokens = image_bytes / per_gpu
+    pool: dict[str, object] = {}
+    if layout is not None:
+        block = layout.block_bytes
+        pool = {"layout": layout, "slope_blocks": gpu.memory_bytes / block,
+                "intercept_blocks": (weights + reserve) / block,
+                "image_reservation_blocks": image_tokens * per_gpu / block}
     return KvCapacity(
         bytes_per_token=max(1, round(per_gpu * tp)),
         slope_tokens=gpu.memory_bytes / per_gpu,
         intercept_tokens=(weights + reserve) / per_gpu,
         image_reservation_tokens=image_tokens,
+        **pool,  # type: ignore[arg-type]
     )

@@ -138,7 +138,10 @@ def _with_encoder(p: Profile, pool: Pool, spec: ModelSpec, draft: ModelSpec | No
     if kv.image_reservation_tokens == 0 and a.kv.image_reservation_tokens > 0:
         # the analytic reservation is in its own tokens; keep its share of the capacity
         share = a.kv.image_reservation_tokens / max(1, a.kv.tokens(0.90))
-        kv = kv.model_copy(update={"image_reservation_tokens": round(share * kv.tokens(0.90))})
+        update: dict[str, float] = {"image_reservation_tokens": round(share * kv.tokens(0.90))}
+        if kv.pooled:  # and of the pool's blocks
+            update["image_reservation_blocks"] = round(share * kv.blocks(0.90))
+        kv = kv.model_copy(update=update)
         supplied += " and image-encoder KV reservation"
         terms.append("image KV reservation")
     note = "; ".join(x for x in (p.provenance.note,
