@@ -121,19 +121,39 @@ def table_lines(rows: list[Row]) -> list[str]:
 
 
 def kv_lines(folders: list[Path]) -> list[str]:
-    """KV capacity vLLM allocated at start against the profile's prediction, per engine."""
+    """KV capacity vLLM allocated at start against the profile's prediction, per engine,
+    both as the pool's blocks x block size (vLLM's num_gpu_blocks x block_size; the
+    prediction less the null block, as the simulator uses it). For an engine whose KV-cache
+    groups share the pool (sliding-window layers), a note gives the layout and the tokens
+    vLLM reports for the measured pool ("GPU KV cache size", requests at max_model_len)."""
+    from capplan.kvlayout import max_in_flight_tokens
     from capplan.sim.run import setup_pool
     from capplan.validate.store import load_run
 
-    lines = ["| engine | gpu_memory_utilization | measured KV tokens | predicted | error |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = ["| engine | gpu_memory_utilization | measured KV blocks x block size | predicted | "
+             "error |", "| --- | --- | --- | --- | --- |"]
+    notes = []
     for f in folders:
         run, _, measured = load_run(f)
         real = measured["engine"]["kv_tokens"]
-        pred = setup_pool(run.pool).kv_tokens
+        st = setup_pool(run.pool)
+        pred = st.block_tokens
         lines.append(f"| {run.name} | {run.pool.engine.gpu_memory_utilization} | {real:,} | "
                      f"{pred:,} | {(pred - real) / real:+.2%} |")
-    return lines
+        lay = st.layout
+        if lay is not None:
+            eng = run.pool.engine
+            blocks = measured["engine"].get("num_gpu_blocks") or real // eng.block_size
+            vllm = lay.vllm_kv_tokens(blocks, st.max_model_len, max_in_flight_tokens(
+                eng.max_num_batched_tokens, eng.async_scheduling))
+            notes.append(
+                f"- {run.name}: one pool of {blocks:,} blocks of {lay.block_bytes / 2**20:.2f} "
+                f"MiB shared by {lay.full_groups} full-attention group ({lay.full_block_size}"
+                f"-token blocks) and {lay.sliding_groups} sliding-window groups "
+                f"({lay.sliding_block_size}-token blocks, window {lay.sliding_window}); vLLM "
+                f"reports it as {vllm:,} tokens (requests at max_model_len "
+                f"{st.max_model_len:,}), the simulator holds each request's own blocks")
+    return lines + ([""] + notes if notes else [])
 
 
 def unmeasured_lines(folders: list[Path]) -> list[str]:
