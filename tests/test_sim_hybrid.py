@@ -714,3 +714,25 @@ def test_sliding_window_model_simulates_end_to_end() -> None:
     running = a.kv_series()["running"].max()
     assert running == 64
     assert math.isfinite(a.workload("long").itl_p50_s)
+
+
+def test_kv_floor_of_the_sizer_counts_blocks_for_sliding_window_models() -> None:
+    """The sizer's KV floor (solve/bounds.py) for a hybrid pool counts the pool's blocks a
+    request holds (its full-attention blocks, at most its window in each sliding group), not
+    vLLM's tokens at max_model_len: long prompts at ~64 in flight fit one replica, as
+    simulated, and the floor says so."""
+    from capplan.solve.bounds import bracket
+
+    mix = _gemma_mix({"arrival": {"kind": "poisson", "rate_rps": 2.5},
+                      "input_tokens": {"kind": "constant", "value": 4096},
+                      "output_tokens": {"kind": "constant", "value": 256}})
+    st_ = setup_pool(mix.pool("p"))
+    b = bracket(st_, mix.workloads_of("p"))
+    assert st_.layout is not None
+    per_request = (4096 + 128) / 32 + 5 * 1024 / 16  # blocks at the mean length held
+    assert b.kv_replicas < 1.0
+    concurrency = b.kv_replicas * st_.num_blocks / per_request
+    # in tokens at max_model_len the same concurrency would claim far more of the pool
+    assert concurrency * (4096 + 128) / st_.kv_tokens > 2 * b.kv_replicas
+    res = simulate(mix, "p", 1, seed=1)
+    assert res.pool.kv_usage_peak <= 1.0 and res.pool.preemptions == 0

@@ -156,8 +156,9 @@ def bracket(
     Closed-loop users only count towards the estimate: their rate falls as latency grows,
     so the unloaded rate used here is an upper bound, not a floor."""
     s = st.profile.step
-    floor = [0.0, 0.0, 0.0]  # open-loop work, KV tokens, sequences
+    floor = [0.0, 0.0, 0.0]  # open-loop work, KV tokens (blocks: sliding-window), sequences
     closed_busy = 0.0
+    layout = st.layout
     for w in workloads:
         if w.input_tokens is None or w.output_tokens is None:
             continue  # replay: lengths only known from the trace; the search still covers it
@@ -174,10 +175,19 @@ def bracket(
             continue
         concurrency = rate * unloaded_e2e_s(st, w)
         floor[0] += rate * work
-        floor[1] += concurrency * (fresh + out / 2)
+        held = fresh + out / 2
+        if layout is None:
+            floor[1] += concurrency * held
+        else:
+            # the pool's blocks a request of that length holds at least: its full-attention
+            # blocks and, in every sliding group, no more than its window
+            floor[1] += concurrency * (
+                held / layout.full_block_size
+                + layout.sliding_groups * min(held, layout.sliding_window)
+                / layout.sliding_block_size)
         floor[2] += concurrency
     busy = floor[0]
-    kv_r = floor[1] / max(st.kv_tokens, 1)
+    kv_r = floor[1] / max(st.kv_tokens if layout is None else st.num_blocks, 1)
     seq_r = floor[2] / st.pool.engine.max_num_seqs
     lower = max(1, math.ceil(max(busy, kv_r, seq_r) - 1e-9))
     estimate = max(lower, math.ceil((busy + closed_busy) / TARGET_UTILISATION))
