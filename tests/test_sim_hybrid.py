@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_sim_properties import Arrival, RefVllm, _Req, drive
 
 from capplan.calibrate.store import pool_blocks
 from capplan.kvlayout import derive_layout, max_in_flight_tokens
@@ -26,6 +25,7 @@ from capplan.pool import Pool
 from capplan.profile import Profile
 from capplan.sim.core import RUNNING, CoreConfig, EngineCore, SimRequest, StepPlan
 from capplan.sim.run import setup_pool, simulate
+from test_sim_properties import Arrival, RefVllm, _Req, drive
 
 ROOT = Path(__file__).resolve().parents[1]
 RAW = ROOT / "calibration" / "_raw"

@@ -316,5 +316,5 @@ def _kv_capacity(
         slope_tokens=gpu.memory_bytes / per_gpu,
         intercept_tokens=(weights + reserve) / per_gpu,
         image_reservation_tokens=image_tokens,
-        **pool,  # type: ignore[arg-type]
+        **pool,
     )

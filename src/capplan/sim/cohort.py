@@ -52,10 +52,6 @@ class DecodeCohort:
     __slots__ = (
         "all_w",
         "bs",
-        "sw",
-        "sw_alloc",
-        "sw_both",
-        "sw_free",
         "ctx",
         "events",
         "last_update_s",
@@ -63,6 +59,10 @@ class DecodeCohort:
         "members",
         "phase",
         "sched_done",
+        "sw",
+        "sw_alloc",
+        "sw_both",
+        "sw_free",
         "trailing",
         "upd_done",
     )

@@ -715,9 +715,10 @@ class EngineCore:
                 end = max_len
             need = -(-end // bs) - r.blocks - r.pinned_blocks
             if sw:
-                need = self._sw_net_need(r, end, need)
-                if need is None:
+                net = self._sw_net_need(r, end, need)
+                if net is None:
                     return False
+                need = net
             if need > 0:
                 free_blocks -= need
                 if free_blocks < 0:

@@ -153,7 +153,7 @@ def kv_lines(folders: list[Path]) -> list[str]:
                 f"({lay.sliding_block_size}-token blocks, window {lay.sliding_window}); vLLM "
                 f"reports it as {vllm:,} tokens (requests at max_model_len "
                 f"{st.max_model_len:,}), the simulator holds each request's own blocks")
-    return lines + ([""] + notes if notes else [])
+    return lines + (["", *notes] if notes else [])
 
 
 def unmeasured_lines(folders: list[Path]) -> list[str]:
