@@ -736,3 +736,13 @@ def test_kv_floor_of_the_sizer_counts_blocks_for_sliding_window_models() -> None
     assert concurrency * (4096 + 128) / st_.kv_tokens > 2 * b.kv_replicas
     res = simulate(mix, "p", 1, seed=1)
     assert res.pool.kv_usage_peak <= 1.0 and res.pool.preemptions == 0
+
+
+def test_sliding_layers_keep_the_kernel_block_whatever_block_size() -> None:
+    """vLLM gives sliding layers the backend's smallest kernel block (16), not --block-size:
+    at block_size 32 Gemma's pages are already equal, the layout the same as at 16."""
+    assert derive_layout(GEMMA, block_size=32).model_copy(update={"block_size": 16}) == \
+        derive_layout(GEMMA)
+    wide = derive_layout(GEMMA, block_size=64)
+    assert (wide.full_block_size, wide.sliding_block_size) == (64, 32)
+    assert wide.block_bytes == 2 * derive_layout(GEMMA).block_bytes

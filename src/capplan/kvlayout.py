@@ -6,9 +6,11 @@ full-attention and sliding-window layers of different page sizes gets several:
 
 1. unify_kv_cache_spec_page_size: every layer's page (one block of one layer:
    block_size x KV heads x (K + V head size) x dtype bytes, kv_cache_interface.py
-   real_page_size_bytes) is raised to the largest one by multiplying the smaller layers'
-   block size (Gemma 4 31B: a full layer's page at 16 tokens, 4 x (512 + 512) x 2 B, is half
-   a sliding layer's, 16 x (256 + 256) x 2 B, so full layers get 32-token blocks);
+   real_page_size_bytes; full layers at the engine's block size, sliding ones at the
+   backend's smallest kernel block, 16) is raised to the largest one by multiplying the
+   smaller layers' block size (Gemma 4 31B: a full layer's page at 16 tokens,
+   4 x (512 + 512) x 2 B, is half a sliding layer's, 16 x (256 + 256) x 2 B, so full layers
+   get 32-token blocks);
 2. _get_kv_cache_groups_uniform_page_size: layers of one spec are split into groups of
    `group_size` layers, the fewest layers of any spec (or the most, when that is under 1.5x
    the fewest), padding the last group of a spec (Gemma 4 31B: 10 full and 50 sliding layers,
@@ -136,6 +138,12 @@ def _heads_per_gpu(heads: int, tp: int) -> int:
     return max(1, math.ceil(heads / tp))
 
 
+SLIDING_KERNEL_BLOCK = 16
+"""Tokens per block a sliding-window layer asks for: the attention backend's smallest kernel
+block, whatever `--block-size` says (model_executor/layers/attention/attention.py
+get_kv_cache_spec, _largest_kernel_block_within; FlashAttention's is a multiple of 16)."""
+
+
 def derive_layout(spec: ModelSpec, *, block_size: int = 16, kv_dtype_bytes: int = 2,
                   tp: int = 1) -> KvLayout:
     """The KV-cache groups vLLM 0.26.0 builds for `spec` (kv_cache_utils.py get_kv_cache_groups,
@@ -143,14 +151,16 @@ def derive_layout(spec: ModelSpec, *, block_size: int = 16, kv_dtype_bytes: int 
 
     Full-attention layers use the global head shape where the spec has one (Gemma 4: K and V
     both stored at global_head_dim, 4 heads, even where K doubles as V: gemma4.py builds a
-    standard Attention, whose FullAttentionSpec has head_size_v = head_size)."""
+    standard Attention, whose FullAttentionSpec has head_size_v = head_size), at the engine's
+    `block_size`; sliding layers at SLIDING_KERNEL_BLOCK tokens."""
     sliding = spec.sliding_window_layers if spec.sliding_window else 0
     full = spec.num_layers - sliding
     g_heads = _heads_per_gpu(spec.num_global_kv_heads or spec.num_kv_heads, tp)
     g_dim = spec.global_head_dim or spec.head_dim
     l_heads = _heads_per_gpu(spec.num_kv_heads, tp)
+    local_block = SLIDING_KERNEL_BLOCK
     full_page = block_size * g_heads * 2 * g_dim * kv_dtype_bytes
-    local_page = block_size * l_heads * 2 * spec.head_dim * kv_dtype_bytes
+    local_page = local_block * l_heads * 2 * spec.head_dim * kv_dtype_bytes
     if not sliding:  # one group of every layer (kv_cache_utils.py: uniform spec / type)
         return KvLayout(block_size=block_size, full_groups=1, full_block_size=block_size,
                         layers_per_group=full, page_bytes=full_page, full_layers=full)
@@ -172,7 +182,7 @@ def derive_layout(spec: ModelSpec, *, block_size: int = 16, kv_dtype_bytes: int 
         full_groups=_cdiv(full, group_size),
         full_block_size=block_size * page // full_page,
         sliding_groups=_cdiv(sliding, group_size),
-        sliding_block_size=block_size * page // local_page,
+        sliding_block_size=local_block * page // local_page,
         sliding_window=spec.sliding_window or 0,
         layers_per_group=group_size,
         page_bytes=page,
