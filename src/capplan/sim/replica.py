@@ -21,18 +21,24 @@ import simpy
 
 from capplan.profile import StepTimer
 from capplan.sim.core import EngineCore, SimRequest, StepPlan
-from capplan.sim.metrics import WorkloadRecorder
+from capplan.sim.metrics import StepGaps, WorkloadRecorder
 
 
 class Window:
     """The measurement window [start_s, end_s) and where measured figures go."""
 
-    __slots__ = ("end_s", "recorders", "start_s")
+    __slots__ = ("end_s", "recorders", "start_s", "steps")
 
     def __init__(self, start_s: float, end_s: float, recorders: list[WorkloadRecorder]) -> None:
         self.start_s = start_s
         self.end_s = end_s
         self.recorders = recorders
+        self.steps = StepGaps(recorders)  # the decode cohort's figures (`close` adds them)
+
+    def close(self) -> None:
+        """Add the decode cohort's buffered window tokens to the recorders (its ITL gaps go
+        into the histograms whenever they flush, as add_repeated's would)."""
+        self.steps.fold_tokens()
 
 
 class Replica:
@@ -72,13 +78,18 @@ class Replica:
             self._wake.succeed()
 
     def _loop(self) -> Generator[simpy.Event, Any, None]:
-        env, core, timer = self.env, self.core, self.timer
+        env, core = self.env, self.core
+        kv = core.kv
+        step_time_s = self.timer.step_time_s
+        schedule, update = core.schedule, core.update_from_output
         async_ = core.cfg.async_scheduling
         inflight: deque[StepPlan] = deque()
+        # (core.has_work, plan.empty and kv.num_used written out: this runs every step)
         while True:
-            core.now = env.now
+            now = env.now
+            core.now = now
             if not inflight:
-                plan = core.schedule() if core.has_work else None
+                plan = schedule() if core.has_work else None
                 if plan is not None and plan.empty and plan.preempted:
                     continue  # a step that only preempted: vLLM's busy loop schedules again
                 if plan is None or plan.empty:
@@ -87,12 +98,12 @@ class Replica:
                     self._wake = None
                     continue
                 inflight.append(plan)
-            if async_ and len(inflight) < 2 and core.has_work:
-                ahead = core.schedule()
-                if not ahead.empty:
+            if async_ and len(inflight) < 2 and (core.running or core._fcfs or core._heap):
+                ahead = schedule()
+                if ahead.reqs or ahead.cohort_size:
                     inflight.append(ahead)
             cur = inflight[0]
-            dt = timer.step_time_s(
+            dt = step_time_s(
                 cur.total_tokens,
                 len(cur.reqs) + cur.cohort_size,
                 cur.prefill_attn,
@@ -100,36 +111,36 @@ class Replica:
                 cur.drafting,
                 cur.encoder_tokens,
             )
-            used = core.kv.num_used
+            used = kv.num_blocks - kv.free_unhashed - kv.free_cached
             yield env.timeout(dt)
+            now = env.now
             self.steps += 1
             self.busy_s += dt
             self.kv_used_block_s += used * dt
             if used > self.kv_peak_blocks:
                 self.kv_peak_blocks = used
-            if env.now >= self._next_sample_s:
-                self.kv_series.append((env.now, used, len(core.running)))
-                self._next_sample_s = env.now + 1.0
+            if now >= self._next_sample_s:
+                self.kv_series.append((now, used, len(core.running)))
+                self._next_sample_s = now + 1.0
             inflight.popleft()
-            core.now = env.now
-            emitted = core.update_from_output(cur)
+            core.now = now
+            emitted = update(cur)
             if emitted:
-                self._emit(emitted, env.now)
+                self._emit(emitted, now)
             if cur.cohort_size:
-                self._emit_cohort(cur, dt, env.now)
+                self._emit_cohort(cur, dt, now)
 
     def _emit_cohort(self, plan: StepPlan, dt: float, now: float) -> None:
         """Tokens of the decode cohort's implicit members: one each, all after a gap of
         exactly this step (every member also received a token at the end of the last)."""
         window = self.window
-        in_window = window.start_s <= now < window.end_s
-        for rec, n_all, n_meas in zip(
-            window.recorders, plan.cohort_all, plan.cohort_meas, strict=True
-        ):
-            if n_all and in_window:
-                rec.output_tokens_in_window += n_all
-            if n_meas:
-                rec.itl.add_repeated(dt, n_meas)
+        steps = window.steps
+        if window.start_s <= now < window.end_s:
+            steps.tokens.extend(plan.cohort_all)
+        steps.dt.append(dt)
+        steps.counts.extend(plan.cohort_meas)  # ITL: each measured member saw a gap of dt
+        if len(steps.dt) >= steps.check_at:
+            steps.fold()
 
     def _finish(self, r: SimRequest, rec: WorkloadRecorder, seen: float) -> None:
         """A request's last token reached the client at `seen`: its row, and the router."""

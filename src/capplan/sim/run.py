@@ -394,6 +394,7 @@ class _Run:
 
     def _result(self) -> SimResult:
         st, env = self.st, self.env
+        self.window.close()
         window = self.duration - self.warmup
         results = [
             summarise(w, rec, self.created[i], window)
