@@ -310,9 +310,13 @@ class EngineCore:
         need = -(-end // bs) - r.blocks - r.pinned_blocks
         if need > 0:
             kv = self.kv
-            if need > kv.num_free:
+            unhashed = kv.free_unhashed
+            if need > unhashed + kv.free_cached:  # kv.num_free
                 return False
-            kv.allocate(need)
+            if need <= unhashed:  # (KVCache.allocate's common case)
+                kv.free_unhashed = unhashed - need
+            else:
+                kv.allocate(need)
             r.blocks += need
         num_tokens = r.prompt + r.out
         if upto > num_tokens:
