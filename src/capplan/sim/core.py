@@ -428,8 +428,7 @@ class EngineCore:
         plan.decode_ctx += cohort.ctx
         plan.cohort_size = size
         plan.running_scheduled += size
-        plan.cohort_all = tuple(cohort.all_w)
-        plan.cohort_meas = tuple(cohort.meas_w)
+        plan.cohort_all, plan.cohort_meas = cohort.counts  # (tuples of all_w, meas_w)
         cohort.ctx += size
         if not others:
             return budget - size, False
