@@ -1,14 +1,15 @@
-"""The figures of docs/calibration.md outside its profile table: each profile against the
-physics of its GPU, and the steps just past the largest CUDA graph.
+"""The figures of docs/calibration.md: the profile table, each profile against the physics
+of its GPU, and the steps just past the largest CUDA graph.
 
-    python scripts/calibration_analysis.py [sanity|graph]
+    python scripts/calibration_analysis.py [table|sanity|graph]
     python scripts/calibration_analysis.py points MODEL/KEY   # e.g. gemma-4-31b/fp8
 
-With no argument it prints the first two.
+With no argument it prints sanity and graph.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 
 import polars as pl
@@ -34,6 +35,36 @@ def _prefill_flops(model: str, chunk: int, chunks: int) -> float:
         full * (spec.global_head_dim or spec.head_dim) * pairs_full
         + spec.sliding_window_layers * spec.head_dim * pairs_window)
     return spec.flops_per_token() * chunk * chunks + attention
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{x * 100:.1f}%"
+
+
+def table() -> None:
+    """One row per shipped profile: sweep coverage, every fit-error figure its provenance
+    stores, KV capacity per utilisation (* derived) and GPU-minutes."""
+    print("| profile | sweep points measured | windows train/test | held-out median / p95 "
+          "| 5-fold CV median / p95 (windows) | leave-one-point-out median / p95 (points) "
+          "| single-step median / p95 | KV tokens @0.85 / 0.90 / 0.95 | GPU-min |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for prov_path in sorted(PROFILES.glob("*/*/provenance.json")):
+        d = prov_path.parent
+        prov = json.loads(prov_path.read_text())
+        if "fit" not in prov:
+            continue  # KV-only folders
+        q, f = Profile.load(d).fit, prov["fit"]
+        measured = [p for p in prov["points_measured"] if not p.startswith("warmup")]
+        planned = prov.get("points_planned") or len(measured) + len(prov.get("points_skipped", []))
+        kv = " / ".join(f"{int(k['tokens']):,}" + ("*" if k["derived"] else "")
+                        for k in prov["kv_points"])
+        print(f"| {d.parent.name}/{d.name} | {len(measured)} of {planned} "
+              f"| {q.n_train}/{q.n_test} | {_pct(q.median_ape)} / {_pct(q.p95_ape)} "
+              f"| {_pct(f['cv5_median_ape'])} / {_pct(f['cv5_p95_ape'])} ({f['cv5_windows']}) "
+              f"| {_pct(f.get('point_cv_median_ape'))} / {_pct(f.get('point_cv_p95_ape'))} "
+              f"({f.get('point_cv_points', 0)}) "
+              f"| {_pct(f['single_step_median_ape'])} / {_pct(f['single_step_p95_ape'])} "
+              f"| {kv} | {prov['gpu_minutes']:.1f} |")
 
 
 def sanity() -> None:
@@ -122,7 +153,7 @@ def main() -> None:
         return
     for name in what:
         print(f"== {name}")
-        {"sanity": sanity, "graph": graph}[name]()
+        {"table": table, "sanity": sanity, "graph": graph}[name]()
 
 
 if __name__ == "__main__":

@@ -2,9 +2,11 @@
 experiments on the H200, the noise of repeated runs, and the serving engine's traced steps
 against the simulator's.
 
-    python scripts/validation_analysis.py [seeds|noise|steps|idle|graph|trial]
+    python scripts/validation_analysis.py [seeds|noise|steps|idle|graph|trial|gemma]
 
-With no argument it prints the first three.
+With no argument it prints the first three. `gemma` predicts the seeds' Gemma 4 31B
+experiments (precision, MTP k = 4) from the measured H200 profiles: one replica, chat
+512 -> 128 in closed loop at concurrency 1, 4 and 32, as the seeds' table rows quote.
 """
 
 from __future__ import annotations
@@ -255,6 +257,37 @@ def trial() -> None:
             print(f"  +{extra * 1e3:.0f} ms, {kind} ({len(rs)} rows) within target: {within}")
 
 
+def gemma() -> None:
+    from capplan.mix import TrafficMix
+
+    engine = {"max_model_len": 8192, "gpu_memory_utilization": 0.90,
+              "enable_prefix_caching": False, "limit_mm_per_prompt": {"image": 0}}
+    variants = {"bf16": {}, "fp8": {}, "awq": {}, "nvfp4": {},
+                "fp8 + MTP k=4": {"speculative": {"method": "mtp", "num_speculative_tokens": 4}}}
+    pools, workloads = [], []
+    for i, (name, extra) in enumerate(variants.items()):
+        for c in (1, 4, 32):
+            pool = f"p{i}-c{c}"
+            pools.append({"name": pool, "model": "gemma-4-31b", "gpu": "h200",
+                          "precision": name.split()[0], "engine": {**engine, **extra}})
+            workloads.append({"name": f"w-{pool}", "pool": pool,
+                              "arrival": {"kind": "closed", "concurrency": c},
+                              "input_tokens": {"kind": "constant", "value": 512},
+                              "output_tokens": {"kind": "constant", "value": 128}})
+    mix = TrafficMix.model_validate({"schema_version": 1, "name": "seeds-gemma", "pools": pools,
+                                     "workloads": workloads,
+                                     "simulation": {"duration_s": 60, "seed": 0}})
+    print("output tok/s (TTFT p99 ms, ITL p99 ms) at concurrency 1 / 4 / 32")
+    for i, name in enumerate(variants):
+        cells = []
+        for c in (1, 4, 32):
+            res = simulate(mix, f"p{i}-c{c}", 1, keep_requests=False)
+            w = res.workloads[0]
+            cells.append(f"{w.output_tokens_per_s:,.0f} ({w.ttft_p99_s * 1e3:,.0f}, "
+                         f"{w.itl_p99_s * 1e3:.1f})")
+        print(f"  {name:14s} " + " / ".join(cells) + f"   [{res.pool.profile}: {res.pool.profile_source}]")
+
+
 def main() -> None:
     what = sys.argv[1:] or ["seeds", "noise", "steps"]
     rows = _rows() if {"seeds", "noise"} & set(what) else {}
@@ -270,6 +303,8 @@ def main() -> None:
             idle()
         elif name == "graph":
             graph()
+        elif name == "gemma":
+            gemma()
         else:
             steps()
 

@@ -89,6 +89,21 @@ def test_late_stamp_does_not_move_the_fit() -> None:
     assert b.quality.median_ape < 0.01
 
 
+def test_leave_one_point_out_scores_every_measured_point() -> None:
+    """Every non-warm-up point is scored once, by a fit that saw none of its windows; on
+    noise-free steps each prediction is exact, and a point whose steps run slower than the
+    model (here the third, 30 % slower) shows as that point's error."""
+    s = _synthetic(3, n_points=12)
+    s["warmup"][:24] = True  # the first point is a warm-up
+    assert len(F.point_spans(s)) == 11
+    res = F.fit_step_model(s, max_num_seqs=256, max_num_batched_tokens=8192)
+    assert len(res.point_ape) == 11 and res.point_ape.max() < 1e-6
+    slow = dict(s, step_s=np.where(s["point"] == "p3", 1.3 * s["step_s"], s["step_s"]))
+    ape = F.fit_step_model(slow, max_num_seqs=256, max_num_batched_tokens=8192).point_ape
+    assert ape[2] == pytest.approx(1 - 1 / 1.3, rel=0.05)
+    assert np.median(ape) < 0.05
+
+
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.floats(1e-4, 1.0), min_size=2, max_size=40))
 def test_step_times_telescope(gaps: list[float]) -> None:

@@ -5,6 +5,7 @@ Samples are integers >= 1; `rng` is always injected.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Annotated, Literal
 
@@ -88,11 +89,18 @@ class _Clipped(_Dist):
 
     @property
     def mean(self) -> float:
-        return float(self.sample(np.random.default_rng(0), 200_000).mean())
+        return _sample_mean(self)
 
     @property
     def max(self) -> int:
         return self.max_tokens
+
+
+@functools.lru_cache(maxsize=1024)
+def _sample_mean(dist: _Clipped) -> float:
+    """A clipped distribution's mean, from a fixed-seed sample: the same for equal ones, so
+    drawn once each (sizing asks for it dozens of times a pool)."""
+    return float(dist.sample(np.random.default_rng(0), 200_000).mean())
 
 
 class Normal(_Clipped):

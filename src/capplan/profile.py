@@ -222,11 +222,13 @@ class StepTimer:
     """
 
     __slots__ = (
+        "_box",
         "_c",
         "_draft",
         "_enc",
         "_graph_max",
         "_graphs",
+        "_pad",
         "_prefill_step",
         "box",
         "extrapolated_steps",
@@ -251,7 +253,10 @@ class StepTimer:
         self._prefill_step = s.prefill_step_s
         self._graphs = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens, self.k)
         self._graph_max = self._graphs[-1] if self._graphs else 0
+        # pad(t) for every t up to the largest graph: one lookup a step
+        self._pad = [self.pad(t) for t in range(self._graph_max + 1)]
         self.box = profile.box
+        self._box = (self.box.max_tokens, self.box.max_seqs, self.box.max_context_tokens)
         self.strict = strict
         self.extrapolated_steps = 0
 
@@ -272,17 +277,15 @@ class StepTimer:
     ) -> float:
         """Seconds for one engine step of this composition."""
         fixed, per_tok, knee, p_attn, d_ctx, per_seq = self._c
-        box = self.box
-        if tokens > box.max_tokens or seqs > box.max_seqs or (
-            seqs and decode_ctx > box.max_context_tokens * seqs
-        ):
+        max_tokens, max_seqs, max_context = self._box
+        if tokens > max_tokens or seqs > max_seqs or (seqs and decode_ctx > max_context * seqs):
             self.extrapolated_steps += 1
             if self.strict:
                 raise CalibrationCoverageError(
                     f"step with {tokens} tokens and {seqs} sequences is outside the calibrated "
-                    f"box ({box.max_tokens} tokens, {box.max_seqs} sequences)"
+                    f"box ({max_tokens} tokens, {max_seqs} sequences)"
                 )
-        t_pad = self.pad(tokens)
+        t_pad = self._pad[tokens] if 0 <= tokens <= self._graph_max else self.pad(tokens)
         t = fixed + per_tok * (t_pad if t_pad > knee else knee)
         t += p_attn * prefill_attn + d_ctx * decode_ctx + per_seq * seqs
         if prefill_attn:

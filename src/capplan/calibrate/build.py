@@ -198,6 +198,7 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
         notes.append(f"decode_ctx_s from {g.model}/bf16 (sweep reached decode context "
                      f"{_max_decode_context(df):.0f} < {MIN_DECODE_CONTEXT})")
     plan = _plan_file(meta.get("args", {}).get("plan"), raw)
+    planned: list[str] = []
     if plan is not None:
         planned = [q["id"] for q in json.loads(plan.read_text())["points"]
                    if not q.get("warmup")]
@@ -240,9 +241,15 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                 "cv5_windows": len(res.cv_ape),
                 "cv5_median_ape": round(float(np.median(res.cv_ape)), 5),
                 "cv5_p95_ape": round(float(np.percentile(res.cv_ape, 95)), 5),
+                "point_cv_points": len(res.point_ape),
+                "point_cv_median_ape": (round(float(np.median(res.point_ape)), 5)
+                                        if len(res.point_ape) else None),
+                "point_cv_p95_ape": (round(float(np.percentile(res.point_ape, 95)), 5)
+                                     if len(res.point_ape) else None),
                 "trimmed_train_windows": res.trimmed, "seed": seed, "floors": floors,
                 "fixed_coefficients": fixed},
         "points_measured": sorted(set(df["point"].to_list())),
+        "points_planned": len(planned) or None,
         "points_skipped": meta.get("points_skipped", []),
         "points_hung": meta.get("points_hung", []),
         "kv_points": kvs,

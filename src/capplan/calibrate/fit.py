@@ -54,6 +54,7 @@ class FitResult:
     test_ape: np.ndarray
     single_step_ape: np.ndarray
     cv_ape: np.ndarray
+    point_ape: np.ndarray
 
 
 def _pad(tokens: np.ndarray, sizes: list[int]) -> np.ndarray:
@@ -204,7 +205,36 @@ def fit_step_model(
                      test_ape=test_ape,
                      single_step_ape=window_ape(s, single, step, sizes, spec_k),
                      cv_ape=_cross_validate(s, win, sizes, spec_k, free, fixed_vec, knees,
-                                            floor, seed))
+                                            floor, seed),
+                     point_ape=_leave_point_out(s, win, sizes, spec_k, free, fixed_vec, knees,
+                                                floor))
+
+
+def point_spans(s: Samples) -> np.ndarray:
+    """Each measured (non-warm-up) point's steps as one [start, stop) span. Its summed time
+    runs from the moment its first step was scheduled onto an idle GPU to its last step's
+    completion, so no stamp inside it matters: what a simulation, which adds steps up,
+    consumes, without the stamp jitter of a short window."""
+    point = s["point"]
+    bounds = np.flatnonzero(np.r_[True, point[1:] != point[:-1], True])
+    return np.array([(a, b) for a, b in pairwise(bounds) if not s["warmup"][a]],
+                    dtype=int).reshape(-1, 2)
+
+
+def _leave_point_out(s: Samples, win: np.ndarray, sizes: list[int], spec_k: int,
+                     free: np.ndarray, fixed: np.ndarray, knees: np.ndarray,
+                     floor: np.ndarray) -> np.ndarray:
+    """Each point's summed time under a model fitted without any of its windows: how well
+    the model predicts a batch composition it has not seen."""
+    spans = point_spans(s)
+    out = []
+    for a, b in spans:
+        rest = win[(win[:, 1] <= a) | (win[:, 0] >= b)]
+        if len(rest) < 8:
+            continue
+        step = _model(*_fit_once(s, rest, sizes, spec_k, free, fixed, knees, floor))
+        out.append(window_ape(s, np.array([[a, b]]), step, sizes, spec_k)[0])
+    return np.array(out, dtype=float)
 
 
 def _cross_validate(s: Samples, win: np.ndarray, sizes: list[int], spec_k: int,

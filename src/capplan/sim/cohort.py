@@ -50,6 +50,7 @@ class DecodeCohort:
     """Requests advanced implicitly, one decode token per step."""
 
     __slots__ = (
+        "_counts",
         "all_w",
         "bs",
         "ctx",
@@ -82,6 +83,7 @@ class DecodeCohort:
         self.ctx = 0  # sum of members' computed tokens at the next schedule
         self.all_w = [0] * workloads  # members per workload
         self.meas_w = [0] * workloads  # measured members per workload
+        self._counts: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self.phase = [0] * block_size  # members taking a new block at steps = i mod bs
         self.events: dict[int, list[SimRequest]] = {}  # step index -> members to leave
         self.sched_done = 0  # index of the last schedule
@@ -92,6 +94,13 @@ class DecodeCohort:
     @property
     def size(self) -> int:
         return len(self.members)
+
+    @property
+    def counts(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(all_w, meas_w) as tuples, made again only after a member joined or left."""
+        if self._counts is None:
+            self._counts = (tuple(self.all_w), tuple(self.meas_w))
+        return self._counts
 
     def crossings(self, step: int) -> int:
         """Blocks the members take at this schedule."""
@@ -129,6 +138,7 @@ class DecodeCohort:
         self.all_w[r.wl] += 1
         if r.measured:
             self.meas_w[r.wl] += 1
+        self._counts = None
         # allocate_slots asks for a block when computed + 1 + lookahead passes the blocks held
         first = s0 + (r.blocks + r.pinned_blocks) * bs - lookahead - r.computed
         r.phase = first % bs
@@ -211,6 +221,7 @@ class DecodeCohort:
         self.all_w[r.wl] -= 1
         if r.measured:
             self.meas_w[r.wl] -= 1
+        self._counts = None
         self.phase[r.phase] -= 1
         if self.sw is not None:
             self.sw_alloc[r.sw_phase] -= 1

@@ -25,16 +25,15 @@ import heapq
 import math
 import random
 from collections import deque
-from dataclasses import dataclass, field
-from itertools import compress, count
-from operator import attrgetter, not_, sub
+from dataclasses import dataclass
+from itertools import count
+from operator import sub
 
 from capplan.sim.cohort import DecodeCohort
 from capplan.sim.kvcache import UNIQUE_SHIFT as _UNIQUE_SHIFT
 from capplan.sim.kvcache import KVCache
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
-_LAZY = attrgetter("lazy")
 _SW_SHIFT = 52  # group bits of a sliding-window block's hash (above the request-unique ones)
 _NEVER = 1 << 62  # sw_free_at of a request without sliding-window groups
 
@@ -171,27 +170,48 @@ class SimRequest:
         )
 
 
-@dataclass(slots=True)
 class StepPlan:
-    """What one engine step computes: vLLM's SchedulerOutput, reduced to what costs time."""
+    """What one engine step computes: vLLM's SchedulerOutput, reduced to what costs time.
+    (A plain class, not a dataclass: one is made every step, and this __init__ is cheaper.)"""
 
-    reqs: list[SimRequest] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    spec: list[int] = field(default_factory=list)
-    emits: list[bool] = field(default_factory=list)
-    total_tokens: int = 0
-    prefill_tokens: int = 0
-    prefill_attn: float = 0.0
-    decode_ctx: int = 0
-    drafting: int = 0
-    preempted: int = 0
-    encoder_tokens: int = 0
-    running_scheduled: int = 0  # RUNNING requests scheduled (explicit or in the cohort)
-    running_prefill: bool = False  # one of them is a prefill chunk (prefill_scheduled)
-    idx: int = 0
-    cohort_size: int = 0  # decode-cohort members advanced implicitly in this step
-    cohort_all: tuple[int, ...] = ()  # ... per workload
-    cohort_meas: tuple[int, ...] = ()  # ... measured ones, per workload
+    __slots__ = (
+        "cohort_all",
+        "cohort_meas",
+        "cohort_size",
+        "decode_ctx",
+        "drafting",
+        "emits",
+        "encoder_tokens",
+        "idx",
+        "preempted",
+        "prefill_attn",
+        "prefill_tokens",
+        "reqs",
+        "running_prefill",
+        "running_scheduled",
+        "spec",
+        "tokens",
+        "total_tokens",
+    )
+
+    def __init__(self, idx: int = 0) -> None:
+        self.reqs: list[SimRequest] = []
+        self.tokens: list[int] = []
+        self.spec: list[int] = []
+        self.emits: list[bool] = []
+        self.total_tokens = 0
+        self.prefill_tokens = 0
+        self.prefill_attn = 0.0
+        self.decode_ctx = 0
+        self.drafting = 0
+        self.preempted = 0
+        self.encoder_tokens = 0
+        self.running_scheduled = 0  # RUNNING requests scheduled (explicit or in the cohort)
+        self.running_prefill = False  # one of them is a prefill chunk (prefill_scheduled)
+        self.idx = idx
+        self.cohort_size = 0  # decode-cohort members advanced implicitly in this step
+        self.cohort_all: tuple[int, ...] = ()  # ... per workload
+        self.cohort_meas: tuple[int, ...] = ()  # ... measured ones, per workload
 
     @property
     def empty(self) -> bool:
@@ -341,9 +361,13 @@ class EngineCore:
         need = -(-end // bs) - r.blocks - r.pinned_blocks
         if need > 0:
             kv = self.kv
-            if need > kv.num_free:
+            unhashed = kv.free_unhashed
+            if need > unhashed + kv.free_cached:  # kv.num_free
                 return False
-            kv.allocate(need)
+            if need <= unhashed:  # (KVCache.allocate's common case)
+                kv.free_unhashed = unhashed - need
+            else:
+                kv.allocate(need)
             r.blocks += need
         num_tokens = r.prompt + r.out
         if upto > num_tokens:
@@ -609,28 +633,40 @@ class EngineCore:
         in the running list (then they take their tokens first and the explicit ones share
         what is left, in order, as the walk would) and no request would be preempted. Else
         dissolve the cohort and walk the running list in order."""
-        for r in cohort.due(plan.idx):
-            self._leave(r)  # near its last token: the explicit path handles the end
-        size = cohort.size
-        # the explicit requests, in order, and the members ahead of each in the running list
-        # (built with C-level maps: this runs every step, over every running request); none
-        # when the members are all of it (they are running requests: a member leaves the
-        # cohort before it can finish, and the cohort dissolves before any preemption)
+        idx = plan.idx
+        if idx in cohort.events:
+            for r in cohort.due(idx):
+                self._leave(r)  # near its last token: the explicit path handles the end
+        size = len(cohort.members)
+        # the explicit requests, in order, and the members ahead of each in the running list;
+        # none when the members are all of it (they are running requests: a member leaves the
+        # cohort before it can finish, and the cohort dissolves before any preemption). The
+        # explicit ones (new prompts, members near their end) are few and mostly near the
+        # end of the list: found from the end, stopping at the last of them
         running = self.running
         others: list[SimRequest] = []
         before: list[int] = []
-        if len(running) > size:
-            at = list(compress(count(), map(not_, map(_LAZY, running))))
+        k = len(running) - size
+        if k:
+            at: list[int] = []
+            i = len(running)
+            while k:
+                i -= 1
+                if not running[i].lazy:
+                    at.append(i)
+                    k -= 1
+            at.reverse()
             others = list(map(running.__getitem__, at))
             before = list(map(sub, at, count()))
+        kv = self.kv
         if self.sw:
             # members' new blocks in every group, and the sliding blocks leaving their
             # windows (each member frees before it allocates: it needs the positive part)
-            crossings, freed, positive = cohort.sw_step(plan.idx)
-            free_blocks = self.kv.num_free - positive
+            crossings, freed, positive = cohort.sw_step(idx)
+            free_blocks = kv.num_free - positive
         else:
-            crossings = cohort.crossings(plan.idx)
-            free_blocks = self.kv.num_free - crossings
+            crossings = cohort.phase[idx % cohort.bs]  # cohort.crossings(idx)
+            free_blocks = kv.free_unhashed + kv.free_cached - crossings
         if not (
             self._fits(others, before, size, budget, free_blocks)
             if others
@@ -641,18 +677,20 @@ class EngineCore:
             return self._schedule_running(plan, self.running, budget)
         if self.sw and freed:
             # members' out-of-window blocks: their own, cached (kvcache.py free_anon)
-            if self.kv.caching:
-                self.kv.free_anon(freed)
+            if kv.caching:
+                kv.free_anon(freed)
             else:
-                self.kv.free_unhashed += freed
-        if crossings:
-            self.kv.allocate(crossings)  # members' new blocks; counted on them when met
+                kv.free_unhashed += freed
+        if crossings:  # members' new blocks; counted on them when met
+            if crossings <= kv.free_unhashed:  # (KVCache.allocate's common case)
+                kv.free_unhashed -= crossings
+            else:
+                kv.allocate(crossings)
         plan.total_tokens += size
         plan.decode_ctx += cohort.ctx
         plan.cohort_size = size
         plan.running_scheduled += size
-        plan.cohort_all = tuple(cohort.all_w)
-        plan.cohort_meas = tuple(cohort.meas_w)
+        plan.cohort_all, plan.cohort_meas = cohort.counts  # (tuples of all_w, meas_w)
         cohort.ctx += size
         if not others:
             return budget - size, False

@@ -32,7 +32,8 @@ it, and only after a preemption; see docs/simulator.md).
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
+from itertools import filterfalse, islice, repeat, takewhile
 
 UNIQUE_SHIFT = 22  # block index bits of a request-unique hash (4M blocks = 64M tokens)
 _minus_one = (-1).__add__
@@ -136,9 +137,15 @@ class KVCache:
         get_num_blocks_to_allocate counts evictable hits)."""
         if not self.caching:
             return 0, 0
-        n = evictable = 0
-        ref, free, dups = self.ref, self.free_hashed, self.dups
-        for h in hashes:
+        ref = self.ref
+        # the leading blocks in use by other requests (a shared prefix, usually all of the
+        # hit), counted in C; the walk below goes on from the first that is not
+        n = len(list(takewhile(ref.__contains__, hashes)))
+        if n == len(hashes):
+            return n, 0
+        evictable = 0
+        free, dups = self.free_hashed, self.dups
+        for h in islice(hashes, n, None):
             if h in ref:
                 n += 1
             elif h in free or self._run_of(h) is not None:
@@ -162,7 +169,7 @@ class KVCache:
     def touch(self, hashes: list[int]) -> None:
         """Take a reference on cached blocks hit by a newly admitted request."""
         ref, free = self.ref, self.free_hashed
-        for h in [h for h in hashes if h not in ref]:  # free ones: out of the free queue
+        for h in list(filterfalse(ref.__contains__, hashes)):  # free ones: out of the free queue
             self.free_cached -= 1
             if h in free:
                 del free[h]
@@ -258,8 +265,7 @@ class KVCache:
         if shared < len(hashes):
             mine = hashes[shared:]
             mine.reverse()
-            for h in mine:
-                del ref[h]
+            deque(map(ref.pop, mine, repeat(None)), 0)  # del ref[h] each, in C
             free.update(dict.fromkeys(mine))
             self.free_cached += len(mine)
         if not shared:
@@ -272,7 +278,6 @@ class KVCache:
         dict.update(ref, zip(held, map(_minus_one, refs), strict=True))  # set (Counter adds)
         if 1 in refs:
             last = [h for h, n in zip(held, refs, strict=True) if n == 1]
-            for h in last:
-                del ref[h]
+            deque(map(ref.pop, last, repeat(None)), 0)  # del ref[h] each, in C
             free.update(dict.fromkeys(last))
             self.free_cached += len(last)

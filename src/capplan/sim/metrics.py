@@ -27,13 +27,14 @@ _LOG_LO = math.log(_LO)
 class GapHistogram:
     """Streaming histogram of positive durations with 0.1 % relative resolution."""
 
-    __slots__ = ("_buf", "_rep", "_rep_n", "counts", "n")
+    __slots__ = ("_buf", "_rep", "_rep_n", "_steps", "counts", "n")
 
     def __init__(self) -> None:
         self.counts = np.zeros(_NBINS, dtype=np.int64)
         self._buf = array("d")  # single observations
         self._rep = array("d")  # observations seen `_rep_n[i]` times each
         self._rep_n = array("d")
+        self._steps: tuple[StepGaps, int] | None = None  # more repeated ones, kept there
         self.n = 0
 
     def add(self, x: float) -> None:
@@ -55,6 +56,9 @@ class GapHistogram:
             self._flush()
 
     def _flush(self) -> None:
+        if self._steps is not None:
+            steps, workload = self._steps
+            steps.hand_over(workload)
         if self._buf:
             x = np.frombuffer(self._buf, dtype=np.float64)
             self.counts += np.bincount(_bins(x), minlength=_NBINS)
@@ -96,6 +100,105 @@ class GapHistogram:
             return float("nan")
         centres = np.exp(_LOG_LO + (np.arange(_NBINS) + 0.5) / _BINS_PER_E)
         return float(np.dot(self.counts, centres) / self.n)
+
+
+_FLUSH_AT = 65536
+"""A GapHistogram's buffers flush when either holds this many entries."""
+
+
+class StepGaps:
+    """The decode cohort's ITL gaps and tokens, for every workload at once (replica.py,
+    `Replica._emit_cohort`): a step appends its gap `dt`, the measured members of each workload
+    that saw it (`counts`, one entry per workload) and, in the measurement window, the
+    tokens each workload's members received (`tokens`). That is two or three appends a step
+    instead of a histogram call per workload.
+
+    The gaps are each workload's ITL histogram's `add_repeated` observations, held here
+    instead of in its buffer and with the same effect, also on when the histogram flushes
+    (its `n` counts flushed observations only, and `summarise` reads it before flushing):
+    they count as the histogram's buffered entries, it takes them whenever it flushes, and
+    it flushes once they number _FLUSH_AT (steps that a workload's measured members saw), as
+    add_repeated would. Every FOLD_EVERY steps (or sooner, so that no histogram's count can
+    pass _FLUSH_AT unseen) the steps are binned into per-workload pending counts, so memory
+    stays flat."""
+
+    __slots__ = ("_pend", "_pend_n", "_pend_rep", "_taken", "check_at", "counts", "dt",
+                 "hists", "recorders", "tokens", "width")
+
+    FOLD_EVERY = 4096
+
+    def __init__(self, recorders: list[WorkloadRecorder]) -> None:
+        self.recorders = recorders
+        self.width = len(recorders)
+        self.hists = [rec.itl for rec in recorders]
+        for w, hist in enumerate(self.hists):
+            hist._steps = (self, w)
+        self.dt = array("d")
+        self.counts = array("q")
+        self.tokens = array("q")
+        self._taken = [0] * self.width  # buffered steps already in each workload's pending
+        self._pend: list[np.ndarray | None] = [None] * self.width  # binned, float64
+        self._pend_n = [0] * self.width  # observations pending
+        self._pend_rep = [0] * self.width  # steps pending: the histogram's len(_rep)
+        self.check_at = self.FOLD_EVERY
+        """`fold` when len(dt) reaches this."""
+
+    def _fold_one(self, w: int, counts: np.ndarray, bins: np.ndarray) -> None:
+        start = self._taken[w]
+        self._taken[w] = len(bins)
+        col = counts[start:, w]
+        seen = int(np.count_nonzero(col))  # add_repeated ran for these (count != 0)
+        if not seen:
+            return
+        add = np.bincount(bins[start:], weights=col.astype(np.float64), minlength=_NBINS)
+        pend = self._pend[w]
+        self._pend[w] = add if pend is None else pend + add
+        self._pend_n[w] += int(col.sum())
+        self._pend_rep[w] += seen
+
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        n = len(self.dt)
+        counts = np.frombuffer(self.counts, dtype=np.int64).reshape(n, self.width)
+        return counts, _bins(np.frombuffer(self.dt, dtype=np.float64))
+
+    def fold(self) -> None:
+        """Bin the buffered steps into each workload's pending counts; a histogram whose
+        pending steps reach _FLUSH_AT flushes (they did at this step: `check_at`)."""
+        if self.dt:
+            counts, bins = self._arrays()
+            for w in range(self.width):
+                if self._taken[w] < len(bins):
+                    self._fold_one(w, counts, bins)
+            self.dt = array("d")
+            self.counts = array("q")
+            self._taken = [0] * self.width
+            for w, hist in enumerate(self.hists):
+                if self._pend_rep[w] >= _FLUSH_AT:
+                    hist._flush()
+        self.fold_tokens()
+        # no histogram's pending steps can reach _FLUSH_AT before this many more steps
+        self.check_at = min(self.FOLD_EVERY, *(_FLUSH_AT - r for r in self._pend_rep))
+
+    def fold_tokens(self) -> None:
+        """Add the buffered window tokens to the recorders."""
+        if self.tokens:
+            sums = np.frombuffer(self.tokens, dtype=np.int64).reshape(-1, self.width).sum(0)
+            for rec, n in zip(self.recorders, sums.tolist(), strict=True):
+                rec.output_tokens_in_window += n
+            self.tokens = array("q")
+
+    def hand_over(self, w: int) -> None:
+        """Workload w's histogram flushes: its pending observations go into its counts."""
+        if self._taken[w] < len(self.dt):
+            self._fold_one(w, *self._arrays())
+        pend = self._pend[w]
+        if pend is not None:
+            hist = self.hists[w]
+            hist.counts += np.rint(pend).astype(np.int64)
+            hist.n += self._pend_n[w]
+        self._pend[w] = None
+        self._pend_n[w] = 0
+        self._pend_rep[w] = 0
 
 
 def _bins(x: np.ndarray) -> np.ndarray:

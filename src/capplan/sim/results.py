@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
-import polars as pl
 from pydantic import BaseModel, ConfigDict, field_serializer
 
 from capplan.sim.metrics import REQUEST_FIELDS, WorkloadRecorder
 from capplan.traffic import Workload
+
+if TYPE_CHECKING:
+    import polars as pl
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -106,8 +109,11 @@ class SimResult(BaseModel):
     that moment (requests unfinished by then count as infinitely late), not the full run."""
     stopped_by: str | None = None
     """The target missed for certain ('<workload> <key>') when the run stopped early."""
-    _requests: pl.DataFrame | None = None
-    _kv_series: pl.DataFrame | None = None
+    # polars frames, or what they are made of (RequestColumns, KvRows: made into frames on
+    # first use, so that the simulation, and the worker processes running it, never import
+    # polars)
+    _requests: Any = None
+    _kv_series: Any = None
 
     @property
     def slo_met(self) -> bool:
@@ -118,14 +124,30 @@ class SimResult(BaseModel):
 
     def requests(self) -> pl.DataFrame:
         """Per-request figures of the measured requests, one row each."""
-        return self._requests if self._requests is not None else pl.DataFrame()
+        if isinstance(self._requests, RequestColumns):
+            self._requests = self._requests.frame()
+        if self._requests is None:
+            import polars as pl
+
+            return pl.DataFrame()
+        frame: pl.DataFrame = self._requests
+        return frame
 
     def kv_series(self) -> pl.DataFrame:
         """KV blocks in use and running requests per replica, sampled once a second."""
-        return self._kv_series if self._kv_series is not None else pl.DataFrame()
+        if isinstance(self._kv_series, KvRows):
+            self._kv_series = self._kv_series.frame()
+        if self._kv_series is None:
+            import polars as pl
+
+            return pl.DataFrame()
+        frame: pl.DataFrame = self._kv_series
+        return frame
 
     def to_polars(self) -> pl.DataFrame:
         """Per-workload summary, one row each."""
+        import polars as pl
+
         rows = []
         for w in self.workloads:
             d = w.model_dump(exclude={"slo"})
@@ -176,15 +198,62 @@ def summarise(
     )
 
 
-def requests_frame(names: list[str], recs: list[WorkloadRecorder]) -> pl.DataFrame:
-    frames = []
-    for name, rec in zip(names, recs, strict=True):
-        if rec.cols is not None and rec.completed:
-            d = {f: rec.column(f) for f in REQUEST_FIELDS}
-            ints = ("input_tokens", "output_tokens", "cached_tokens", "preemptions", "replica")
+class RequestColumns:
+    """The per-request rows of a run's recorders, made into `requests()`'s frame on first use."""
+
+    __slots__ = ("columns",)
+
+    def __init__(self, names: list[str], recs: list[WorkloadRecorder]) -> None:
+        self.columns = [
+            (name, {f: rec.column(f) for f in REQUEST_FIELDS})
+            for name, rec in zip(names, recs, strict=True)
+            if rec.cols is not None and rec.completed
+        ]
+
+    def __getstate__(self) -> object:
+        return self.columns
+
+    def __setstate__(self, state: Any) -> None:
+        self.columns = state
+
+    def frame(self) -> pl.DataFrame:
+        import polars as pl
+
+        frames = []
+        ints = ("input_tokens", "output_tokens", "cached_tokens", "preemptions", "replica")
+        for name, d in self.columns:
             frames.append(pl.DataFrame(d).with_columns(
                 pl.lit(name).alias("workload"), *(pl.col(c).cast(pl.Int64) for c in ints)
             ))
-    return pl.concat(frames) if frames else pl.DataFrame()
+        return pl.concat(frames) if frames else pl.DataFrame()
+
+
+def requests_frame(names: list[str], recs: list[WorkloadRecorder]) -> pl.DataFrame:
+    return RequestColumns(names, recs).frame()
+
+
+class KvRows:
+    """`kv_series()` rows (replica, time_s, kv_usage, running), made into its frame on first
+    use."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+
+    def __getstate__(self) -> object:
+        return self.rows
+
+    def __setstate__(self, state: Any) -> None:
+        self.rows = state
+
+    def frame(self) -> pl.DataFrame:
+        import polars as pl
+
+        return pl.DataFrame(
+            self.rows,
+            schema={"replica": pl.Int64, "time_s": pl.Float64, "kv_usage": pl.Float64,
+                    "running": pl.Int64},
+        )
 
 

@@ -9,11 +9,15 @@
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from capplan.sim.core import SimRequest
     from capplan.sim.replica import Replica
+
+
+_OUTSTANDING = attrgetter("outstanding")
 
 
 class Router:
@@ -36,7 +40,7 @@ class Router:
             return rep
         if self.policy == "prefix_affinity" and r.prefix_blocks:
             return reps[_mix(r.prefix_base) % len(reps)]
-        return min(reps, key=lambda x: x.outstanding)
+        return min(reps, key=_OUTSTANDING)
 
     def finished(self, r: SimRequest, replica: Replica) -> None:
         """Hook for policies that track completions (outstanding counts live on replicas)."""

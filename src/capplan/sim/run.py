@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import polars as pl
 import simpy
 
 from capplan.errors import ConfigError
@@ -28,7 +27,7 @@ from capplan.profile import Profile, StepTimer
 from capplan.sim.core import CoreConfig, EngineCore, SimRequest
 from capplan.sim.metrics import WorkloadRecorder
 from capplan.sim.replica import Replica, Window
-from capplan.sim.results import PoolRunResult, SimResult, requests_frame, summarise
+from capplan.sim.results import KvRows, PoolRunResult, RequestColumns, SimResult, summarise
 from capplan.sim.router import Router
 from capplan.sim.verdict import CHECK_EVERY_S, MissWatch
 from capplan.sim.workload import TARGET_HIT_RATE, ArrivalStream, ClosedLoopSampler
@@ -486,6 +485,7 @@ class _Run:
 
     def _result(self) -> SimResult:
         st, env = self.st, self.env
+        self.window.close()
         window = self.duration - self.warmup
         results = [
             summarise(w, rec, self.created[i], window)
@@ -524,16 +524,12 @@ class _Run:
         res = SimResult(pool=pool, workloads=results,
                         stopped_at_s=round(env.now, 6) if stopped else None,
                         stopped_by=self.stopped_by if stopped else None)
-        res._requests = requests_frame([w.name for w in self.workloads], self.recorders)
-        res._kv_series = pl.DataFrame(
-            [
-                {"replica": rep.index, "time_s": t, "kv_usage": used / blocks, "running": n}
-                for rep in self.replicas
-                for t, used, n in rep.kv_series
-            ],
-            schema={"replica": pl.Int64, "time_s": pl.Float64, "kv_usage": pl.Float64,
-                    "running": pl.Int64},
-        )
+        res._requests = RequestColumns([w.name for w in self.workloads], self.recorders)
+        res._kv_series = KvRows([
+            {"replica": rep.index, "time_s": t, "kv_usage": used / blocks, "running": n}
+            for rep in self.replicas
+            for t, used, n in rep.kv_series
+        ])
         return res
 
 

@@ -12,9 +12,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import polars as pl
 
 from capplan.errors import ConfigError
 from capplan.traffic import (
@@ -25,6 +25,9 @@ from capplan.traffic import (
     ReplayArrival,
     Workload,
 )
+
+if TYPE_CHECKING:
+    import polars as pl
 
 __all__ = [
     "NO_PREFIX",
@@ -336,6 +339,8 @@ def _read_trace(workload: Workload, base_dir: Path | None) -> _Trace:
             file=file,
             field=field,
         )
+
+    import polars as pl  # only replayed traces need it
 
     def scan(overrides: Mapping[str, type[pl.DataType]] | None) -> pl.LazyFrame:
         if suffix == ".csv":

@@ -20,6 +20,7 @@ import itertools
 import multiprocessing
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
@@ -69,12 +70,34 @@ def cli_workers(given: int | None) -> int:
     return default_workers() if "CAPPLAN_WORKERS" in os.environ else usable_cpus()
 
 
+HOLD_S = 0.02
+"""A worker whose run a search thread was waiting for stays free this long for a search's
+next step (CHAIN) before a prefetched run may take it: the thread that waited asks for its
+next step within milliseconds, and a prefetched run started in between would make that
+step, the critical path, wait seconds for a worker."""
+
+
+class _Promise(Future[Any]):
+    """A job's future that knows whether a thread waited for its result."""
+
+    awaited = False
+
+    def result(self, timeout: float | None = None) -> Any:
+        self.awaited = True
+        return super().result(timeout)
+
+
 _Job = tuple[tuple[int, float], int, "Future[Any]", Callable[..., Any], tuple[Any, ...]]
 
 
 class _Dispatcher:
     """`workers` forkserver processes fed from a priority queue (ProcessPoolExecutor alone
-    runs jobs first come, first served): a job is handed over only when a worker is free."""
+    runs jobs first come, first served): a job is handed over only when a worker is free.
+
+    The workers start at once (the fork server imports the simulator first, about half a
+    second); until the first of them is ready, this process runs the next job itself, one
+    at a time, so that the search does not wait for them (a simulation's result is the
+    same wherever it runs)."""
 
     def __init__(self, workers: int) -> None:
         method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else (
@@ -83,16 +106,41 @@ class _Dispatcher:
         if method == "forkserver":
             multiprocessing.set_forkserver_preload(PRELOAD)
         self._ex = ProcessPoolExecutor(workers, mp_context=ctx)
-        self._free = workers
+        self._free = 0  # workers ready for a job (one counts once it has started)
+        self._holds: list[float] = []  # free workers kept for CHAIN jobs, until then
+        self._starting = True  # no worker is ready yet
+        self._here = False  # this process is running a job
         self._queue: list[_Job] = []
         self._order = itertools.count()
         self._cond = threading.Condition()
         threading.Thread(target=self._feed, name="capplan-jobs", daemon=True).start()
+        # launching the workers blocks until the fork server has imported: not in _feed
+        threading.Thread(target=self._start, args=(workers,), name="capplan-start",
+                         daemon=True).start()
+
+    def _start(self, workers: int) -> None:
+        """Start every worker: each counts as free once it has run a job that does nothing."""
+        for i in range(workers):
+            try:
+                job = self._ex.submit(_ready)
+            except BaseException:  # a broken pool: jobs go to it and fail there, saying why
+                with self._cond:
+                    self._starting = False
+                    self._free += workers - i
+                    self._cond.notify()
+                return
+            job.add_done_callback(self._started)
+
+    def _started(self, job: Future[Any]) -> None:
+        with self._cond:
+            self._starting = False
+            self._free += 1
+            self._cond.notify()
 
     def submit(
         self, priority: tuple[int, float], fn: Callable[..., Any], *args: Any
     ) -> Future[Any]:
-        out: Future[Any] = Future()
+        out: Future[Any] = _Promise()
         with self._cond:
             heapq.heappush(self._queue, (priority, next(self._order), out, fn, args))
             self._cond.notify()
@@ -108,12 +156,17 @@ class _Dispatcher:
     def _feed(self) -> None:
         while True:
             with self._cond:
-                while not (self._free and self._queue):
-                    self._cond.wait()
+                while (where := self._where()) is None:
+                    self._cond.wait(min(self._holds) - time.monotonic() if self._holds
+                                    else None)
                 _, _, out, fn, args = heapq.heappop(self._queue)
-                self._free -= 1
+                here = where == "here"
             if not out.set_running_or_notify_cancel():
-                self._release()
+                self._release(here=here)
+                continue
+            if here:
+                threading.Thread(target=self._run_here, args=(out, fn, args),
+                                 name="capplan-here", daemon=True).start()
                 continue
             try:
                 job = self._ex.submit(fn, *args)
@@ -123,13 +176,50 @@ class _Dispatcher:
                 continue
             job.add_done_callback(functools.partial(self._done, out))
 
-    def _release(self) -> None:
+    def _where(self) -> str | None:
+        """Where the first job in the queue runs now ("worker", taking it, or "here": this
+        process), None while it must wait."""
+        if not self._queue:
+            return None
+        if self._holds:
+            now = time.monotonic()
+            self._holds = [t for t in self._holds if t > now]
+        chain = self._queue[0][0] <= CHAIN
+        if self._free > (0 if chain else len(self._holds)):
+            self._free -= 1
+            if chain and self._holds:
+                self._holds.pop(0)
+            return "worker"
+        if self._starting and not self._here:
+            self._here = True
+            return "here"
+        return None
+
+    def _run_here(self, out: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        """A job in this process (while the workers start)."""
+        try:
+            result = fn(*args)
+        except BaseException as e:
+            out.set_exception(e)
+        else:
+            out.set_result(result)
+        finally:
+            self._release(here=True)
+
+    def _release(self, *, here: bool = False) -> None:
         with self._cond:
-            self._free += 1
+            if here:
+                self._here = False
+            else:
+                self._free += 1
             self._cond.notify()
 
     def _done(self, out: Future[Any], job: Future[Any]) -> None:
-        self._release()
+        with self._cond:
+            self._free += 1
+            if getattr(out, "awaited", False):  # its search is about to ask for more
+                self._holds.append(time.monotonic() + HOLD_S)
+            self._cond.notify()
         exc = job.exception()
         if exc is not None:
             out.set_exception(exc)
@@ -163,9 +253,7 @@ def _ready() -> None:
 
 def warm(workers: int) -> None:
     """Start the workers now (the fork server imports while the caller goes on)."""
-    d = _dispatcher(workers)
-    for _ in range(workers):
-        d.submit(CHAIN, _ready)
+    _dispatcher(workers)
 
 
 def submit(

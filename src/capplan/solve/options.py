@@ -62,12 +62,52 @@ def split_advice(mix: TrafficMix, choice: PoolChoice, settings: SearchSettings) 
         ],
     })
     try:
-        rest = Sizer(split, pool.name, settings, setup=sizer.setup).search()
-        alone = Sizer(split, own.name, settings, setup=replace(sizer.setup, pool=own)).search()
+        rest, alone = _both(
+            settings,
+            lambda s: Sizer(split, pool.name, s, setup=sizer.setup).search(),
+            lambda s: Sizer(split, own.name, s, setup=replace(sizer.setup, pool=own)).search(),
+        )
     except InfeasibleError as e:
         return Advice(kind="split", message=f"moving {wl} to its own pool: infeasible ({e})")
     return _split_advice("split", f"binding workload {wl} in its own pool", "it",
                          choice.probe_replicas, alone, rest, pool.tp)
+
+
+def _both(
+    settings: SearchSettings,
+    first: Callable[[SearchSettings], int],
+    second: Callable[[SearchSettings], int],
+) -> tuple[int, int]:
+    """first(settings), then second(settings): two independent searches of an advice. With
+    worker processes they run side by side (each is a chain of probes, mostly waiting), and
+    the log still tells first's lines, then second's, as one after the other would; the
+    error raised is the one raised first in that order (second's is not seen when first
+    fails, nor are its lines)."""
+    if settings.processes < 2:
+        return first(settings), second(settings)
+    lines: list[str] = []
+    later = replace(settings, log=None if settings.log is None else lines.append)
+    out: list[int | BaseException] = []
+
+    def run_second() -> None:
+        try:
+            out.append(second(later))
+        except BaseException as e:
+            out.append(e)
+
+    thread = threading.Thread(target=run_second, name="capplan-advice", daemon=True)
+    thread.start()
+    try:
+        a = first(settings)
+    finally:
+        thread.join()
+    if settings.log is not None:
+        for line in lines:
+            settings.log(line)
+    b = out[0]
+    if isinstance(b, BaseException):
+        raise b
+    return a, b
 
 
 def _split_advice(kind: Literal["split", "batch_pool"], what: str, them: str, shared: int,
@@ -127,8 +167,11 @@ def batch_pool_advice(
         ],
     })
     try:
-        rest = Sizer(split, pool.name, settings, setup=choice.sizer.setup).search()
-        alone = Sizer(split, bpool.name, settings).search()
+        rest, alone = _both(
+            settings,
+            lambda s: Sizer(split, pool.name, s, setup=choice.sizer.setup).search(),
+            lambda s: Sizer(split, bpool.name, s).search(),
+        )
     except InfeasibleError as e:
         return Advice(kind="batch_pool", message=f"a batch pool for {', '.join(batch)}: "
                       f"infeasible ({e})")

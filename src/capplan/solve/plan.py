@@ -17,14 +17,16 @@ import csv
 import io
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
 from capplan.sim.results import SimResult
 from capplan.solve.search import PoolSizing, worst_check
 from capplan.traffic import DailyArrival, Workload
+
+if TYPE_CHECKING:
+    import polars as pl
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 HOURS_PER_MONTH = 730.0
@@ -211,6 +213,8 @@ class Plan(BaseModel):
 
     def to_polars(self) -> pl.DataFrame:
         """One row per (pool, workload, SLO)."""
+        import polars as pl
+
         rows = []
         for p in self.pools:
             for w in p.workloads:
