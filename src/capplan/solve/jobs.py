@@ -71,15 +71,17 @@ def cli_workers(given: int | None) -> int:
 
 
 HOLD_S = 0.02
-"""A worker whose run a search thread was waiting for stays free this long for a search's
-next step (CHAIN) before a prefetched run may take it: the thread that waited asks for its
-next step within milliseconds, and a prefetched run started in between would make that
+"""A worker that ran a search's step (CHAIN) the search thread was waiting for stays free
+this long for a search's next step before a prefetched run may take it: the thread asks for
+its next step within milliseconds, and a prefetched run started in between would make that
 step, the critical path, wait seconds for a worker."""
 
 
 class _Promise(Future[Any]):
-    """A job's future that knows whether a thread waited for its result."""
+    """A job's future that knows whether it is a search's step and whether a thread waited
+    for its result."""
 
+    chain = False
     awaited = False
 
     def result(self, timeout: float | None = None) -> Any:
@@ -140,7 +142,8 @@ class _Dispatcher:
     def submit(
         self, priority: tuple[int, float], fn: Callable[..., Any], *args: Any
     ) -> Future[Any]:
-        out: Future[Any] = _Promise()
+        out = _Promise()
+        out.chain = priority <= CHAIN
         with self._cond:
             heapq.heappush(self._queue, (priority, next(self._order), out, fn, args))
             self._cond.notify()
@@ -217,7 +220,8 @@ class _Dispatcher:
     def _done(self, out: Future[Any], job: Future[Any]) -> None:
         with self._cond:
             self._free += 1
-            if getattr(out, "awaited", False):  # its search is about to ask for more
+            if getattr(out, "chain", False) and getattr(out, "awaited", False):
+                # its search is about to ask for its next step
                 self._holds.append(time.monotonic() + HOLD_S)
             self._cond.notify()
         exc = job.exception()
