@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -18,7 +18,9 @@ from capplan._cli import ProgressBar
 from capplan._cli import errors_as_lines as _errors_as_lines
 from capplan._cli import one_line as _one_line
 from capplan.errors import ConfigError, InfeasibleError
-from capplan.solve.plan import Plan, PoolPlan
+
+if TYPE_CHECKING:
+    from capplan.solve.plan import Plan, PoolPlan
 
 RUNNERS_UP_SHOWN = 8
 """Runners-up printed per pool; the plan's JSON and the report hold all of them."""
@@ -37,6 +39,18 @@ def _s(v: float | None) -> str:
 
 def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v:.1%}"
+
+
+def _start_workers(workers: int | None) -> int:
+    """The worker count (--workers, $CAPPLAN_WORKERS, else the CPUs); with more than one, the
+    workers start now, so that their fork server imports the simulator while this process
+    does (jobs.py imports without it)."""
+    from capplan.solve import jobs
+
+    n = jobs.cli_workers(workers)
+    if n > 1:
+        jobs.warm(n)
+    return n
 
 
 def print_plan(plan: Plan, console: Console, elapsed_s: float | None = None) -> None:
@@ -154,15 +168,15 @@ def size(traffic: Path, fmt: str, out: Path | None, growth: float, spare: int,
          seed: int | None, quick: bool, workers: int | None, report_out: Path | None,
          verbose: bool) -> None:
     """Fewest GPUs per pool that hold every workload's SLOs, with cost and why."""
+    t0 = time.perf_counter()
+    n = _start_workers(workers)
     from capplan.mix import load_mix
-    from capplan.solve.jobs import cli_workers
     from capplan.solve.options import size_mix
 
-    t0 = time.perf_counter()
     mix = load_mix(traffic)
     with _Feedback(verbose) as fb:
         plan = size_mix(mix, growth=growth, spare=spare, seed=seed, quick=quick,
-                        log=fb.log, on_pool=fb.pool, workers=cli_workers(workers))
+                        log=fb.log, on_pool=fb.pool, workers=n)
     elapsed = time.perf_counter() - t0
     if out is not None:
         _write_plan(plan, out)
@@ -278,10 +292,10 @@ def _plot(rows: list[dict[str, Any]], path: Path, console: Console) -> None:
 def sweep(traffic: Path, growth_text: str, out: Path | None, plot: Path | None, spare: int,
           seed: int | None, quick: bool, workers: int | None) -> None:
     """GPUs per pool as traffic grows: the capacity-planning curve."""
+    n_workers = _start_workers(workers)
     import polars as pl
 
     from capplan.mix import load_mix
-    from capplan.solve.jobs import cli_workers
     from capplan.solve.options import floors_of, size_mix
 
     mix = load_mix(traffic)
@@ -298,7 +312,7 @@ def sweep(traffic: Path, growth_text: str, out: Path | None, plot: Path | None, 
             try:
                 plans.append(size_mix(mix, growth=g, spare=spare, seed=seed, quick=quick,
                                       advice=False, floors=floors, on_pool=step,
-                                      workers=cli_workers(workers)))
+                                      workers=n_workers))
                 floors = floors_of(plans[-1])
             except InfeasibleError as e:
                 # more traffic never needs fewer GPUs: every larger growth is infeasible too

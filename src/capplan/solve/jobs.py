@@ -23,12 +23,16 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from capplan.errors import ConfigError
-from capplan.mix import TrafficMix
-from capplan.sim.results import SimResult
-from capplan.sim.run import simulate_timed
+
+if TYPE_CHECKING:
+    from capplan.mix import TrafficMix
+    from capplan.sim.results import SimResult
+
+# (the simulator is imported where a job runs: this module imports fast, so that a caller
+# can start the workers first and import the simulator while their fork server does)
 
 PRELOAD = ["capplan.sim.run", "capplan.solve.jobs"]
 """Modules the fork server imports once, so that every worker starts with them."""
@@ -271,6 +275,8 @@ def submit(
 def _simulate(
     mix: TrafficMix, pool: str, replicas: int, kwargs: dict[str, Any]
 ) -> tuple[SimResult, float]:
+    from capplan.sim.run import simulate_timed
+
     return simulate_timed(mix, pool, replicas, **kwargs)
 
 
