@@ -248,7 +248,39 @@ def test_runs_hit_and_evict_like_one_key_per_block(
     Random admissions (a: its chain looked up as core.py does, hits touched, all blocks
     allocated), caching of the blocks it computed (c: later, so two requests can compute the
     same prefix block), finishes (f) and preemptions (p), checked against ReferencePool."""
+    _against_reference(num_blocks, requests, actions, chains=False)
+
+
+SHARING = st.tuples(
+    st.integers(0, 1),  # prefix group
+    st.integers(1, 6),  # shared-prefix blocks
+    st.integers(0, 3),  # own full blocks
+    st.integers(0, 1),  # blocks without a hash
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    num_blocks=st.integers(6, 24),
+    requests=st.lists(SHARING, min_size=3, max_size=10),
+    actions=st.lists(st.tuples(st.sampled_from("aaaccfp"), st.integers(0, 9)), min_size=40),
+)
+def test_prefix_chains_hit_and_evict_like_one_reference_per_block(
+    num_blocks: int, requests: list[tuple[int, int, int, int]], actions: list[tuple[str, int]]
+) -> None:
+    """The same, with every admission whose hit on its prefix is all in use holding it as a
+    chain (hold_chain, free(chain=, base=)), as core.py does: hits, evictions and the free
+    count are those of one reference per block, also with duplicate copies, chains of
+    different lengths on one prefix and requests holding its blocks one by one beside them."""
+    _against_reference(num_blocks, requests, actions, chains=True)
+
+
+def _against_reference(
+    num_blocks: int, requests: list[tuple[int, int, int, int]], actions: list[tuple[str, int]],
+    *, chains: bool,
+) -> None:
     kv, ref = KVCache(num_blocks, 16, enable_prefix_caching=True), ReferencePool(num_blocks)
+    chained: dict[int, int] = {}  # running request -> prefix blocks it holds as a chain
     keys: dict[int, list[int]] = {}  # running request -> cached keys held, in block order
     ref_keys: dict[int, list[int]] = {}
     computed: dict[int, list[int]] = {}  # running request -> hashes it computed, not cached yet
@@ -269,14 +301,23 @@ def test_runs_hit_and_evict_like_one_key_per_block(
             lookup = prefix + own if rid in preempted else prefix
             if not tail:
                 lookup = lookup[: len(prefix) + len(own) - 1]  # never the last token's block
-            hit, evictable = kv.longest_hit(lookup)
+            hit, evictable, in_use = kv.hit(lookup)
             assert (hit, evictable) == ref.longest_hit(lookup)
+            assert (hit, evictable) == kv.longest_hit(lookup)
             need = len(prefix) + len(own) + tail - hit
             if need + evictable > kv.num_free:
                 continue
             keys[rid] = kv.hit_keys(lookup[:hit])
             ref_keys[rid] = ref.hit_keys(lookup[:hit])
-            kv.touch(keys[rid])
+            # core.py: a request never preempted whose hit (on its prefix) is all in use
+            if chains and rid not in preempted and hit and in_use >= hit and hit <= len(prefix):
+                assert keys[rid] == prefix[:hit]
+                if kv.chains and kv.cover(prefix[0]) >= hit:
+                    assert in_use == hit
+                kv.hold_chain(prefix[0], hit)
+                chained[rid] = hit
+            else:
+                kv.touch(keys[rid])
             ref.touch(ref_keys[rid])
             kv.allocate(need)
             ref.allocate(need)
@@ -294,7 +335,8 @@ def test_runs_hit_and_evict_like_one_key_per_block(
         elif action in "fp" and rid in keys:
             held = len(prefix) + len(own) + tail
             own_blocks = untracked.pop(rid)
-            kv.free(keys[rid], held - len(keys[rid]) - len(own_blocks), len(prefix), own_blocks)
+            kv.free(keys[rid], held - len(keys[rid]) - len(own_blocks), len(prefix), own_blocks,
+                    chained.pop(rid, 0), prefix[0] if prefix else 0)
             ref.free(ref_keys[rid], held - len(ref_keys[rid]))
             del keys[rid], ref_keys[rid], computed[rid]
             (preempted if action == "p" else finished).add(rid)

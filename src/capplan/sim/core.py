@@ -45,6 +45,7 @@ class SimRequest:
         "arrival_s",
         "blocks",
         "cached_tokens",
+        "chain",
         "computed",
         "decoding",
         "encoded",
@@ -124,6 +125,7 @@ class SimRequest:
         self.decoding = False
         self.blocks = 0  # physical blocks held
         self.hashes: list[int] = []  # cached blocks held, in block order
+        self.chain = 0  # leading entries of `hashes` held as a chain (KVCache.hold_chain)
         self.n_reg = 0  # leading blocks whose caching is settled (vLLM: num_cached_block)
         self.preemptions = 0
         self.cached_tokens = -1  # prefix-cache hit at first scheduling
@@ -389,9 +391,11 @@ class EngineCore:
         if self.kv.caching and not r.preemptions and r.n_reg > own_from:
             base = r.rid << _UNIQUE_SHIFT
             own = range(base | own_from, base | r.n_reg)
-        self.kv.free(r.hashes, r.blocks - len(r.hashes) - len(own), shared, own)
+        self.kv.free(r.hashes, r.blocks - len(r.hashes) - len(own), shared, own,
+                     r.chain, r.prefix_base)
         r.blocks = 0
         r.hashes = []
+        r.chain = 0
         r.n_reg = 0
 
     # -- sliding-window groups: single_type_kv_cache_manager.py SlidingWindowManager --------
@@ -928,6 +932,8 @@ class EngineCore:
         if sw:
             sbs = cfg.sw_block_size
             cap = self._sw_cap
+        # a hit on a shared prefix all in use may be held as a chain (KVCache.hold_chain)
+        chains = kv.caching and not sw and not cfg.drop_eagle_block
         while self.num_waiting and budget > 0:
             if len(running) >= cfg.max_num_seqs:
                 break
@@ -945,9 +951,18 @@ class EngineCore:
                 # blocks past the shared prefix of a request never scheduled before are
                 # unique to it and not cached yet: the chain of hits stops there
                 max_hit = max(r.prefix_blocks, r.pinned_blocks)
+            chain = 0
             if kv.caching and max_hit > r.pinned_blocks:
                 hit_hashes = r.block_hashes(r.pinned_blocks, max_hit)
-                hit_blocks, evictable = kv.longest_hit(hit_hashes)
+                # a request never scheduled, asking for blocks [0, max_hit) of its prefix
+                chainable = (chains and not r.preemptions and not r.pinned_blocks
+                             and max_hit <= r.prefix_blocks)
+                if chainable and kv.chains and kv.cover(r.prefix_base) >= max_hit:
+                    hit_blocks = chain = max_hit  # all held as chains: in use, longest_hit's
+                else:
+                    hit_blocks, evictable, in_use = kv.hit(hit_hashes)
+                    if chainable and in_use >= hit_blocks:
+                        chain = hit_blocks
                 del hit_hashes[hit_blocks:]
                 if cfg.drop_eagle_block and hit_blocks:
                     # single_type_kv_cache_manager.py find_longest_cache_hit: drop_eagle_block
@@ -996,7 +1011,11 @@ class EngineCore:
                 break
             self._pop()
             if hit_hashes:
-                kv.touch(hit_hashes)
+                if chain:  # every block in use, under its own hash (hit_keys: the same)
+                    kv.hold_chain(r.prefix_base, chain)
+                    r.chain = chain
+                else:
+                    kv.touch(hit_hashes)
                 r.hashes = hit_hashes
             if sw:  # every group's hits are touched before any group allocates
                 sw_keys = sw_hit[2]

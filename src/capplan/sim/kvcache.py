@@ -28,12 +28,21 @@ Cached blocks no lookup will ask for sit in it as anonymous entries (`free_anon`
 evicted in their turn, never hit. The sliding-window groups of a hybrid model (sim/core.py)
 free their out-of-window blocks so (a request's own content: only it could come back for
 it, and only after a preemption; see docs/simulator.md).
+
+A request admitted with every block of its hit on a shared prefix already in use (blocks
+[0, n) of one prefix's chain: a RAG workload's long system prompt, held by the requests
+before it) may hold them as a *chain* (`hold_chain`): one count for the lot instead of one
+reference per block. A chained block's reference count is its `ref` count (the requests
+holding it block by block, possibly 0) plus the chains over it; a block stays in `ref` while
+that sum is positive, so every lookup reads as before, and the blocks a release takes to zero
+go to the LRU tail in the same order (`free(..., chain=, base=)`).
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
-from itertools import filterfalse, islice, repeat, takewhile
+from itertools import compress, filterfalse, islice, repeat, takewhile
+from operator import not_
 
 UNIQUE_SHIFT = 22  # block index bits of a request-unique hash (4M blocks = 64M tokens)
 _minus_one = (-1).__add__
@@ -63,6 +72,7 @@ class KVCache:
         "_next_run",
         "block_size",
         "caching",
+        "chains",
         "dup_hash",
         "dups",
         "free_cached",
@@ -90,6 +100,8 @@ class KVCache:
         self.ref: Counter[int] = Counter()
         self.dups: dict[int, list[int]] = {}  # hash -> keys of its duplicate copies, oldest first
         self.dup_hash: dict[int, int] = {}  # duplicate copy's key -> its hash
+        # prefix chain (its block 0's hash) -> lengths of the chains held on it (hold_chain)
+        self.chains: dict[int, Counter[int]] = {}
         self._next_dup = 1 << 62  # above every request-unique hash
         self._next_run = 1 << 63  # runs' keys: above every duplicate's
 
@@ -135,14 +147,19 @@ class KVCache:
         """Leading blocks of `hashes` present in the cache, and how many of those are free
         (a hit on a free block costs a free block: vllm/v1/core/single_type_kv_cache_manager.py
         get_num_blocks_to_allocate counts evictable hits)."""
+        return self.hit(hashes)[:2]
+
+    def hit(self, hashes: list[int]) -> tuple[int, int, int]:
+        """`longest_hit`, and how many leading blocks of the hit are in use (held by running
+        requests)."""
         if not self.caching:
-            return 0, 0
+            return 0, 0, 0
         ref = self.ref
         # the leading blocks in use by other requests (a shared prefix, usually all of the
         # hit), counted in C; the walk below goes on from the first that is not
-        n = len(list(takewhile(ref.__contains__, hashes)))
+        n = in_use = len(list(takewhile(ref.__contains__, hashes)))
         if n == len(hashes):
-            return n, 0
+            return n, 0, in_use
         evictable = 0
         free, dups = self.free_hashed, self.dups
         for h in islice(hashes, n, None):
@@ -157,7 +174,7 @@ class KVCache:
                     evictable += 1
             else:
                 break
-        return n, evictable
+        return n, evictable, in_use
 
     def hit_keys(self, hashes: list[int]) -> list[int]:
         """The cached copy each hit hash resolves to (get_one_block: the oldest)."""
@@ -181,6 +198,20 @@ class KVCache:
             if run.lo == run.hi:
                 self._drop_run(run)
         ref.update(hashes)
+
+    def cover(self, base: int) -> int:
+        """Leading blocks of the prefix chain `base` (its block 0's hash) held as chains."""
+        held = self.chains.get(base)
+        return max(held) if held else 0
+
+    def hold_chain(self, base: int, n: int) -> None:
+        """A request holds blocks [0, n) of the prefix chain `base` (hashes base, base - 1,
+        ...), every one of them in use already: as one chain, not n references (`free` with
+        chain=n lets go)."""
+        held = self.chains.get(base)
+        if held is None:
+            held = self.chains[base] = Counter()
+        held[n] += 1
 
     def _drop_run(self, run: _Run) -> None:
         del self.free_hashed[run.key]
@@ -243,13 +274,16 @@ class KVCache:
         private_blocks: int,
         shared: int | None = None,
         own: range = range(0),
+        chain: int = 0,
+        base: int = 0,
     ) -> None:
         """Release a request's blocks, tail first: `private_blocks` without a hash to the
         front of the free queue, its cached blocks to the LRU tail. Those are `hashes` (in
         block order; only the first `shared` entries can be held by other requests too, None:
         any) and after them `own`: the hashes of full blocks unique to the request that were
         never entered in the cache (nobody else can hit them while it holds them), freed as
-        one run."""
+        one run. `base`: the request's prefix chain (entry k of `hashes` its block k), the
+        first `chain` entries of which it holds as a chain (hold_chain)."""
         self.free_unhashed += private_blocks
         ref, free = self.ref, self.free_hashed
         if own:
@@ -271,13 +305,45 @@ class KVCache:
         if not shared:
             return
         # shared ones: one reference less each (a request holds a key once); those nobody
-        # holds any more go to the LRU tail, tail first
-        held = hashes[:shared]
-        held.reverse()
-        refs = list(map(ref.__getitem__, held))
-        dict.update(ref, zip(held, map(_minus_one, refs), strict=True))  # set (Counter adds)
-        if 1 in refs:
-            last = [h for h, n in zip(held, refs, strict=True) if n == 1]
-            deque(map(ref.pop, last, repeat(None)), 0)  # del ref[h] each, in C
-            free.update(dict.fromkeys(last))
-            self.free_cached += len(last)
+        # holds any more go to the LRU tail, tail first: the entries past a chain, then the
+        # chain's blocks (whose count only the chains over them make up)
+        if shared > chain:
+            held = hashes[chain:shared]
+            held.reverse()
+            refs = list(map(ref.__getitem__, held))
+            dict.update(ref, zip(held, map(_minus_one, refs), strict=True))  # (Counter adds)
+            if 1 in refs:
+                cover = self.cover(base) if base and self.chains else 0
+                if cover > chain:
+                    # block k < cover stays in use (count 0 in ref), held by other requests'
+                    # chains, if this entry is the block itself (not a duplicate copy)
+                    blocks = range(chain + len(held) - 1, chain - 1, -1)
+                    last = [h for k, h, n in zip(blocks, held, refs, strict=True)
+                            if n == 1 and not (k < cover and h == base - k)]
+                else:
+                    last = [h for h, n in zip(held, refs, strict=True) if n == 1]
+                deque(map(ref.pop, last, repeat(None)), 0)  # del ref[h] each, in C
+                free.update(dict.fromkeys(last))
+                self.free_cached += len(last)
+        if chain:
+            self._let_go(hashes, chain, base)
+
+    def _let_go(self, hashes: list[int], chain: int, base: int) -> None:
+        """A chain over blocks [0, chain) of `base` lets go: the blocks no other chain covers
+        and no request holds block by block (count 0) go to the LRU tail, tail first."""
+        held = self.chains[base]
+        held[chain] -= 1
+        if not held[chain]:
+            del held[chain]
+        cover = max(held) if held else 0
+        if not held:
+            del self.chains[base]
+        if cover >= chain:
+            return
+        ref = self.ref
+        seg = hashes[cover:chain]
+        seg.reverse()
+        last = list(compress(seg, map(not_, map(ref.__getitem__, seg))))
+        deque(map(ref.pop, last, repeat(None)), 0)  # del ref[h] each, in C
+        self.free_hashed.update(dict.fromkeys(last))
+        self.free_cached += len(last)
