@@ -128,14 +128,7 @@ def setup_pool(pool: Pool, *, profile: Profile | None = None, source: str = "") 
     num_blocks = kv_tokens // eng.block_size - 1  # block_pool.py: one null block
     limit = max_model_len(pool, spec)
     if num_blocks < 1:
-        raise ConfigError(
-            f"pool {pool.name!r}: at gpu_memory_utilization {eng.gpu_memory_utilization} the "
-            f"weights of {spec.name} ({pool.precision}) and the activations leave no room for "
-            "a KV cache (vLLM refuses to start); raise gpu_memory_utilization or pick a "
-            "smaller precision",
-            file=source or None,
-            field="engine.gpu_memory_utilization",
-        )
+        raise _no_room_for_kv(pool, spec, source)
     if num_blocks * eng.block_size < limit:
         raise ConfigError(
             f"pool {pool.name!r}: KV cache holds {num_blocks * eng.block_size} tokens, fewer "
@@ -147,19 +140,23 @@ def setup_pool(pool: Pool, *, profile: Profile | None = None, source: str = "") 
     return PoolSetup(pool, spec, prof, num_blocks, limit)
 
 
+def _no_room_for_kv(pool: Pool, spec: ModelSpec, source: str) -> ConfigError:
+    return ConfigError(
+        f"pool {pool.name!r}: at gpu_memory_utilization {pool.engine.gpu_memory_utilization} "
+        f"the weights of {spec.name} ({pool.precision}) and the activations leave no room "
+        "for a KV cache (vLLM refuses to start); raise gpu_memory_utilization or pick a "
+        "smaller precision",
+        file=source or None,
+        field="engine.gpu_memory_utilization",
+    )
+
+
 def _setup_hybrid(pool: Pool, spec: ModelSpec, prof: Profile, layout: KvLayout, blocks: int,
                   source: str) -> PoolSetup:
     eng = pool.engine
     limit = max_model_len(pool, spec)
     if blocks - 1 < 1:
-        raise ConfigError(
-            f"pool {pool.name!r}: at gpu_memory_utilization {eng.gpu_memory_utilization} the "
-            f"weights of {spec.name} ({pool.precision}) and the activations leave no room for "
-            "a KV cache (vLLM refuses to start); raise gpu_memory_utilization or pick a "
-            "smaller precision",
-            file=source or None,
-            field="engine.gpu_memory_utilization",
-        )
+        raise _no_room_for_kv(pool, spec, source)
     # kv_cache_utils.py _check_enough_kv_cache_memory: one request at max_model_len must fit
     need = layout.max_blocks_per_request(
         limit, max_in_flight_tokens(eng.max_num_batched_tokens, eng.async_scheduling))
