@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections import deque
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,9 +22,9 @@ from capplan.mix import TrafficMix
 from capplan.modelspec import load_model_spec
 from capplan.pool import Pool
 from capplan.profile import Profile
-from capplan.sim.core import RUNNING, CoreConfig, EngineCore, SimRequest, StepPlan
+from capplan.sim.core import RUNNING, CoreConfig, EngineCore, SimRequest
 from capplan.sim.run import setup_pool, simulate
-from test_sim_properties import Arrival, RefVllm, _Req, drive
+from test_sim_properties import Arrival, RefVllm, _Req, drive, lockstep
 
 ROOT = Path(__file__).resolve().parents[1]
 RAW = ROOT / "calibration" / "_raw"
@@ -567,50 +566,16 @@ def test_hybrid_engine_matches_reference_vllm(
     (without EAGLE's extra cached block, which the simulator does not model)."""
     cfg, acceptance, arrivals = case
     cfg = replace(cfg, decode_cohort=False, drop_eagle_block=False)
-    core = EngineCore(cfg, random.Random(7), [acceptance])
     ref = RefHybrid(cfg, acceptance)
-    sim_reqs = [
-        SimRequest(i, 0, float(a.step), a.prompt, a.max_tokens, priority=a.priority,
-                   prefix_base=-(a.group + 1) << 22 if a.group >= 0 else 0,
-                   prefix_blocks=a.prefix_blocks)
-        for i, a in enumerate(arrivals)
-    ]
-    ref_reqs = [_Req(i, a) for i, a in enumerate(arrivals)]
-    todo = deque(range(len(arrivals)))
-    q_sim: deque[StepPlan] = deque()
-    q_ref: deque[list[tuple[_Req, int, int, bool]]] = deque()
 
-    def schedule(t: int) -> None:
-        plan, step = core.schedule(), ref.schedule()
-        got = [(r.rid, n, s) for r, n, s in zip(plan.reqs, plan.tokens, plan.spec, strict=True)]
-        assert got == [(r.rid, n, s) for r, n, s, _ in step], f"schedule at step {t}"
-        assert core.kv.num_free == len(ref.free), f"free blocks after schedule at step {t}"
-        if plan.reqs:
-            q_sim.append(plan)
-            q_ref.append(step)
-
-    for t in range(5_000):
-        while todo and arrivals[todo[0]].step <= t:
-            i = todo.popleft()
-            core.add_request(sim_reqs[i])
-            ref.add(ref_reqs[i])
-        if not q_sim and core.has_work:
-            schedule(t)
-        if cfg.async_scheduling and q_sim and len(q_sim) < 2 and core.has_work:
-            schedule(t)
-        if q_sim:
-            got = [(r.rid, n, d) for r, n, d in core.update_from_output(q_sim.popleft())]
-            assert got == ref.update(q_ref.popleft()), f"update at step {t}"
-            assert core.kv.num_free == len(ref.free), f"free blocks after update at step {t}"
-        for r in sim_reqs:
+    def sliding_blocks_held(t: int, reqs: list[SimRequest]) -> None:
+        for r in reqs:
             if r.status == RUNNING:
                 s = ref.hybrid[r.rid]
                 held_sw = sum(not b.null for b in s["blocks"][0])
                 assert r.sw_hi - r.sw_lo == held_sw, f"sliding blocks of {r.rid} at step {t}"
-        if not (todo or core.has_work or q_sim):
-            break
-    assert [r.cached_tokens for r in sim_reqs] == [r.cached_tokens for r in ref_reqs]
-    assert [r.preemptions for r in sim_reqs] == [r.preemptions for r in ref_reqs]
+
+    lockstep(cfg, acceptance, arrivals, ref, sliding_blocks_held)
 
 
 def _gemma_mix(workload: dict[str, Any], caching: bool = True) -> TrafficMix:

@@ -8,6 +8,7 @@ import heapq
 import math
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -535,17 +536,12 @@ class RefVllm:
         return out
 
 
-@given(scenarios())
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-def test_engine_matches_reference_vllm(case: tuple[CoreConfig, float, list[Arrival]]) -> None:
-    """Step by step, EngineCore schedules the same requests with the same token counts and
-    drafts, emits the same tokens and keeps the same number of free KV blocks as a
-    reference transcribed from vLLM 0.26.0's scheduler.py, async_scheduler.py,
-    kv_cache_manager.py, single_type_kv_cache_manager.py and block_pool.py."""
-    cfg, acceptance, arrivals = case
-    cfg = replace(cfg, decode_cohort=False)
+def lockstep(cfg: CoreConfig, acceptance: float, arrivals: list[Arrival], ref: Any,
+             each_step: Callable[[int, list[SimRequest]], None] | None = None) -> None:
+    """Drive EngineCore and a transcribed vLLM reference (`ref`) with the same arrivals, step by
+    step, and assert they schedule, emit and free alike; `each_step(t, requests)` adds checks
+    after every update."""
     core = EngineCore(cfg, random.Random(7), [acceptance])
-    ref = RefVllm(cfg, acceptance)
     sim_reqs = [
         SimRequest(i, 0, float(a.step), a.prompt, a.max_tokens, priority=a.priority,
                    prefix_base=-(a.group + 1) << 22 if a.group >= 0 else 0,
@@ -579,7 +575,21 @@ def test_engine_matches_reference_vllm(case: tuple[CoreConfig, float, list[Arriv
             got = [(r.rid, n, d) for r, n, d in core.update_from_output(q_sim.popleft())]
             assert got == ref.update(q_ref.popleft()), f"update at step {t}"
             assert core.kv.num_free == len(ref.free), f"free blocks after update at step {t}"
+        if each_step is not None:
+            each_step(t, sim_reqs)
         if not (todo or core.has_work or q_sim):
             break
     assert [r.cached_tokens for r in sim_reqs] == [r.cached_tokens for r in ref_reqs]
     assert [r.preemptions for r in sim_reqs] == [r.preemptions for r in ref_reqs]
+
+
+@given(scenarios())
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_engine_matches_reference_vllm(case: tuple[CoreConfig, float, list[Arrival]]) -> None:
+    """Step by step, EngineCore schedules the same requests with the same token counts and
+    drafts, emits the same tokens and keeps the same number of free KV blocks as a
+    reference transcribed from vLLM 0.26.0's scheduler.py, async_scheduler.py,
+    kv_cache_manager.py, single_type_kv_cache_manager.py and block_pool.py."""
+    cfg, acceptance, arrivals = case
+    cfg = replace(cfg, decode_cohort=False)
+    lockstep(cfg, acceptance, arrivals, RefVllm(cfg, acceptance))
