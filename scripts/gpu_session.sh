@@ -24,7 +24,12 @@ start=$SECONDS
   [[ -n $lane0 ]] && bash scripts/gpu_validate.sh 0 "$left" $lane0
 ) > "$OUT/lane0.log" 2>&1 &
 (
-  if [[ -n $queue ]]; then CUDA_VISIBLE_DEVICES=1 bash scripts/gpu_calibrate.sh "$queue" "$deadline"; fi
+  # LANE1_FIRST=validate: lane 1 runs its validation jobs before its calibration queue
+  if [[ ${LANE1_FIRST:-} == validate && -n $lane1 ]]; then
+    bash scripts/gpu_validate.sh 1 "$deadline" $lane1; lane1=
+  fi
+  left=$(( deadline - (SECONDS - start) ))
+  if [[ -n $queue ]]; then CUDA_VISIBLE_DEVICES=1 bash scripts/gpu_calibrate.sh "$queue" "$left"; fi
   left=$(( deadline - (SECONDS - start) ))
   [[ -n $lane1 ]] && bash scripts/gpu_validate.sh 1 "$left" $lane1
 ) > "$OUT/lane1.log" 2>&1 &

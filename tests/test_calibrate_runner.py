@@ -71,10 +71,20 @@ class FakeScheduler:
                 self.running.remove(r)
 
 
+class FakeExecutor:
+    def execute_model(self, so: NS) -> None:
+        return None
+
+    def sample_tokens(self, grammar: object) -> None:
+        return None
+
+
 class FakeEngine:
-    def __init__(self, budget: int) -> None:
+    def __init__(self, budget: int, abort_works: bool = True) -> None:
         self.sched = FakeScheduler(budget)
-        self.engine_core = NS(engine_core=NS(scheduler=self.sched))
+        self.executor = FakeExecutor()
+        self.engine_core = NS(engine_core=NS(scheduler=self.sched, model_executor=self.executor))
+        self.abort_works = abort_works
 
     def add_request(self, rid: str, prompt: dict[str, list[int]], params: dict[str, int]) -> str:
         internal = f"{rid}-abcd"
@@ -85,13 +95,34 @@ class FakeEngine:
 
     def step(self) -> None:
         so = self.sched.schedule()
+        self.executor.execute_model(so)
+        if so.total_num_scheduled_tokens:
+            self.executor.sample_tokens(None)
         self.sched.update_from_output(so, None)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.sched.requests)
 
     def abort_request(self, ids: list[str], internal: bool = False) -> None:
-        self.sched.finish(ids)
+        if self.abort_works:
+            self.sched.finish(ids)
+
+
+class FakeEvent:
+    """A CUDA event whose GPU time is the order in which it was recorded, in milliseconds."""
+
+    recorded = 0
+
+    def __init__(self, enable_timing: bool) -> None:
+        self.at: int | None = None
+
+    def record(self) -> None:
+        FakeEvent.recorded += 1
+        self.at = FakeEvent.recorded
+
+    def elapsed_time(self, other: FakeEvent) -> float:
+        assert self.at is not None and other.at is not None
+        return float(other.at - self.at)
 
 
 @pytest.fixture()
@@ -100,14 +131,41 @@ def runner(monkeypatch: pytest.MonkeyPatch) -> Any:
     vllm.SamplingParams = lambda **k: k  # type: ignore[attr-defined]
     inputs = types.ModuleType("vllm.inputs")
     inputs.TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}  # type: ignore[attr-defined]
+    torch = types.ModuleType("torch")
+    torch.cuda = NS(Event=FakeEvent, synchronize=lambda: None)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    monkeypatch.setitem(sys.modules, "torch", torch)
     return _load_runner()
 
 
-def _driver(runner: Any, budget: int = 8192) -> Any:
-    args = NS(seed=0, spec_k=0)
-    return runner.Driver(NS(llm_engine=FakeEngine(budget)), args, vocab=32000)
+def _driver(runner: Any, budget: int = 8192, **engine: Any) -> Any:
+    args = NS(seed=0, spec_k=0, no_gpu_clock=False)
+    return runner.Driver(NS(llm_engine=FakeEngine(budget, **engine)), args, vocab=32000)
+
+
+def test_each_step_gets_its_own_gpu_stamps(runner: Any) -> None:
+    """The events around a step's launches land on that step's record, in order, as seconds
+    from the point's own reference event."""
+    recs = _driver(runner).point({"id": "d", "kind": "decode", "batch": 2, "context": 16,
+                                  "steps": 3})
+    t0 = [r["gpu_t0"] for r in recs]
+    t1 = [r["gpu_t1"] for r in recs]
+    # events are recorded ref, (start, end) per step: 1 ms apart on the fake clock
+    assert t0 == [(2 * i + 1) / 1e3 for i in range(len(recs))]
+    assert t1 == [(2 * i + 2) / 1e3 for i in range(len(recs))]
+    assert all("_gpu" not in r for r in recs), "no event object is left to serialise"
+    json.dumps(recs)
+
+
+def test_mixed_point_ends_when_the_abort_is_lost(runner: Any) -> None:
+    """The decodes of a mixed point stop by themselves soon after the prefill (on
+    Llama-3.1-8B the abort did not reach them and the point ran 10,000 decode steps)."""
+    drv = _driver(runner, abort_works=False)
+    recs = drv.point({"id": "m", "kind": "mixed", "batch": 8, "context": 64, "chunk": 256,
+                      "chunks": 3})
+    assert len(recs) < 40
+    assert not drv.engine.has_unfinished_requests()
 
 
 def test_prefill_point_cuts_exact_chunks(runner: Any) -> None:

@@ -16,6 +16,14 @@ the GPU. A step's time is `t_done[i] - max(t_done[i-1], t_sched0[i])`: the gap b
 consecutive completions while batches are queued back to back, or from scheduling when
 the GPU sat idle before the step (computed on the CPU side, see fit.py).
 
+The same two moments are also stamped on the GPU, free of the CPU's jitter (a completion
+stamp can land a step late when the engine's thread is busy): a CUDA event on vLLM's
+compute stream as the wrapped executor's `execute_model` starts launching a step
+(`gpu_t0`, reached when the stream starts the step's work) and one after its
+`sample_tokens` has launched the sampler and any drafter (`gpu_t1`), both in seconds from
+an event recorded as the point starts. `t_sched1 - t_sched0` is the CPU's scheduling time,
+`gpu_t1 - gpu_t0` the GPU's.
+
 A point that runs far past its estimate (`--hang-s`, or 10x its estimate if longer) is a
 hung engine: vLLM 0.26.0 has waited forever on its output copy in one batch shape on the
 H200 (256 decodes plus a 256-token chunk: two engines hung in it, none finished it). A
@@ -84,6 +92,8 @@ def parse_args(argv=None):
                     help="JSON for LLM(hf_overrides=...): what the model spec says vLLM needs")
     ap.add_argument("--kv-only", action="store_true", help="start, record KV capacity, exit")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-gpu-clock", action="store_true",
+                    help="time steps by CPU stamps only (no CUDA events)")
     ap.add_argument("--hang-s", type=float, default=90.0,
                     help="a point running this long (or 10x its estimate) has hung the engine")
     return ap.parse_args(argv)
@@ -173,10 +183,32 @@ class Watchdog:
                     os._exit(EXIT_HUNG)
 
 
-class Recorder:
-    """Wraps the scheduler: one record per non-empty engine step."""
+class GpuClock:
+    """CUDA events on the current stream (vLLM's compute stream: the in-process engine
+    launches every step from this thread), read back as seconds from a reference event
+    recorded at `restart`. One reference per point keeps the float32 milliseconds that
+    CUDA returns exact to a microsecond."""
 
-    def __init__(self, sched):
+    def __init__(self, torch):
+        self.torch = torch
+        self.ref = None
+
+    def restart(self):
+        self.ref = self.event()
+
+    def event(self):
+        ev = self.torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def seconds(self, ev):
+        return self.ref.elapsed_time(ev) / 1e3
+
+
+class Recorder:
+    """Wraps the scheduler and the executor: one record per non-empty engine step."""
+
+    def __init__(self, sched, executor=None, clock=None):
         self.sched = sched
         self.point = None
         self.step_no = 0
@@ -186,6 +218,10 @@ class Recorder:
         self._update = sched.update_from_output
         sched.schedule = self.schedule
         sched.update_from_output = self.update_from_output
+        self.clock, self.gpu, self.launched = clock, {}, None
+        if clock is not None and executor is not None:
+            self._execute, self._sample = executor.execute_model, executor.sample_tokens
+            executor.execute_model, executor.sample_tokens = self.execute_model, self.sample_tokens
 
     def schedule(self, *a, **k):
         t0 = time.perf_counter()
@@ -194,6 +230,42 @@ class Recorder:
         if so.total_num_scheduled_tokens:
             self.pending[id(so)] = (t0, t1, self.describe(so))
         return so
+
+    def execute_model(self, so, *a, **k):
+        ev = self.clock.event() if so.total_num_scheduled_tokens else None
+        out = self._execute(so, *a, **k)
+        if ev is not None:
+            self.gpu[id(so)] = [ev, None]
+            self.launched = id(so)
+        return out
+
+    def sample_tokens(self, *a, **k):
+        out = self._sample(*a, **k)
+        if self.launched in self.gpu:
+            self.gpu[self.launched][1] = self.clock.event()
+        self.launched = None
+        return out
+
+    def restart_clock(self):
+        if self.clock is not None:
+            self.clock.restart()
+
+    def resolve_gpu(self):
+        """Turn the point's events into seconds, once its steps have all run."""
+        events = [r.pop("_gpu", None) for r in self.records]
+        if self.clock is None:
+            return
+        try:
+            self.clock.torch.cuda.synchronize()
+            stamps = [None if e is None or e[1] is None else
+                      (round(self.clock.seconds(e[0]), 7), round(self.clock.seconds(e[1]), 7))
+                      for e in events]
+        except RuntimeError as e:  # the CPU stamps still stand
+            print(f"GPU clock unreadable at point {self.point}: {e}", file=sys.stderr, flush=True)
+            return
+        for r, st in zip(self.records, stamps, strict=True):
+            if st is not None:
+                r["gpu_t0"], r["gpu_t1"] = st
 
     def describe(self, so):
         """Batch composition, read right after scheduling (num_computed_tokens already
@@ -230,10 +302,14 @@ class Recorder:
     def update_from_output(self, so, *a, **k):
         t = time.perf_counter()
         item = self.pending.pop(id(so), None)
+        evs = self.gpu.pop(id(so), None)
         if item is not None and self.point is not None:
             t0, t1, desc = item
-            self.records.append(dict(kind="step", point=self.point, step=self.step_no,
-                                     t_sched0=t0, t_sched1=t1, t_done=t, **desc))
+            rec = dict(kind="step", point=self.point, step=self.step_no,
+                       t_sched0=t0, t_sched1=t1, t_done=t, **desc)
+            if evs is not None:
+                rec["_gpu"] = evs
+            self.records.append(rec)
             self.step_no += 1
         return self._update(so, *a, **k)
 
@@ -250,7 +326,12 @@ class Driver:
         self.engine = llm.llm_engine
         self.core = self.engine.engine_core.engine_core  # in-process EngineCore
         self.sched = self.core.scheduler
-        self.rec = Recorder(self.sched)
+        clock = None
+        if not args.no_gpu_clock:
+            import torch
+
+            clock = GpuClock(torch)
+        self.rec = Recorder(self.sched, self.core.model_executor, clock)
         self.rng = np.random.default_rng(args.seed)
         self.vocab = vocab
         self.budget0 = self.sched.max_num_scheduled_tokens
@@ -281,7 +362,9 @@ class Driver:
 
     def point(self, p):
         """Run one plan point; returns the step records it produced."""
+        self.drain()  # nothing of an earlier point left on the GPU when the clock restarts
         self.rec.point, self.rec.step_no, self.rec.records = p["id"], 0, []
+        self.rec.restart_clock()
         kind = p["kind"]
         try:
             if kind == "decode":
@@ -295,7 +378,11 @@ class Driver:
                 self.drain()
             elif kind == "mixed":
                 b, per = p["batch"], 1 + self.k
-                ids = [self.add(p["context"], 10_000) for _ in range(b)]
+                # the decodes run out by themselves shortly after the prefill is done, even
+                # if the abort below does not reach them (it did not on Llama-3.1-8B, whose
+                # mixed point then decoded 10,000 steps)
+                steps = b * p["context"] // self.budget0 + p["chunks"] + 24
+                ids = [self.add(p["context"], steps * per) for _ in range(b)]
                 self.run_until(lambda: self.running_decodes() >= b)
                 for _ in range(2):  # settle into steady decode before the prefill arrives
                     self.engine.step()
@@ -310,6 +397,7 @@ class Driver:
         finally:
             self.sched.max_num_scheduled_tokens = self.budget0
         self.drain()
+        self.rec.resolve_gpu()
         return self.rec.records
 
 
