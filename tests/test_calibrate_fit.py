@@ -12,7 +12,7 @@ from capplan.errors import CalibrationError
 from capplan.profile import Profile, StepTimer, cudagraph_capture_sizes
 
 TRUE = {"fixed_s": 4e-3, "per_token_s": 2e-5, "knee_tokens": 64.0, "prefill_attn_s": 1e-9,
-        "decode_ctx_s": 3e-8, "per_seq_s": 5e-6}
+        "decode_ctx_s": 3e-8, "per_seq_s": 5e-6, "eager_step_s": 2e-3}
 
 
 def _synthetic(seed: int = 0, n_points: int = 30, steps: int = 24) -> dict[str, np.ndarray]:
@@ -34,7 +34,8 @@ def _synthetic(seed: int = 0, n_points: int = 30, steps: int = 24) -> dict[str, 
             t_pad = tokens if tokens > sizes[-1] else min(s for s in sizes if s >= tokens)
             t = (TRUE["fixed_s"] + TRUE["per_token_s"] * max(t_pad, TRUE["knee_tokens"])
                  + TRUE["prefill_attn_s"] * pa + TRUE["decode_ctx_s"] * dctx
-                 + TRUE["per_seq_s"] * seqs)
+                 + TRUE["per_seq_s"] * seqs
+                 + TRUE["eager_step_s"] * (tokens > sizes[-1]))
             for k, v in zip(rows, (tokens, seqs, dctx, pa, 0), strict=True):
                 rows[k].append(v)
             point.append(f"p{p}")
@@ -113,6 +114,36 @@ def test_step_times_telescope(gaps: list[float]) -> None:
     t_sched0 = np.r_[0.0, t_done[:-1]] - 1e-6  # each step queued before the last one ended
     dt = F.step_times_s(point, t_sched0, t_done)
     assert dt[1:].sum() == pytest.approx(t_done[-1] - t_done[0], rel=1e-9)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(1e-4, 1.0), min_size=2, max_size=40),
+       st.lists(st.floats(0.0, 1e-2), min_size=40, max_size=40))
+def test_gpu_step_times_telescope(busy: list[float], waits: list[float]) -> None:
+    """By the GPU's stamps, a point's steps sum to the span from the stream reaching its
+    first step to the end of its last, waits for the CPU's launches included."""
+    g0, g1, t = [], [], 0.0
+    for b, w in zip(busy, waits, strict=False):
+        t += w
+        g0.append(t)
+        t += b
+        g1.append(t)
+    point = np.array(["a"] * len(busy))
+    pipelined = np.r_[False, np.ones(len(busy) - 1, dtype=bool)]
+    dt = F.step_times_gpu_s(point, pipelined, np.array(g0), np.array(g1))
+    assert dt.sum() == pytest.approx(g1[-1] - g0[0], rel=1e-9)
+    assert dt[0] == pytest.approx(busy[0])
+
+
+def test_gpu_timed_samples_are_fitted_step_by_step() -> None:
+    """Steps the GPU timed are fitting units on their own; CPU-stamped ones come in
+    windows of four."""
+    s = _synthetic(4, n_points=3)
+    assert F.unit_width(s) == F.WINDOW
+    assert set(np.diff(F.windows(s, 0), axis=1).ravel()) == {F.WINDOW}
+    s["gpu_clock"] = np.ones(len(s["step_s"]), dtype=bool)
+    assert F.unit_width(s) == 1
+    assert set(np.diff(F.windows(s, 0), axis=1).ravel()) == {1}
 
 
 def test_fixed_coefficients_are_kept() -> None:

@@ -78,3 +78,31 @@ def test_decode_step_respects_weight_streaming_bound(d: Path) -> None:
     assert bound < t
     draft = prof.spec_k * (prof.step.draft_pass_s + prof.step.draft_token_s)
     assert t - draft < 3 * bound + 0.002
+
+
+@pytest.mark.parametrize("d", PROFILES, ids=IDS)
+def test_step_times_come_from_the_gpu_stamps_where_recorded(d: Path) -> None:
+    """Samples measured with the GPU's own stamps are timed by them, step by step: the
+    stored step time is the one `step_times_gpu_s` gives, every step is a fitting unit, and
+    the provenance says so; older samples keep the CPU stamps and windows of four."""
+    df = store.read_samples(d)
+    prov = json.loads((d / "provenance.json").read_text())
+    if "gpu_t1" not in df.columns or df["gpu_t1"].null_count():
+        assert not df["gpu_clock"].any() if "gpu_clock" in df.columns else True
+        assert "window of 4" in prov["fit"]["unit"]
+        return
+    assert df["gpu_clock"].all()
+    point = df["point"].to_numpy()
+    want = F.step_times_gpu_s(point, df["pipelined"].to_numpy(), df["gpu_t0"].to_numpy(),
+                              df["gpu_t1"].to_numpy())
+    assert df["step_s"].to_numpy() == pytest.approx(want, rel=1e-12)
+    assert (want > 0).all()
+    assert prov["fit"]["unit"].startswith("one engine step")
+
+
+def test_remeasured_profiles_carry_gpu_stamps() -> None:
+    """The profiles measured again on 2026-11-30 with the GPU's stamps have them."""
+    root = store.CALIBRATION_DIR / "h200" / "vllm-0.26.0"
+    for key in ("llama-3.1-8b/bf16", "llama-3.1-8b/fp8", "qwen3-32b/bf16", "qwen3-32b/fp8",
+                "qwen3-32b/awq", "qwen3-32b/nvfp4", "gemma-4-31b/fp8", "gemma-4-31b/nvfp4"):
+        assert store.read_samples(root / key)["gpu_clock"].all(), key

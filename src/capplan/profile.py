@@ -16,6 +16,7 @@ Step-time model (one engine step, seconds), physically shaped:
       + k * (draft_pass_s + draft_token_s * seqs)      # k sequential draft passes (spec decode)
       + encoder_token_s * image tokens encoded         # vision encoder, on an image's first chunk
       + prefill_step_s if any prefill chunk            # piecewise, not full, CUDA graph
+      + eager_step_s if T > the largest capture size   # no CUDA graph at all
 
 T = scheduled tokens (decode seqs count 1 + k each). T_pad pads T up to the next CUDA-graph
 capture size (vllm/config/vllm.py: _set_cudagraph_sizes) when T is within the largest one.
@@ -68,6 +69,14 @@ class StepModel(BaseModel):
         default=0.0, ge=0,
         description="per step holding a prefill chunk: vLLM replays full CUDA graphs only "
         "for decode-only batches (FULL_AND_PIECEWISE), others run attention outside them",
+    )
+    eager_step_s: float = Field(
+        default=0.0, ge=0,
+        description="per step of more tokens than the largest CUDA graph: vLLM runs it "
+        "without one (vllm/v1/cudagraph_dispatcher.py: CudagraphDispatcher.dispatch gives "
+        "CUDAGraphMode.NONE when num_tokens > max_cudagraph_capture_size), so "
+        "the CPU launches every kernel; measured on the H200 as a jump in step time just "
+        "past the largest graph, on top of the per-token slope",
     )
 
 
@@ -225,6 +234,7 @@ class StepTimer:
         "_box",
         "_c",
         "_draft",
+        "_eager",
         "_enc",
         "_graph_max",
         "_graphs",
@@ -251,6 +261,7 @@ class StepTimer:
         self._draft = (s.draft_pass_s, s.draft_token_s)
         self._enc = s.encoder_token_s
         self._prefill_step = s.prefill_step_s
+        self._eager = s.eager_step_s
         self._graphs = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens, self.k)
         self._graph_max = self._graphs[-1] if self._graphs else 0
         # pad(t) for every t up to the largest graph: one lookup a step
@@ -290,6 +301,8 @@ class StepTimer:
         t += p_attn * prefill_attn + d_ctx * decode_ctx + per_seq * seqs
         if prefill_attn:
             t += self._prefill_step
+        if tokens > self._graph_max:
+            t += self._eager
         if self.k and drafting_seqs:
             t += self.k * (self._draft[0] + self._draft[1] * drafting_seqs)
         if encoder_tokens:

@@ -29,7 +29,7 @@ from capplan.profile import Box, Profile
 
 UTILS = (0.85, 0.90, 0.95)
 BASE_COEFS = ("fixed_s", "per_token_s", "knee_tokens", "prefill_attn_s", "decode_ctx_s",
-              "per_seq_s", "prefill_step_s")
+              "per_seq_s", "prefill_step_s", "eager_step_s")
 # Decode attention reads BF16 KV through the same FlashAttention-3 kernel whatever the
 # weights' format, so a profile whose sweep never reached long decode contexts borrows
 # the term from the same model's BF16 profile rather than extrapolating its own.
@@ -94,11 +94,22 @@ def image_reservation(text: list[dict[str, Any]], images: list[dict[str, Any]], 
     that of an engine with images at the same utilisation (vLLM profiles the encoder's
     peak memory, gpu_model_runner.py profile_run, and takes it from KV); None without one.
     In the unit of the profile's token line (store.kv_tokens: vLLM's "GPU KV cache size"),
-    or with `blocks=True` in pool blocks (num_gpu_blocks)."""
+    or with `blocks=True` in pool blocks (num_gpu_blocks).
+    An engine with images that carries `paired_text_kv` (the text-only engine started on
+    the same host in the same session) is compared with that one: KV capacity moves by up
+    to 0.4 % between hosts (Qwen3-32B FP8: 23,530 and 23,614 blocks), far more than the
+    reservation itself."""
     of = store.pool_blocks if blocks else store.kv_tokens
     by_util = {round(m["kv"]["gpu_memory_utilization"], 4): of(m["kv"]) for m in text}
-    diffs = [by_util[u] - of(m["kv"]) for m in images
-             if (u := round(m["kv"]["gpu_memory_utilization"], 4)) in by_util]
+    diffs = []
+    for m in images:
+        if "paired_text_kv" in m:
+            base = of(m["paired_text_kv"]["kv"])
+        elif (u := round(m["kv"]["gpu_memory_utilization"], 4)) in by_util:
+            base = by_util[u]
+        else:
+            continue
+        diffs.append(base - of(m["kv"]))
     return float(max(diffs[0], 0)) if diffs else None
 
 
@@ -235,7 +246,9 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
         notes.append("KV at util " + ", ".join(f"{u:.2f}" for u in derived)
                      + " derived from vLLM's memory profile of the 0.90 engine")
     extra = {
-        "fit": {"unit": f"window of {F.WINDOW} consecutive engine steps",
+        "fit": {"unit": ("one engine step, timed by the GPU's own stamps"
+                         if F.unit_width(s) == 1 else
+                         f"window of {F.WINDOW} consecutive engine steps (CPU stamps)"),
                 "single_step_median_ape": round(float(np.median(res.single_step_ape)), 5),
                 "single_step_p95_ape": round(float(np.percentile(res.single_step_ape, 95)), 5),
                 "cv5_windows": len(res.cv_ape),

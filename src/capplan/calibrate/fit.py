@@ -24,7 +24,8 @@ from capplan.profile import FitQuality, KvCapacity, StepModel, cudagraph_capture
 
 Samples = Mapping[str, np.ndarray]
 COEFS = ("fixed_s", "per_token_s", "prefill_attn_s", "decode_ctx_s", "per_seq_s",
-         "prefill_step_s", "draft_pass_s", "draft_token_s")
+         "prefill_step_s", "eager_step_s", "draft_pass_s", "draft_token_s")
+DRAFT_COEFS = ("draft_pass_s", "draft_token_s")
 KNEE_GRID = np.array([0, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512,
                       640, 768, 1024])
 WINDOW = 4
@@ -39,6 +40,19 @@ def step_times_s(point: np.ndarray, t_sched0: np.ndarray, t_done: np.ndarray) ->
     prev_done = np.r_[-np.inf, t_done[:-1]]
     start = np.where(same, np.maximum(prev_done, t_sched0), t_sched0)
     return np.asarray(t_done - start, dtype=float)
+
+
+def step_times_gpu_s(point: np.ndarray, pipelined: np.ndarray, gpu_t0: np.ndarray,
+                     gpu_t1: np.ndarray) -> np.ndarray:
+    """Seconds per step from the GPU's own stamps (see runner.py): the gap between
+    consecutive ends of work on the stream while batches are queued back to back (any wait
+    for the CPU's launches is part of the step), or from the moment the stream reached the
+    step when the engine was idle before it. Stamps restart at each point, so a point's
+    first step always counts from its own start."""
+    prev_end = np.r_[np.nan, gpu_t1[:-1]]
+    same = np.r_[False, point[1:] == point[:-1]]
+    start = np.where(same & pipelined, prev_end, gpu_t0)
+    return np.asarray(gpu_t1 - start, dtype=float)
 
 
 def prefill_attn(chunks: Sequence[Sequence[Sequence[int]]]) -> np.ndarray:
@@ -76,6 +90,7 @@ def design(s: Samples, knee: float, sizes: list[int], spec_k: int) -> np.ndarray
         s["decode_ctx"].astype(float),
         s["seqs"].astype(float),
         (s["prefill_attn"] > 0).astype(float),
+        (s["tokens"] > (sizes[-1] if sizes else 0)).astype(float),
         spec_k * (drafting > 0),
         spec_k * drafting,
     ])
@@ -97,14 +112,23 @@ def _solve(x: np.ndarray, y: np.ndarray, free: np.ndarray, fixed: np.ndarray,
     return beta
 
 
-def windows(s: Samples, seed: int, width: int = WINDOW) -> np.ndarray:
+def unit_width(s: Samples) -> int:
+    """Steps per fitting unit: one where every step was timed by the GPU's own stamps,
+    else a window of WINDOW (see `windows`)."""
+    clock = s.get("gpu_clock")
+    return 1 if clock is not None and len(clock) and bool(np.all(clock)) else WINDOW
+
+
+def windows(s: Samples, seed: int, width: int | None = None) -> np.ndarray:
     """Fitting units: runs of `width` consecutive steps of one point, as [start, stop)
-    index pairs. A single step's completion stamp can land up to a step late under async
-    scheduling (one step reads ~2x, a neighbour ~0); over a window the gaps telescope to
-    t_done[last] - t_done[first - 1], so only its two end stamps matter, and a point's
-    first window starts at the exact moment its first step was scheduled onto an idle GPU.
-    Warm-up points are left out; at most MAX_WINDOWS_PER_POINT per point, picked with a
-    fixed seed, so one long point cannot outvote the sweep."""
+    index pairs; single steps when the GPU timed them (`unit_width`). A CPU completion
+    stamp can land up to a step late under async scheduling (one step reads ~2x, a
+    neighbour ~0); over a window the gaps telescope to t_done[last] - t_done[first - 1],
+    so only its two end stamps matter, and a point's first window starts at the exact
+    moment its first step was scheduled onto an idle GPU. Warm-up points are left out; at
+    most MAX_WINDOWS_PER_POINT per point, picked with a fixed seed, so one long point
+    cannot outvote the sweep."""
+    width = unit_width(s) if width is None else width
     rng = np.random.default_rng(seed)
     point = s["point"]
     out: list[tuple[int, int]] = []
@@ -184,7 +208,7 @@ def fit_step_model(
         raise CalibrationError(f"cannot fix unknown coefficient(s) {sorted(unknown)}")
     free = np.array([c not in fixed for c in COEFS])
     if not spec_k:
-        free[-2:] = False  # draft terms
+        free &= np.array([c not in DRAFT_COEFS for c in COEFS])
     fixed_vec = np.array([fixed.get(c, 0.0) for c in COEFS])
     floor = np.array([(floors or {}).get(c, 0.0) for c in COEFS])
     knees = np.array([fixed["knee_tokens"]]) if "knee_tokens" in fixed else KNEE_GRID

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from capplan.calibrate.fit import Samples, prefill_attn, step_times_s
+from capplan.calibrate.fit import Samples, prefill_attn, step_times_gpu_s, step_times_s
 from capplan.errors import CalibrationError
 
 CALIBRATION_DIR = Path(__file__).resolve().parents[3] / "calibration"
@@ -56,9 +56,13 @@ def read_runner_jsonl(path: Path) -> pl.DataFrame:
         "t_sched0": [r["t_sched0"] for r in rows],
         "t_sched1": [r["t_sched1"] for r in rows],
         "t_done": [r["t_done"] for r in rows],
+        # the GPU's own stamps, from runners of 2026-11-30 on (runner.py)
+        "gpu_t0": [r.get("gpu_t0") for r in rows],
+        "gpu_t1": [r.get("gpu_t1") for r in rows],
         **{c: [int(r[c]) for r in rows] for c in STEP_COLUMNS},
         "chunks": [[list(map(int, c)) for c in r["chunks"]] for r in rows],
-    }, schema_overrides={"chunks": pl.List(pl.List(pl.Int64))})
+    }, schema_overrides={"chunks": pl.List(pl.List(pl.Int64)), "gpu_t0": pl.Float64,
+                         "gpu_t1": pl.Float64})
     return with_derived(df)
 
 
@@ -71,14 +75,22 @@ def runner_jsonl(raw: Path, name: str) -> Path | None:
 
 
 def with_derived(df: pl.DataFrame) -> pl.DataFrame:
-    """Columns computed from the raw record: step time, attention pairs, warm-up flag."""
+    """Columns computed from the raw record: step time (by the GPU's stamps where every
+    step has them, else by the CPU's), attention pairs, warm-up flag."""
     point = df["point"].to_numpy()
-    step_s = step_times_s(point, df["t_sched0"].to_numpy(), df["t_done"].to_numpy())
-    pipelined = np.r_[False, (point[1:] == point[:-1])
-                      & (df["t_sched0"].to_numpy()[1:] < df["t_done"].to_numpy()[:-1])]
+    t_sched0, t_done = df["t_sched0"].to_numpy(), df["t_done"].to_numpy()
+    # scheduled before the step ahead of it came back: the engine was busy throughout
+    pipelined = np.r_[False, (point[1:] == point[:-1]) & (t_sched0[1:] < t_done[:-1])]
+    gpu = "gpu_t1" in df.columns and len(df) > 0 and df["gpu_t1"].null_count() == 0
+    if gpu:
+        step_s = step_times_gpu_s(point, pipelined, df["gpu_t0"].to_numpy(),
+                                  df["gpu_t1"].to_numpy())
+    else:
+        step_s = step_times_s(point, t_sched0, t_done)
     return df.with_columns(
         pl.Series("step_s", step_s),
         pl.Series("pipelined", pipelined),
+        pl.lit(gpu).alias("gpu_clock"),
         pl.Series("prefill_attn", prefill_attn(df["chunks"].to_list())),
         pl.col("point").str.starts_with("warmup").alias("warmup"),
     )
@@ -86,7 +98,11 @@ def with_derived(df: pl.DataFrame) -> pl.DataFrame:
 
 def samples_of(df: pl.DataFrame) -> Samples:
     cols = ("point", "step_s", "prefill_attn", "warmup", *STEP_COLUMNS)
-    return {c: df[c].to_numpy() for c in cols}
+    s = {c: df[c].to_numpy() for c in cols}
+    # samples stored before the runner had the GPU's stamps lack the column
+    s["gpu_clock"] = (df["gpu_clock"].to_numpy() if "gpu_clock" in df.columns
+                      else np.zeros(len(df), dtype=bool))
+    return s
 
 
 def read_samples(path: Path) -> pl.DataFrame:
