@@ -96,37 +96,28 @@ def sanity() -> None:
 
 
 def graph() -> None:
-    """Steps of one prefill chunk beside decodes, just past the largest CUDA graph (512
-    tokens), against the fit: summed over each point's steps, because a single step's
-    completion stamp can land a step late (fit.py: windows)."""
-    runs = [("llama-3.1-8b/bf16-kvfp8", PROFILES / "llama-3.1-8b/bf16-kvfp8"),
-            ("qwen3-32b/fp8", PROFILES / "qwen3-32b/fp8"),
-            ("gemma-4-31b/bf16", PROFILES / "gemma-4-31b/bf16")]
-    resweep = CALIBRATION_DIR / "_raw/s4-resweep/llama-3.1-8b--bf16.jsonl.gz"
-    for name, d in runs:
-        _graph_steps(name, pl.read_parquet(d / "samples.parquet"), Profile.load(d))
-    # the Llama BF16 re-sweep is not a shipped profile: its steps against the shipped fit
-    from capplan.calibrate import store
-
-    df = store.with_derived(store.read_runner_jsonl(resweep))
-    _graph_steps("llama-3.1-8b/bf16 re-sweep (shipped fit)", df,
-                 Profile.load(PROFILES / "llama-3.1-8b/bf16"))
-
-
-def _graph_steps(name: str, df: pl.DataFrame, prof: Profile) -> None:
-    timer = StepTimer(prof, max_num_seqs=256, max_num_batched_tokens=8192)
-    steps = df.filter(~pl.col("warmup") & (pl.col("prefill_tokens") > 0)
-                      & (pl.col("decode_seqs") > 0) & (pl.col("tokens") > 512)
-                      & (pl.col("tokens") <= 1100))
-    print(f"  {name}")
-    for (point,), g in steps.group_by(["point"], maintain_order=True):
-        rows = list(g.iter_rows(named=True))
-        fit = sum(timer.step_time_s(r["tokens"], r["seqs"], r["prefill_attn"],
-                                    r["decode_ctx"], 0) for r in rows)
-        took = sum(r["step_s"] for r in rows)
-        toks = sorted({r["tokens"] for r in rows})
-        print(f"    {point:28s} {len(rows)} steps of {toks} tokens: {took * 1e3:6.1f} ms "
-              f"measured, {fit * 1e3:6.1f} ms by the fit ({took / fit - 1:+.0%})")
+    """The step past the largest CUDA graph (512 tokens), on the profiles the GPU timed step
+    by step: prefill-only steps of 512, 1024 and 2048 tokens at prior context up to 4k
+    (medians), the straight line through 1024 and 2048 taken back to 512, and how far the
+    512-token step sits below it: what `eager_step_s` stands for."""
+    for d in sorted(PROFILES.glob("*/*/samples.parquet")):
+        df = pl.read_parquet(d)
+        if "gpu_clock" not in df.columns or not df["gpu_clock"].all():
+            continue
+        prof = Profile.load(d.parent)
+        med = {}
+        for chunk in (512, 1024, 2048):
+            g = df.filter(pl.col("point").str.starts_with(f"prefill-p{chunk}-")
+                          & (pl.col("max_ctx") <= 4096 + chunk))
+            if len(g):
+                med[chunk] = float(g["step_s"].median()) * 1e3  # type: ignore[arg-type]
+        if len(med) < 3:
+            continue
+        line = med[1024] - (med[2048] - med[1024]) / 2
+        print(f"  {prof.model}/{prof.key}: 512 / 1024 / 2048 tokens {med[512]:.1f} / "
+              f"{med[1024]:.1f} / {med[2048]:.1f} ms; the line through 1024 and 2048 gives "
+              f"{line:.1f} ms at 512 ({med[512] - line:+.1f} ms); eager_step_s "
+              f"{prof.step.eager_step_s * 1e3:.1f} ms")
 
 
 def points(profile: str) -> None:

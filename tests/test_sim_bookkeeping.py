@@ -103,3 +103,23 @@ def test_bulk_emit_matches_token_by_token(
     fast = _fingerprint(mix, monkeypatch, **kw)
     monkeypatch.setattr(Replica, "_emit", _reference_emit)
     assert _fingerprint(mix, monkeypatch, **kw) == fast
+
+
+def test_unfinished_requests_weigh_on_itl_by_their_token_share() -> None:
+    """Requests still running at the end count as infinitely late in ITL too, in proportion
+    to the tokens they stand for: with half the requests unfinished, ITL p90 is infinite
+    even when every observed gap is still in the histogram's buffer."""
+    from capplan.sim.results import summarise
+    from capplan.traffic import Workload
+
+    w = Workload.model_validate({
+        "name": "w", "pool": "p", "input_tokens": {"kind": "constant", "value": 8},
+        "output_tokens": {"kind": "constant", "value": 8},
+        "arrival": {"kind": "poisson", "rate_rps": 1.0}, "slo": {"itl_p90_s": 1.0}})
+    rec = WorkloadRecorder()
+    for i in range(10):
+        rec.add_request(float(i), 0.1, 1.0, 0.0, 8, 8, 0, 0, 0)
+        rec.itl.add_many([0.01] * 7)  # buffered, not yet flushed
+    res = summarise(w, rec, created=20, window_s=10.0)
+    assert res.itl_p50_s == pytest.approx(0.01, rel=2e-3)
+    assert res.itl_p90_s == float("inf") and not res.slo[0].met

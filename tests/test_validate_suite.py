@@ -216,12 +216,12 @@ def _make(raw: Path, src: Path, runs: list[str]) -> Path:
 
 
 def test_gemma_engines_run_text_only_with_their_overrides(tmp_path) -> None:
-    """The Gemma 4 engines (h200.yaml's, and h200-next.yaml's with its MTP drafter) start
+    """The Gemma 4 engines (h200.yaml's, the second with its MTP drafter) start
     text-only, as their profiles were calibrated, and pass the config fixes the model spec
     says vLLM 0.26.0 needs; the MTP engine names the drafter's folder as the speculative model."""
     root = Path(__file__).resolve().parents[1] / "validation"
     grid = load_suite(root / "h200.yaml").engine("gemma-4-31b-fp8")
-    mtp = load_suite(root / "h200-next.yaml").engine("gemma-4-31b-fp8-mtp4")
+    mtp = load_suite(root / "h200.yaml").engine("gemma-4-31b-fp8-mtp4")
     for run in (grid, mtp):
         eng = emit_job(run, Path("models"), tmp_path)["engine"]
         assert eng["limit_mm_per_prompt"] == {"image": 0}

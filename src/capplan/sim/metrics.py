@@ -74,6 +74,11 @@ class GapHistogram:
             self._rep = array("d")
             self._rep_n = array("d")
 
+    def count(self) -> int:
+        """Observations so far, buffered ones included."""
+        self._flush()
+        return self.n
+
     def merge(self, other: GapHistogram) -> None:
         self._flush()
         other._flush()
@@ -115,8 +120,8 @@ class StepGaps:
 
     The gaps are each workload's ITL histogram's `add_repeated` observations, held here
     instead of in its buffer and with the same effect, also on when the histogram flushes
-    (its `n` counts flushed observations only, and `summarise` reads it before flushing):
-    they count as the histogram's buffered entries, it takes them whenever it flushes, and
+    (its `n` counts flushed observations only): they count as the histogram's buffered
+    entries, it takes them whenever it flushes, and
     it flushes once they number _FLUSH_AT (steps that a workload's measured members saw), as
     add_repeated would. Every FOLD_EVERY steps (or sooner, so that no histogram's count can
     pass _FLUSH_AT unseen) the steps are binned into per-workload pending counts, so memory

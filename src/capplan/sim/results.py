@@ -167,7 +167,7 @@ def summarise(
     def value(metric: str, q: float) -> float:
         h = hist[metric]
         if metric in ("itl", "tpot"):  # per token: scale the unfinished share to its count
-            return h.percentile(q, round(missing / max(created, 1) * h.n))
+            return h.percentile(q, round(missing / max(created, 1) * h.count()))
         return h.percentile(q, missing)
 
     checks = []

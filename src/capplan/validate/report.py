@@ -37,7 +37,9 @@ def candidate_bound(err: float, metric: str) -> float:
 
 def ratchet(rows: list[Row], old: dict[str, dict[str, float]], *, loosen: bool = False
             ) -> dict[str, dict[str, float]]:
-    """New bounds: each row's candidate, never looser than the stored one unless `loosen`."""
+    """New bounds: each row's candidate, never looser than the stored one; with `loosen`,
+    a row whose error today is past its stored bound gets its candidate instead (every other
+    bound still only tightens)."""
     out: dict[str, dict[str, float]] = {}
     for r in rows:
         k = row_key(r)
@@ -46,7 +48,11 @@ def ratchet(rows: list[Row], old: dict[str, dict[str, float]], *, loosen: bool =
         for m in METRICS:
             c = candidate_bound(r.error(m), m)
             b = prev.get(m)
-            out[k][m] = c if (b is None or loosen) else min(b, max(c, abs(r.error(m))))
+            e = abs(r.error(m))
+            if b is None or (loosen and not e <= b + 1e-9):
+                out[k][m] = c
+            else:
+                out[k][m] = min(b, max(c, e))
     return out
 
 
