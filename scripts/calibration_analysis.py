@@ -44,10 +44,11 @@ def _pct(x: float | None) -> str:
 def table() -> None:
     """One row per shipped profile: sweep coverage, every fit-error figure its provenance
     stores, KV capacity per utilisation (* derived) and GPU-minutes."""
-    print("| profile | sweep points measured | windows train/test | held-out median / p95 "
-          "| 5-fold CV median / p95 (windows) | leave-one-point-out median / p95 (points) "
-          "| single-step median / p95 | KV tokens @0.85 / 0.90 / 0.95 | GPU-min |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| profile | timed by | sweep points measured | units train/test "
+          "| held-out median / p95 | 5-fold CV median / p95 (units) "
+          "| leave-one-point-out median / p95 (points) | single-step median / p95 "
+          "| KV tokens @0.85 / 0.90 / 0.95 | GPU-min |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for prov_path in sorted(PROFILES.glob("*/*/provenance.json")):
         d = prov_path.parent
         prov = json.loads(prov_path.read_text())
@@ -58,7 +59,8 @@ def table() -> None:
         planned = prov.get("points_planned") or len(measured) + len(prov.get("points_skipped", []))
         kv = " / ".join(f"{int(k['tokens']):,}" + ("*" if k["derived"] else "")
                         for k in prov["kv_points"])
-        print(f"| {d.parent.name}/{d.name} | {len(measured)} of {planned} "
+        clock = "GPU, steps" if f["unit"].startswith("one engine step") else "CPU, 4-step windows"
+        print(f"| {d.parent.name}/{d.name} | {clock} | {len(measured)} of {planned} "
               f"| {q.n_train}/{q.n_test} | {_pct(q.median_ape)} / {_pct(q.p95_ape)} "
               f"| {_pct(f['cv5_median_ape'])} / {_pct(f['cv5_p95_ape'])} ({f['cv5_windows']}) "
               f"| {_pct(f.get('point_cv_median_ape'))} / {_pct(f.get('point_cv_p95_ape'))} "
