@@ -190,17 +190,21 @@ def test_sliding_window_kv_capacity_is_vllms_own_token_count() -> None:
     assert store.kv_tokens(one_group) == 427136
 
 
-def test_decode_floor_counts_full_attention_layers_only() -> None:
-    """A sliding window's KV read is capped (a cost per sequence), so the floor on the
-    per-context-token decode cost counts the full-attention layers alone."""
+def test_decode_floors_per_attention_kind() -> None:
+    """The floor on each attention kind's per-context-token decode cost counts its own
+    layers' KV bytes: the full-attention layers' over the whole context, the sliding
+    layers' within their window; a model of one kind has one floor."""
     from capplan.calibrate.build import _context_kv_bytes
 
     hybrid = {"kv_cache_groups": 6, "kv_tensor_bytes": 1, "kv_tokens": 1}
-    # Gemma 4 31B: 10 full layers x K and V x 4 heads x 512 x 2 bytes
-    assert _context_kv_bytes("gemma-4-31b", hybrid, "auto") == 10 * 2 * 4 * 512 * 2
-    assert _context_kv_bytes("gemma-4-31b", hybrid, "fp8") == 10 * 2 * 4 * 512
+    # Gemma 4 31B: 10 full layers x K and V x 4 heads x 512 x 2 bytes; 50 sliding layers x
+    # K and V x 16 heads x 256 x 2 bytes
+    assert _context_kv_bytes("gemma-4-31b", hybrid, "auto") == (10 * 2 * 4 * 512 * 2,
+                                                                 50 * 2 * 16 * 256 * 2)
+    assert _context_kv_bytes("gemma-4-31b", hybrid, "fp8") == (10 * 2 * 4 * 512,
+                                                                50 * 2 * 16 * 256)
     llama = {"kv_cache_groups": 1, "kv_tensor_bytes": 131072 * 1000, "kv_tokens": 1000}
-    assert _context_kv_bytes("llama-3.1-8b", llama, "auto") == 131072
+    assert _context_kv_bytes("llama-3.1-8b", llama, "auto") == (131072, 0.0)
 
 
 def test_speculative_jobs_find_their_drafter() -> None:

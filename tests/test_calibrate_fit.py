@@ -146,6 +146,42 @@ def test_gpu_timed_samples_are_fitted_step_by_step() -> None:
     assert set(np.diff(F.windows(s, 0), axis=1).ravel()) == {1}
 
 
+def test_sliding_window_terms_are_recovered() -> None:
+    """A sliding-window model's steps, its sliding layers reading at most W tokens of context
+    each, give back both attention kinds' coefficients; StepTimer charges them the same."""
+    w = 1024
+    s = _synthetic(5)
+    rng = np.random.default_rng(5)
+    dec = np.maximum(s["seqs"] - (s["prefill_attn"] > 0), 0)
+    s["decode_seqs"] = dec
+    # decode context at one mean per step (as the calibration's points have it)
+    mean = rng.choice([256, 900, 2048, 8000], len(dec))
+    s["decode_ctx"] = (dec * mean).astype(int)
+    s["prefill_attn_window"] = np.minimum(s["prefill_attn"], 0.5 * s["prefill_attn"] + 1e5)
+    d_win, p_win = 2e-7, 3e-10
+    sizes = cudagraph_capture_sizes(256, 8192)
+    beta = np.array([TRUE.get(c, 0.0) for c in F.COEFS])
+    base = F.design(s, TRUE["knee_tokens"], sizes, 0) @ beta
+    s["step_s"] = (base + d_win * dec * np.minimum(mean, w)
+                   + p_win * s["prefill_attn_window"])
+    res = F.fit_step_model(s, max_num_seqs=256, max_num_batched_tokens=8192, window=w)
+    assert res.step.window_tokens == w
+    assert res.step.decode_window_s == pytest.approx(d_win, rel=1e-5)
+    assert res.step.prefill_window_s == pytest.approx(p_win, rel=1e-5)
+    assert res.step.decode_ctx_s == pytest.approx(TRUE["decode_ctx_s"], rel=1e-5)
+    prof = Profile.model_validate({
+        "gpu": "h200", "model": "m", "precision": "bf16", "step": res.step.model_dump(),
+        "kv": {"bytes_per_token": 1, "slope_tokens": 1.0, "intercept_tokens": 0.0},
+        "box": {"max_tokens": 10**6, "max_seqs": 10**6, "max_context_tokens": 10**6},
+        "provenance": {"source": "measured"}})
+    timer = StepTimer(prof, max_num_seqs=256, max_num_batched_tokens=8192)
+    for i in range(0, len(s["step_s"]), 41):
+        got = timer.step_time_s(int(s["tokens"][i]), int(s["seqs"][i]), s["prefill_attn"][i],
+                                int(s["decode_ctx"][i]), 0, decode_seqs=int(dec[i]),
+                                prefill_attn_window=float(s["prefill_attn_window"][i]))
+        assert got == pytest.approx(s["step_s"][i], rel=1e-5)
+
+
 def test_fixed_coefficients_are_kept() -> None:
     """Coefficients passed as fixed come back unchanged; only the rest are fitted."""
     res = F.fit_step_model(_synthetic(), max_num_seqs=256, max_num_batched_tokens=8192,

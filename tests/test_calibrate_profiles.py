@@ -47,11 +47,13 @@ def test_refit_from_samples_gives_same_coefficients(d: Path) -> None:
     shipped coefficients: the profile is a function of its data."""
     prof = Profile.load(d)
     prov = json.loads((d / "provenance.json").read_text())
-    s = store.samples_of(store.read_samples(d))
+    window = prof.step.window_tokens
+    s = store.samples_of(store.read_samples(d), window_tokens=window)
     res = F.fit_step_model(s, max_num_seqs=int(prof.engine["max_num_seqs"]),  # type: ignore[call-overload]
                            max_num_batched_tokens=int(prof.engine["max_num_batched_tokens"]),  # type: ignore[call-overload]
                            spec_k=prof.spec_k, fixed=prov["fit"]["fixed_coefficients"],
-                           seed=prov["fit"]["seed"], floors=prov["fit"]["floors"])
+                           seed=prov["fit"]["seed"], floors=prov["fit"]["floors"],
+                           window=window)
     for k, v in prof.step.model_dump().items():
         assert getattr(res.step, k) == pytest.approx(v, rel=1e-6, abs=1e-15), k
     assert res.quality == prof.fit

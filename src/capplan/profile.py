@@ -20,6 +20,16 @@ Step-time model (one engine step, seconds), physically shaped:
 
 T = scheduled tokens (decode seqs count 1 + k each). T_pad pads T up to the next CUDA-graph
 capture size (vllm/config/vllm.py: _set_cudagraph_sizes) when T is within the largest one.
+
+A model with sliding-window layers (Gemma 4) is fitted with a term per attention kind
+(`StepModel.window_tokens` W > 0): the two context terms above stand for its full-attention
+layers, and its sliding layers, which attend at most W tokens, add
+
+      + decode_window_s * sum(min(ctx, W))              # sliding layers' KV read
+      + prefill_window_s * sum(chunk * min(ctx + chunk/2, W))
+
+(the decode sum over sequences taken at their mean context: exact when all are on one side
+of the window, as the calibration's points are).
 """
 
 from __future__ import annotations
@@ -36,6 +46,12 @@ from capplan.kvlayout import KvLayout
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 _POOL_KEYS = ("layout", "slope_blocks", "intercept_blocks", "image_reservation_blocks")
+
+
+def window_pairs(chunk: float, ctx: float, window: float) -> float:
+    """Attended token pairs of one prefill chunk in a sliding-window layer: each of its
+    tokens sees at most `window` tokens."""
+    return chunk * min(ctx + chunk / 2, window)
 
 
 def cudagraph_capture_sizes(
@@ -78,6 +94,17 @@ class StepModel(BaseModel):
         "the CPU launches every kernel; measured on the H200 as a jump in step time just "
         "past the largest graph, on top of the per-token slope",
     )
+
+
+    window_tokens: int = Field(
+        default=0, ge=0,
+        description="sliding window W of the sliding-window layers' terms (0: every layer "
+        "attends the whole context); see the module docstring",
+    )
+    decode_window_s: float = Field(default=0.0, ge=0,
+                                   description="per context token within the window")
+    prefill_window_s: float = Field(default=0.0, ge=0,
+                                    description="per token x attended token within the window")
 
 
 class KvCapacity(BaseModel):
@@ -240,6 +267,7 @@ class StepTimer:
         "_graphs",
         "_pad",
         "_prefill_step",
+        "_window",
         "box",
         "extrapolated_steps",
         "k",
@@ -262,6 +290,8 @@ class StepTimer:
         self._enc = s.encoder_token_s
         self._prefill_step = s.prefill_step_s
         self._eager = s.eager_step_s
+        self._window = ((float(s.window_tokens), s.decode_window_s, s.prefill_window_s)
+                        if s.window_tokens else None)
         self._graphs = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens, self.k)
         self._graph_max = self._graphs[-1] if self._graphs else 0
         # pad(t) for every t up to the largest graph: one lookup a step
@@ -285,8 +315,14 @@ class StepTimer:
         decode_ctx: int,
         drafting_seqs: int,
         encoder_tokens: int = 0,
+        *,
+        decode_seqs: int | None = None,
+        prefill_attn_window: float | None = None,
     ) -> float:
-        """Seconds for one engine step of this composition."""
+        """Seconds for one engine step of this composition. With a term per attention kind
+        (sliding-window models), `decode_seqs` (default: every sequence) takes the decode
+        context's mean, and `prefill_attn_window` is the chunks' `window_pairs` (default: the
+        pairs uncapped)."""
         fixed, per_tok, knee, p_attn, d_ctx, per_seq = self._c
         max_tokens, max_seqs, max_context = self._box
         if tokens > max_tokens or seqs > max_seqs or (seqs and decode_ctx > max_context * seqs):
@@ -299,6 +335,15 @@ class StepTimer:
         t_pad = self._pad[tokens] if 0 <= tokens <= self._graph_max else self.pad(tokens)
         t = fixed + per_tok * (t_pad if t_pad > knee else knee)
         t += p_attn * prefill_attn + d_ctx * decode_ctx + per_seq * seqs
+        if self._window is not None:
+            w, d_win, p_win = self._window
+            n = seqs if decode_seqs is None else decode_seqs
+            if n > 0 and decode_ctx:
+                mean = decode_ctx / n
+                t += d_win * n * (mean if mean < w else w)
+            if prefill_attn:
+                t += p_win * (prefill_attn if prefill_attn_window is None
+                              else prefill_attn_window)
         if prefill_attn:
             t += self._prefill_step
         if tokens > self._graph_max:

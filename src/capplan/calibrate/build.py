@@ -29,7 +29,8 @@ from capplan.profile import Box, Profile
 
 UTILS = (0.85, 0.90, 0.95)
 BASE_COEFS = ("fixed_s", "per_token_s", "knee_tokens", "prefill_attn_s", "decode_ctx_s",
-              "per_seq_s", "prefill_step_s", "eager_step_s")
+              "per_seq_s", "prefill_step_s", "eager_step_s", "decode_window_s",
+              "prefill_window_s")
 # Decode attention reads BF16 KV through the same FlashAttention-3 kernel whatever the
 # weights' format, so a profile whose sweep never reached long decode contexts borrows
 # the term from the same model's BF16 profile rather than extrapolating its own.
@@ -167,17 +168,19 @@ def _plan_file(name: str | None, raw: Path) -> Path | None:
     return None
 
 
-def _context_kv_bytes(model: str, kv_meta: dict[str, Any], kv_dtype: str) -> float:
-    """KV bytes a decode reads per token of its context: every layer's with one KV cache
-    group; with sliding-window groups only the full-attention layers' (a window's read is
-    capped, a cost per sequence), from the model spec."""
+def _context_kv_bytes(model: str, kv_meta: dict[str, Any], kv_dtype: str) -> tuple[float, float]:
+    """KV bytes a decode reads per token of its context, (full-attention layers, sliding
+    layers within their window): every layer's in the first with one KV cache group; with
+    sliding-window groups each kind's, from the model spec (profile.py: a term per kind)."""
     if kv_meta.get("kv_cache_groups", 1) <= 1:
-        return float(kv_meta["kv_tensor_bytes"]) / float(kv_meta["kv_tokens"])
+        return float(kv_meta["kv_tensor_bytes"]) / float(kv_meta["kv_tokens"]), 0.0
     spec = load_model_spec(model)
     full = spec.num_layers - spec.sliding_window_layers
     dim = spec.global_head_dim or spec.head_dim
     heads = spec.num_global_kv_heads or spec.num_kv_heads
-    return float(full * 2 * heads * dim * (1 if kv_dtype == "fp8" else 2))
+    per = 2 * (1 if kv_dtype == "fp8" else 2)
+    return (float(full * heads * dim * per),
+            float(spec.sliding_window_layers * spec.num_kv_heads * spec.head_dim * per))
 
 
 def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
@@ -223,16 +226,21 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                      "ended the run; the point is left out)")
     kv_meta = meta["kv"]
     kv_bytes = round(kv_meta["kv_tensor_bytes"] / store.kv_tokens(kv_meta))
-    floors = F.physical_floors(_context_kv_bytes(g.model, kv_meta, kv_dtype),
-                               GPUS[gpu].hbm_bytes_per_s)
-    res = F.fit_step_model(s, max_num_seqs=eng["max_num_seqs"],
-                           max_num_batched_tokens=eng["max_num_batched_tokens"],
-                           spec_k=k, fixed=fixed, seed=seed, floors=floors)
     pooled = kv_meta.get("kv_cache_groups", 1) > 1
     kvs = store.kv_points(g.metas, UTILS, with_blocks=pooled)
     kv = F.fit_kv_capacity(kvs, bytes_per_token=kv_bytes)
     if pooled:
         kv = kv.model_copy(update=pool_capacity(g.model, kv_meta, eng, kv_dtype, kvs))
+    # a sliding-window model gets a term per attention kind (profile.py)
+    window = 0
+    if kv.layout is not None and kv.layout.hybrid:
+        window = kv.layout.sliding_window
+        s = store.samples_of(df, window_tokens=window)
+    full_bytes, window_bytes = _context_kv_bytes(g.model, kv_meta, kv_dtype)
+    floors = F.physical_floors(full_bytes, GPUS[gpu].hbm_bytes_per_s, window_bytes)
+    res = F.fit_step_model(s, max_num_seqs=eng["max_num_seqs"],
+                           max_num_batched_tokens=eng["max_num_batched_tokens"],
+                           spec_k=k, fixed=fixed, seed=seed, floors=floors, window=window)
     reserved = image_reservation(g.metas, g.image_metas)
     if reserved is not None:
         kv = kv.model_copy(update={"image_reservation_tokens": reserved})

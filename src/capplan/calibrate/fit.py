@@ -24,7 +24,9 @@ from capplan.profile import FitQuality, KvCapacity, StepModel, cudagraph_capture
 
 Samples = Mapping[str, np.ndarray]
 COEFS = ("fixed_s", "per_token_s", "prefill_attn_s", "decode_ctx_s", "per_seq_s",
-         "prefill_step_s", "eager_step_s", "draft_pass_s", "draft_token_s")
+         "prefill_step_s", "eager_step_s", "decode_window_s", "prefill_window_s",
+         "draft_pass_s", "draft_token_s")
+WINDOW_COEFS = ("decode_window_s", "prefill_window_s")
 DRAFT_COEFS = ("draft_pass_s", "draft_token_s")
 KNEE_GRID = np.array([0, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512,
                       640, 768, 1024])
@@ -79,10 +81,23 @@ def _pad(tokens: np.ndarray, sizes: list[int]) -> np.ndarray:
     return out
 
 
+def attention_by_kind(s: Samples, window: int) -> dict[str, np.ndarray]:
+    """The samples with the sliding-window layers' attention (profile.py, module docstring):
+    each step's decode context within the window, at its mean context, and its prefill
+    pairs within it (`prefill_attn_window`, from store.samples_of)."""
+    n = s["decode_seqs"].astype(float)
+    ctx = s["decode_ctx"].astype(float)
+    mean = np.divide(ctx, n, out=np.zeros_like(ctx), where=n > 0)
+    out = dict(s)
+    out["decode_ctx_window"] = n * np.minimum(mean, window)
+    return out
+
+
 def design(s: Samples, knee: float, sizes: list[int], spec_k: int) -> np.ndarray:
     """Per-step columns in COEFS order, combined as StepTimer.step_time_s combines them."""
     t_pad = _pad(s["tokens"], sizes)
     drafting = s["drafting_seqs"].astype(float)
+    zero = np.zeros(len(t_pad))
     return np.column_stack([
         np.ones(len(t_pad)),
         np.maximum(t_pad, knee),
@@ -91,6 +106,8 @@ def design(s: Samples, knee: float, sizes: list[int], spec_k: int) -> np.ndarray
         s["seqs"].astype(float),
         (s["prefill_attn"] > 0).astype(float),
         (s["tokens"] > (sizes[-1] if sizes else 0)).astype(float),
+        s.get("decode_ctx_window", zero),
+        s.get("prefill_attn_window", zero),
         spec_k * (drafting > 0),
         spec_k * drafting,
     ])
@@ -189,13 +206,18 @@ def fit_step_model(
     floors: Mapping[str, float] | None = None,
     seed: int = 0,
     test_fraction: float = 0.2,
+    window: int = 0,
 ) -> FitResult:
     """Fit on a seeded 80 % of the windows; score on the other 20 %.
 
     `fixed` holds coefficients taken from elsewhere (a spec-decode profile keeps its base
     model's and fits only the draft terms; a profile without long-context decodes borrows
     the attention term of the same model's BF16 profile, whose kernel and KV it shares).
-    `floors` holds physical lower bounds of free coefficients (see `physical_floors`)."""
+    `floors` holds physical lower bounds of free coefficients (see `physical_floors`).
+    `window` (W > 0) adds the sliding-window layers' terms, for a sliding-window model
+    (`attention_by_kind`; the samples then carry `prefill_attn_window`)."""
+    if window:
+        s = attention_by_kind(s, window)
     win = windows(s, seed)
     if len(win) < 8:
         raise CalibrationError(f"only {len(win)} usable step windows; need at least 8 to fit")
@@ -209,6 +231,8 @@ def fit_step_model(
     free = np.array([c not in fixed for c in COEFS])
     if not spec_k:
         free &= np.array([c not in DRAFT_COEFS for c in COEFS])
+    if not window:
+        free &= np.array([c not in WINDOW_COEFS for c in COEFS])
     fixed_vec = np.array([fixed.get(c, 0.0) for c in COEFS])
     floor = np.array([(floors or {}).get(c, 0.0) for c in COEFS])
     knees = np.array([fixed["knee_tokens"]]) if "knee_tokens" in fixed else KNEE_GRID
@@ -218,6 +242,8 @@ def fit_step_model(
     good = train[ape <= max(TRIM_APE, 4 * float(np.median(ape)))]
     step = _model(*_fit_once(s, good, sizes, spec_k, free, fixed_vec, knees, floor))
     test_ape = window_ape(s, test, step, sizes, spec_k)
+    if window:
+        step = step.model_copy(update={"window_tokens": int(window)})
     nan = float("nan")
     quality = FitQuality(
         n_train=len(good), n_test=len(test),
@@ -278,11 +304,15 @@ def _cross_validate(s: Samples, win: np.ndarray, sizes: list[int], spec_k: int,
     return kept
 
 
-def physical_floors(kv_bytes_per_token: float, hbm_bytes_per_s: float) -> dict[str, float]:
+def physical_floors(kv_bytes_per_token: float, hbm_bytes_per_s: float,
+                    window_kv_bytes_per_token: float = 0.0) -> dict[str, float]:
     """Lower bounds physics sets: a decode step reads each context token's KV from HBM at
     most at the datasheet's peak bandwidth (the kernels that do it run after the GEMMs,
-    not under them)."""
-    return {"decode_ctx_s": kv_bytes_per_token / hbm_bytes_per_s}
+    not under them); the sliding layers' share within their window likewise."""
+    floors = {"decode_ctx_s": kv_bytes_per_token / hbm_bytes_per_s}
+    if window_kv_bytes_per_token:
+        floors["decode_window_s"] = window_kv_bytes_per_token / hbm_bytes_per_s
+    return floors
 
 
 def fit_kv_capacity(

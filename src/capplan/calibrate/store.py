@@ -17,6 +17,7 @@ import polars as pl
 
 from capplan.calibrate.fit import Samples, prefill_attn, step_times_gpu_s, step_times_s
 from capplan.errors import CalibrationError
+from capplan.profile import window_pairs
 
 CALIBRATION_DIR = Path(__file__).resolve().parents[3] / "calibration"
 STEP_COLUMNS = ("tokens", "seqs", "decode_seqs", "decode_ctx", "spec_tokens", "drafting_seqs",
@@ -96,9 +97,15 @@ def with_derived(df: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def samples_of(df: pl.DataFrame) -> Samples:
+def samples_of(df: pl.DataFrame, window_tokens: int = 0) -> Samples:
+    """The fit's arrays; with a sliding window, also each step's prefill pairs capped at it
+    (`profile.window_pairs`, summed over the step's chunks)."""
     cols = ("point", "step_s", "prefill_attn", "warmup", *STEP_COLUMNS)
     s = {c: df[c].to_numpy() for c in cols}
+    if window_tokens:
+        s["prefill_attn_window"] = np.array(
+            [sum(window_pairs(c, x, window_tokens) for c, x in step)
+             for step in df["chunks"].to_list()], dtype=float)
     # samples stored before the runner had the GPU's stamps lack the column
     s["gpu_clock"] = (df["gpu_clock"].to_numpy() if "gpu_clock" in df.columns
                       else np.zeros(len(df), dtype=bool))

@@ -187,6 +187,8 @@ class StepPlan:
         "idx",
         "preempted",
         "prefill_attn",
+        "prefill_attn_w",
+        "prefill_seqs",
         "prefill_tokens",
         "reqs",
         "running_prefill",
@@ -204,6 +206,8 @@ class StepPlan:
         self.total_tokens = 0
         self.prefill_tokens = 0
         self.prefill_attn = 0.0
+        self.prefill_attn_w = 0.0  # prefill_attn capped at the sliding window (profile.py)
+        self.prefill_seqs = 0
         self.decode_ctx = 0
         self.drafting = 0
         self.preempted = 0
@@ -908,6 +912,10 @@ class EngineCore:
                 plan.running_prefill = True
                 plan.prefill_tokens += n
                 plan.prefill_attn += n * (computed + n / 2)
+                plan.prefill_seqs += 1
+                if sw:  # profile.window_pairs
+                    w_ctx = computed + n / 2
+                    plan.prefill_attn_w += n * (w_ctx if w_ctx < cfg.sw_window else cfg.sw_window)
                 if r.image_tokens and not r.encoded:
                     plan.encoder_tokens += r.image_tokens
                     r.encoded = True
@@ -1099,6 +1107,9 @@ class EngineCore:
         else:
             plan.prefill_tokens += n
             plan.prefill_attn += n * (r.computed + n / 2)
+            plan.prefill_seqs += 1
+            if self.sw:  # profile.window_pairs
+                plan.prefill_attn_w += n * min(r.computed + n / 2, self.cfg.sw_window)
             if r.image_tokens and not r.encoded:
                 # scheduler.py _try_schedule_encoder_inputs: the image is encoded with the
                 # prompt's first chunk (images sit near the start of chat prompts)
@@ -1117,6 +1128,9 @@ class EngineCore:
         else:
             plan.prefill_tokens -= n
             plan.prefill_attn -= n * (r.computed + n / 2)
+            plan.prefill_seqs -= 1
+            if self.sw:  # profile.window_pairs
+                plan.prefill_attn_w -= n * min(r.computed + n / 2, self.cfg.sw_window)
         for lst in (plan.reqs, plan.tokens, plan.spec):
             del lst[j]
         return n

@@ -129,13 +129,16 @@ class Replica:
             if ahead.reqs or ahead.cohort_size:
                 inflight.append(ahead)
         cur = inflight[0]
+        seqs = len(cur.reqs) + cur.cohort_size
         self._dt = dt = self.timer.step_time_s(
             cur.total_tokens,
-            len(cur.reqs) + cur.cohort_size,
+            seqs,
             cur.prefill_attn,
             cur.decode_ctx,
             cur.drafting,
             cur.encoder_tokens,
+            decode_seqs=seqs - cur.prefill_seqs,
+            prefill_attn_window=cur.prefill_attn_w,
         )
         kv = core.kv
         self._used = kv.num_blocks - kv.free_unhashed - kv.free_cached

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from capplan.profile import StepTimer
+from capplan.profile import StepTimer, window_pairs
 from capplan.sim.run import PoolSetup
 from capplan.sim.workload import offered_rate_rps
 from capplan.traffic import ClosedLoop, ReplayArrival, SloTarget, Workload
@@ -45,10 +45,12 @@ def prefill_time_s(st: PoolSetup, prompt_tokens: float) -> float:
     attending to the chunks before it (vllm/v1/core/sched/scheduler.py: chunked prefill)."""
     timer = _timer(st)
     chunk_max = st.pool.engine.max_num_batched_tokens
+    window = st.profile.step.window_tokens
     left, ctx, t = max(int(prompt_tokens), 1), 0, 0.0
     while left > 0:
         c = min(left, chunk_max)
-        t += timer.step_time_s(c, 1, c * (ctx + c / 2), 0, 0)
+        t += timer.step_time_s(c, 1, c * (ctx + c / 2), 0, 0, decode_seqs=0,
+                               prefill_attn_window=window_pairs(c, ctx, window))
         ctx += c
         left -= c
     return t

@@ -117,7 +117,8 @@ def _fmt(metric: str, v: float) -> str:
 @click.option("--plot", type=click.Path(path_type=Path), help="predicted-vs-measured PNG here")
 @click.option("--ratchet", type=click.Path(path_type=Path),
               help="tighten the error bounds stored in this JSON file (validation/bounds.json)")
-@click.option("--loosen", is_flag=True, help="with --ratchet: rows whose error grew past their bound take today's "
+@click.option("--loosen", is_flag=True,
+              help="with --ratchet: rows whose error grew past their bound take today's "
               "error plus the allowance (the rest still only tighten)")
 @errors_as_lines
 def compare(root: Path, fmt: str, out: Path | None, write_docs: Path | None,
