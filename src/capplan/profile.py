@@ -68,6 +68,17 @@ def cudagraph_capture_sizes(
     return sizes
 
 
+def eager_threshold(max_num_seqs: int, max_num_batched_tokens: int) -> int:
+    """Steps of more tokens than this pay `eager_step_s`: the base engine's largest CUDA
+    graph. Under speculative decoding vLLM's graphs stop at the largest multiple of 1 + k
+    below it (510 for k = 4), but a step of 511-512 tokens then costs what it costs without
+    speculation: Gemma 4 FP8 with MTP k = 4 prefilled a 512-token prompt, a step without a
+    graph there, in the time the engine without MTP took (TTFT at concurrency 1, 37.6
+    against 37.0 ms, docs/validation.md)."""
+    sizes = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens)
+    return sizes[-1] if sizes else 0
+
+
 class StepModel(BaseModel):
     """Coefficients of the step-time model above (all in seconds)."""
 
@@ -262,6 +273,7 @@ class StepTimer:
         "_c",
         "_draft",
         "_eager",
+        "_eager_above",
         "_enc",
         "_graph_max",
         "_graphs",
@@ -294,6 +306,7 @@ class StepTimer:
                         if s.window_tokens else None)
         self._graphs = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens, self.k)
         self._graph_max = self._graphs[-1] if self._graphs else 0
+        self._eager_above = eager_threshold(max_num_seqs, max_num_batched_tokens)
         # pad(t) for every t up to the largest graph: one lookup a step
         self._pad = [self.pad(t) for t in range(self._graph_max + 1)]
         self.box = profile.box
@@ -346,7 +359,7 @@ class StepTimer:
                               else prefill_attn_window)
         if prefill_attn:
             t += self._prefill_step
-        if tokens > self._graph_max:
+        if tokens > self._eager_above:
             t += self._eager
         if self.k and drafting_seqs:
             t += self.k * (self._draft[0] + self._draft[1] * drafting_seqs)

@@ -20,7 +20,13 @@ import numpy as np
 from scipy.optimize import lsq_linear
 
 from capplan.errors import CalibrationError
-from capplan.profile import FitQuality, KvCapacity, StepModel, cudagraph_capture_sizes
+from capplan.profile import (
+    FitQuality,
+    KvCapacity,
+    StepModel,
+    cudagraph_capture_sizes,
+    eager_threshold,
+)
 
 Samples = Mapping[str, np.ndarray]
 COEFS = ("fixed_s", "per_token_s", "prefill_attn_s", "decode_ctx_s", "per_seq_s",
@@ -94,7 +100,9 @@ def attention_by_kind(s: Samples, window: int) -> dict[str, np.ndarray]:
 
 
 def design(s: Samples, knee: float, sizes: list[int], spec_k: int) -> np.ndarray:
-    """Per-step columns in COEFS order, combined as StepTimer.step_time_s combines them."""
+    """Per-step columns in COEFS order, combined as StepTimer.step_time_s combines them
+    (steps past profile.eager_threshold: `eager_step` as fit_step_model marks them, else
+    past the largest of `sizes`)."""
     t_pad = _pad(s["tokens"], sizes)
     drafting = s["drafting_seqs"].astype(float)
     zero = np.zeros(len(t_pad))
@@ -105,7 +113,7 @@ def design(s: Samples, knee: float, sizes: list[int], spec_k: int) -> np.ndarray
         s["decode_ctx"].astype(float),
         s["seqs"].astype(float),
         (s["prefill_attn"] > 0).astype(float),
-        (s["tokens"] > (sizes[-1] if sizes else 0)).astype(float),
+        s["eager_step"] if "eager_step" in s else (s["tokens"] > max(sizes, default=0)),
         s.get("decode_ctx_window", zero),
         s.get("prefill_attn_window", zero),
         spec_k * (drafting > 0),
@@ -218,6 +226,8 @@ def fit_step_model(
     (`attention_by_kind`; the samples then carry `prefill_attn_window`)."""
     if window:
         s = attention_by_kind(s, window)
+    eager = s["tokens"] > eager_threshold(max_num_seqs, max_num_batched_tokens)
+    s = {**s, "eager_step": eager.astype(float)}
     win = windows(s, seed)
     if len(win) < 8:
         raise CalibrationError(f"only {len(win)} usable step windows; need at least 8 to fit")
