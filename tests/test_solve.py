@@ -358,3 +358,43 @@ def test_split_advice_simulates_the_split() -> None:
     advice = [a for a in plan.pools[0].advice if a.kind == "split"]
     assert len(advice) == 1 and advice[0].gpus_saved is not None
     assert plan.pools[0].binding_workload in advice[0].message
+
+
+def test_a_thin_probe_moves_where_confirmation_starts_not_the_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Confirmation starts one replica up after a probe that passed narrowly
+    (`search.THIN_MARGIN`); the walk comes down again when one fewer passes, so the plan is
+    the one that starting at the probe's answer gives, whether every probe counts as thin or
+    none does."""
+    import capplan.solve.search as search
+
+    def sized(thin: float) -> tuple[int, list[str]]:
+        monkeypatch.setattr(search, "THIN_MARGIN", thin)
+        p = size_mix(small(), advice=False).pools[0]
+        return p.replicas_for_slo, [f"{s.key}={s.value_s:.6g}" for w in p.workloads
+                                    for s in w.slo]
+
+    assert sized(0.0) == sized(1.0)
+
+
+def test_an_awaited_prefetch_goes_first() -> None:
+    """A queued prefetched run that a search now waits for takes a search step's place at
+    the head of the queue; a job already ahead of it, or not queued, is left alone."""
+    import heapq
+    import threading
+    from concurrent.futures import Future
+
+    from capplan.solve import jobs
+
+    d = jobs._Dispatcher.__new__(jobs._Dispatcher)
+    d._cond, d._queue = threading.Condition(), []
+    futures = [Future[object]() for _ in range(3)]
+    for i, (f, cost) in enumerate(zip(futures, (3.0, 2.0, 1.0), strict=True)):
+        heapq.heappush(d._queue, (jobs.bulk(cost), i, f, print, ()))
+    d.promote(futures[2])
+    assert d._queue[0][2] is futures[2] and d._queue[0][0] == jobs.CHAIN
+    d.promote(futures[1], jobs.bulk(0.5))  # not sooner than its own place: unchanged
+    assert sorted(d._queue)[1][2] is futures[0]
+    d.promote(Future())  # not queued: nothing happens
+    assert len(d._queue) == 3

@@ -48,7 +48,6 @@ def bulk(cost_s: float) -> tuple[int, float]:
     return (1, -cost_s)
 
 
-
 def default_workers() -> int:
     """$CAPPLAN_WORKERS, else 1 (everything in this process). Worker processes import the
     caller's main module, as multiprocessing's do: a script that sizes with more than one
@@ -153,6 +152,20 @@ class _Dispatcher:
             self._cond.notify()
         return out
 
+    def promote(self, out: Future[Any], to: tuple[int, float] = CHAIN) -> None:
+        """`out`, if still queued, takes priority `to` when that comes sooner than its own
+        (CHAIN, the default: a thread now waits for a prefetched run, which then goes first,
+        as a search's step)."""
+        with self._cond:
+            for i, (priority, order, job, fn, args) in enumerate(self._queue):
+                if job is out:
+                    if to < priority:
+                        self._queue[i] = (to, order, job, fn, args)
+                        heapq.heapify(self._queue)
+                        job.chain = to <= CHAIN  # type: ignore[attr-defined]
+                        self._cond.notify()
+                    return
+
     def drop_queued(self) -> None:
         """Cancel every job not yet handed to a worker."""
         with self._cond:
@@ -245,6 +258,15 @@ def _dispatcher(workers: int) -> _Dispatcher:
         if workers not in _DISPATCHERS:
             _DISPATCHERS[workers] = _Dispatcher(workers)
         return _DISPATCHERS[workers]
+
+
+def promote(workers: int, future: Future[Any], to: tuple[int, float] = CHAIN) -> None:
+    """`future`, a job submitted with `workers`, if still queued, takes priority `to` when
+    that comes sooner (`_Dispatcher.promote`; CHAIN: a thread waits for it now)."""
+    with _LOCK:
+        d = _DISPATCHERS.get(workers)
+    if d is not None:
+        d.promote(future, to)
 
 
 def drop_queued() -> None:

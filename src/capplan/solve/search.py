@@ -126,6 +126,13 @@ class PoolSizing:
         return None if self.below is None else not self.below.slo_met
 
 
+THIN_MARGIN = 0.2
+"""A probe passing by less than this share of a limit is often failed by a seed at
+confirmation length (the production mix's interactive pool: agent TTFT p99 at 0.88 of its
+limit in the probe, 1.6 x it at 120 s); `Search.confirm` then starts one replica up. The
+answer is the same either way (the walk goes down again when one fewer passes)."""
+
+
 def worst_check(res: SimResult) -> tuple[str, SloCheck] | None:
     """(workload, check) with the smallest margin: the binding SLO."""
     worst: tuple[str, SloCheck] | None = None
@@ -229,6 +236,7 @@ class Sizer:
         key = (replicas, duration_s, seed, probe)
         pending = self._pending.pop(key, None)
         if pending is not None:
+            jobs.promote(self.processes, pending)
             self._use(key, pending)
         cached = self._cache.get(key)
         if cached is None or (cached.stopped_at_s is not None and not verdict_only):
@@ -308,6 +316,14 @@ class Sizer:
         n - 1 (expected to fail, so verdict only)."""
         self.prefetch([(n, s, self.settings.quick, False) for s in self.seeds]
                       + ([(n - 1, self.seed, True, True)] if n > 1 else []))
+
+    def _thin(self, n: int) -> bool:
+        """The probe at `n` passed by less than THIN_MARGIN of a limit."""
+        res = self._cache.get((n, self.probe_s, self.seed, True))
+        if res is None or not res.slo_met:
+            return False
+        found = worst_check(res)
+        return found is not None and found[1].margin < THIN_MARGIN
 
     def _drop(self, n: int) -> None:
         """The walk left `n`: prefetched runs at n that have not started are not needed."""
@@ -444,6 +460,10 @@ class Sizer:
         seed passes. The one-fewer check runs before the seeds at `n`, so a probe answer one
         too high costs no seed runs at it."""
         cap = self.pool.max_replicas
+        if n < cap and self._thin(n):
+            # a seed would likely fail at n: start one up, where the one-fewer check (a run
+            # that stops once its miss is certain) settles n instead of a full seed run
+            n += 1
         self._expect(n)  # the usual outcome: every seed at n passes, n - 1 fails
         n, results, below = self._walk_down(n)
         if results is None:
@@ -457,6 +477,8 @@ class Sizer:
                 below = self._below(n)
                 if below.slo_met:
                     below = failed[-1]  # the seed that failed there
+        for k in {key[0] for key in self._pending} - {n, n - 1}:
+            self._drop(k)  # speculation the walk did not need
         if not results[0].slo_met:
             raise self._infeasible(n, results[0])  # the cap fails at confirmation length too
         confirmed = all(r.slo_met for r in results)
