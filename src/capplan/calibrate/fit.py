@@ -5,9 +5,9 @@ evaluated exactly as it was fitted. Linear coefficients come from non-negative l
 squares on relative residuals (each unit weighted by 1 / its time: the target is the
 percentage error), each held at or above its physical floor where one is given (no KV read
 is faster than the HBM's peak bandwidth); `knee_tokens` from a 1-D grid search around them.
-The unit of fit and of error is a window of consecutive steps (see `windows`); training
-windows far off a first fit are trimmed before the second, the held-out error keeps every
-window.
+The unit of fit and of error is one engine step where the GPU timed the steps, a window of
+consecutive steps where the CPU did (see `windows`); training units far off a first fit are
+trimmed before the second, the held-out error keeps every unit.
 """
 
 from __future__ import annotations
