@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from capplan.calibrate import fit as F
 from capplan.errors import CalibrationError
-from capplan.profile import Profile, StepTimer, cudagraph_capture_sizes
+from capplan.profile import Profile, StepModel, StepTimer, cudagraph_capture_sizes
 
 TRUE = {"fixed_s": 4e-3, "per_token_s": 2e-5, "knee_tokens": 64.0, "prefill_attn_s": 1e-9,
         "decode_ctx_s": 3e-8, "per_seq_s": 5e-6, "eager_step_s": 2e-3}
@@ -48,6 +48,16 @@ def _synthetic(seed: int = 0, n_points: int = 30, steps: int = 24) -> dict[str, 
     return s
 
 
+def _timer(step: StepModel) -> StepTimer:
+    """StepTimer of a profile holding `step` (and nothing the timer reads besides)."""
+    prof = Profile.model_validate({
+        "gpu": "h200", "model": "m", "precision": "bf16", "step": step.model_dump(),
+        "kv": {"bytes_per_token": 1, "slope_tokens": 1.0, "intercept_tokens": 0.0},
+        "box": {"max_tokens": 10**6, "max_seqs": 10**6, "max_context_tokens": 10**6},
+        "provenance": {"source": "measured"}})
+    return StepTimer(prof, max_num_seqs=256, max_num_batched_tokens=8192)
+
+
 def test_fit_recovers_known_coefficients() -> None:
     """Noise-free steps from known coefficients give those coefficients back."""
     res = F.fit_step_model(_synthetic(), max_num_seqs=256, max_num_batched_tokens=8192)
@@ -60,12 +70,7 @@ def test_fit_is_evaluated_by_step_timer() -> None:
     """A fitted StepModel gives the same step time through StepTimer as the fit's own model."""
     s = _synthetic(1)
     res = F.fit_step_model(s, max_num_seqs=256, max_num_batched_tokens=8192)
-    prof = Profile.model_validate({
-        "gpu": "h200", "model": "m", "precision": "bf16", "step": res.step.model_dump(),
-        "kv": {"bytes_per_token": 1, "slope_tokens": 1.0, "intercept_tokens": 0.0},
-        "box": {"max_tokens": 10**6, "max_seqs": 10**6, "max_context_tokens": 10**6},
-        "provenance": {"source": "measured"}})
-    timer = StepTimer(prof, max_num_seqs=256, max_num_batched_tokens=8192)
+    timer = _timer(res.step)
     for i in range(0, len(s["step_s"]), 37):
         got = timer.step_time_s(int(s["tokens"][i]), int(s["seqs"][i]), s["prefill_attn"][i],
                                 int(s["decode_ctx"][i]), 0)
@@ -169,12 +174,7 @@ def test_sliding_window_terms_are_recovered() -> None:
     assert res.step.decode_window_s == pytest.approx(d_win, rel=1e-5)
     assert res.step.prefill_window_s == pytest.approx(p_win, rel=1e-5)
     assert res.step.decode_ctx_s == pytest.approx(TRUE["decode_ctx_s"], rel=1e-5)
-    prof = Profile.model_validate({
-        "gpu": "h200", "model": "m", "precision": "bf16", "step": res.step.model_dump(),
-        "kv": {"bytes_per_token": 1, "slope_tokens": 1.0, "intercept_tokens": 0.0},
-        "box": {"max_tokens": 10**6, "max_seqs": 10**6, "max_context_tokens": 10**6},
-        "provenance": {"source": "measured"}})
-    timer = StepTimer(prof, max_num_seqs=256, max_num_batched_tokens=8192)
+    timer = _timer(res.step)
     for i in range(0, len(s["step_s"]), 41):
         got = timer.step_time_s(int(s["tokens"][i]), int(s["seqs"][i]), s["prefill_attn"][i],
                                 int(s["decode_ctx"][i]), 0, decode_seqs=int(dec[i]),
