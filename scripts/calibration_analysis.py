@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
+import numpy as np
 import polars as pl
 
+from capplan.calibrate import fit as F
+from capplan.calibrate import store
 from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.hardware import GPUS, Precision
 from capplan.modelspec import load_model_spec
-from capplan.profile import Profile, StepTimer
+from capplan.profile import Profile, cudagraph_capture_sizes, eager_threshold
 
 HBM_BYTES_PER_S = 4.8e12  # the H200 datasheet's, as the table's header says
 PROFILES = CALIBRATION_DIR / "h200" / "vllm-0.26.0"
@@ -124,19 +128,95 @@ def graph() -> None:
 
 def points(profile: str) -> None:
     """Each sweep point of one profile: its steps' time, measured and by the fit, summed over
-    the point (a single step's stamp can land a step late; the sum telescopes)."""
-    d = PROFILES / profile
-    prof = Profile.load(d)
-    timer = StepTimer(prof, max_num_seqs=int(prof.engine["max_num_seqs"]),  # type: ignore[call-overload]
-                      max_num_batched_tokens=int(prof.engine["max_num_batched_tokens"]))  # type: ignore[call-overload]
-    df = pl.read_parquet(d / "samples.parquet").filter(~pl.col("warmup"))
-    for (point,), g in df.group_by(["point"], maintain_order=True):
-        rows = list(g.iter_rows(named=True))
-        fit = sum(timer.step_time_s(r["tokens"], r["seqs"], r["prefill_attn"], r["decode_ctx"],
-                                    r["drafting_seqs"]) for r in rows)
-        took = sum(r["step_s"] for r in rows)
-        print(f"  {point:28s} {len(rows):4d} steps {took * 1e3:9.1f} ms measured, "
+    the point (a single CPU-stamped step can land a step late; the sum telescopes)."""
+    prof, s, sizes = _fit_inputs(PROFILES / profile)
+    pred = _predicted(prof, s, sizes)
+    keep = ~s["warmup"]
+    point = s["point"][keep]
+    for name in dict.fromkeys(point):
+        m = point == name
+        took, fit = s["step_s"][keep][m].sum(), pred[keep][m].sum()
+        print(f"  {name:28s} {int(m.sum()):4d} steps {took * 1e3:9.1f} ms measured, "
               f"{fit * 1e3:9.1f} ms by the fit ({fit / took - 1:+.0%})")
+
+
+def _fit_inputs(d: Path) -> tuple[Profile, dict[str, np.ndarray], list[int]]:
+    prof = Profile.load(d)
+    s = store.samples_of(store.read_samples(d), window_tokens=prof.step.window_tokens)
+    sizes = cudagraph_capture_sizes(int(prof.engine["max_num_seqs"]),  # type: ignore[call-overload]
+                                    int(prof.engine["max_num_batched_tokens"]),  # type: ignore[call-overload]
+                                    prof.spec_k)
+    return prof, s, sizes
+
+
+def _predicted(prof: Profile, s: dict[str, np.ndarray], sizes: list[int]) -> np.ndarray:
+    """Each step's time by the profile's fit, as the fit computes it."""
+    if prof.step.window_tokens:
+        s = F.attention_by_kind(s, prof.step.window_tokens)
+    s = {**s, "eager_step": (s["tokens"] > eager_threshold(256, 8192)).astype(float)}
+    beta = np.array([getattr(prof.step, c) for c in F.COEFS])
+    out: np.ndarray = F.design(s, prof.step.knee_tokens, sizes, prof.spec_k) @ beta
+    return out
+
+
+def finishes() -> None:
+    """Steps after requests finished in the step before, on the GPU-timed profiles: the
+    residual by how many finished, and the held-out error with the steps after nine or more
+    left out of the test split."""
+    for d in sorted(PROFILES.glob("*/*/samples.parquet")):
+        df = pl.read_parquet(d)
+        if "gpu_clock" not in df.columns or not df["gpu_clock"].all():
+            continue
+        prof, s, sizes = _fit_inputs(d.parent)
+        res = (s["step_s"] - _predicted(prof, s, sizes)) * 1e3
+        seqs = s["seqs"]
+        same = np.r_[False, s["point"][1:] == s["point"][:-1]]
+        fin = np.where(same, np.maximum(np.r_[0, seqs[:-1]] - seqs, 0), 0)
+        ok = ~s["warmup"] & same
+        cells = []
+        for lo, hi in ((0, 0), (1, 4), (9, 256)):
+            m = ok & (fin >= lo) & (fin <= hi)
+            if m.any():
+                cells.append(f"{lo}-{hi} finished: {m.sum()} steps, residual median "
+                             f"{np.median(res[m]):+.2f} ms")
+        win = F.windows(s, 0)
+        test = np.random.default_rng(1).random(len(win)) < 0.2
+        ape = np.abs(_predicted(prof, s, sizes)[win[test][:, 0]] / s["step_s"][win[test][:, 0]] - 1)
+        keep = fin[win[test][:, 0]] < 9
+        print(f"  {prof.model}/{prof.key}: " + "; ".join(cells)
+              + f"; held-out p95 {np.percentile(ape, 95):.1%}, "
+              f"{np.percentile(ape[keep], 95):.1%} without the {int((~keep).sum())} steps "
+              "after nine or more finished")
+
+
+def repeats() -> None:
+    """The runs measured twice (calibration/_raw/repeats-s6): the same step of the same point
+    in both runs, each point's sum, KV blocks, and the shipped fit (on the first run) scored
+    on the second run's steps."""
+    raw = CALIBRATION_DIR / "_raw"
+    for rep in sorted((raw / "repeats-s6").glob("*.jsonl.gz")):
+        name = rep.name.removesuffix(".jsonl.gz")
+        model, key = name.split("--")
+        d = PROFILES / model / key
+        prof, _, sizes = _fit_inputs(d)
+        first = store.read_samples(d)
+        second = store.read_runner_jsonl(rep)
+        j = first.select("point", "step", "step_s", "tokens").join(
+            second.select("point", "step", "step_s", "tokens"), on=["point", "step"],
+            suffix="_2").filter((pl.col("tokens") == pl.col("tokens_2"))
+                                & ~pl.col("point").str.starts_with("warmup"))
+        step = (j["step_s_2"] / j["step_s"] - 1).abs().to_numpy()
+        pts = j.group_by("point").agg(pl.col("step_s").sum(), pl.col("step_s_2").sum())
+        pt = (pts["step_s_2"] / pts["step_s"] - 1).abs().to_numpy()
+        blocks = [json.loads(p.read_text())["kv"]["num_gpu_blocks"]
+                  for p in (raw / f"{name}.meta.json", raw / "repeats-s6" / f"{name}.meta.json")]
+        s2 = store.samples_of(second, window_tokens=prof.step.window_tokens)
+        ape = np.abs(_predicted(prof, s2, sizes) / s2["step_s"] - 1)[~s2["warmup"]]
+        print(f"  {model}/{key}: same step median {np.median(step):.1%}, p95 "
+              f"{np.percentile(step, 95):.1%} ({len(step)} steps); point sums median "
+              f"{np.median(pt):.1%}, max {pt.max():.1%}; KV blocks {blocks[0]:,} and "
+              f"{blocks[1]:,}; the fit on the second run's steps: median {np.median(ape):.1%},"
+              f" p95 {np.percentile(ape, 95):.1%}")
 
 
 def main() -> None:
@@ -146,7 +226,8 @@ def main() -> None:
         return
     for name in what:
         print(f"== {name}")
-        {"table": table, "sanity": sanity, "graph": graph}[name]()
+        {"table": table, "sanity": sanity, "graph": graph, "finishes": finishes,
+         "repeats": repeats}[name]()
 
 
 if __name__ == "__main__":
