@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from itertools import count
 from operator import sub
 
+from capplan.profile import window_pairs
 from capplan.sim.cohort import DecodeCohort
 from capplan.sim.kvcache import UNIQUE_SHIFT as _UNIQUE_SHIFT
 from capplan.sim.kvcache import KVCache
@@ -913,9 +914,8 @@ class EngineCore:
                 plan.prefill_tokens += n
                 plan.prefill_attn += n * (computed + n / 2)
                 plan.prefill_seqs += 1
-                if sw:  # profile.window_pairs
-                    w_ctx = computed + n / 2
-                    plan.prefill_attn_w += n * (w_ctx if w_ctx < cfg.sw_window else cfg.sw_window)
+                if sw:
+                    plan.prefill_attn_w += window_pairs(n, computed, cfg.sw_window)
                 if r.image_tokens and not r.encoded:
                     plan.encoder_tokens += r.image_tokens
                     r.encoded = True
@@ -1108,8 +1108,8 @@ class EngineCore:
             plan.prefill_tokens += n
             plan.prefill_attn += n * (r.computed + n / 2)
             plan.prefill_seqs += 1
-            if self.sw:  # profile.window_pairs
-                plan.prefill_attn_w += n * min(r.computed + n / 2, self.cfg.sw_window)
+            if self.sw:
+                plan.prefill_attn_w += window_pairs(n, r.computed, self.cfg.sw_window)
             if r.image_tokens and not r.encoded:
                 # scheduler.py _try_schedule_encoder_inputs: the image is encoded with the
                 # prompt's first chunk (images sit near the start of chat prompts)
@@ -1129,8 +1129,8 @@ class EngineCore:
             plan.prefill_tokens -= n
             plan.prefill_attn -= n * (r.computed + n / 2)
             plan.prefill_seqs -= 1
-            if self.sw:  # profile.window_pairs
-                plan.prefill_attn_w -= n * min(r.computed + n / 2, self.cfg.sw_window)
+            if self.sw:
+                plan.prefill_attn_w -= window_pairs(n, r.computed, self.cfg.sw_window)
         for lst in (plan.reqs, plan.tokens, plan.spec):
             del lst[j]
         return n
