@@ -24,7 +24,7 @@ from capplan.pool import Pool
 from capplan.profile import Profile
 from capplan.sim.core import RUNNING, CoreConfig, EngineCore, SimRequest
 from capplan.sim.run import setup_pool, simulate
-from test_sim_properties import Arrival, RefVllm, _Req, drive, lockstep
+from test_sim_properties import Arrival, RefVllm, _Req, draw_arrivals, drive, lockstep
 
 ROOT = Path(__file__).resolve().parents[1]
 RAW = ROOT / "calibration" / "_raw"
@@ -505,19 +505,7 @@ def hybrid_scenarios(draw: st.DrawFn) -> tuple[CoreConfig, float, list[Arrival]]
         decode_cohort=draw(st.booleans()),
     )
     acceptance = draw(st.sampled_from([0.0, 0.6, 0.95]))
-    arrivals = []
-    for _ in range(draw(st.integers(1, 14))):
-        prompt = draw(st.integers(1, max_len - 1))
-        group = draw(st.sampled_from([-1, 0, 1]))
-        arrivals.append(Arrival(
-            step=draw(st.integers(0, 30)),
-            prompt=prompt,
-            max_tokens=draw(st.integers(1, min(60, max_len - prompt))),
-            priority=draw(st.integers(0, 2)),
-            group=group,
-            prefix_blocks=draw(st.integers(0, prompt // fbs)) if group >= 0 else 0,
-        ))
-    return cfg, acceptance, sorted(arrivals, key=lambda a: a.step)
+    return cfg, acceptance, draw_arrivals(draw, max_len, fbs, max_out=60)
 
 
 _BASE = CoreConfig(num_blocks=1)

@@ -55,6 +55,13 @@ def scenarios(draw: st.DrawFn) -> tuple[CoreConfig, float, list[Arrival]]:
         decode_cohort=draw(st.booleans()),
     )
     acceptance = draw(st.sampled_from([0.0, 0.6, 0.95]))
+    return cfg, acceptance, draw_arrivals(draw, max_len, bs, max_out=40)
+
+
+def draw_arrivals(draw: st.DrawFn, max_len: int, block_size: int,
+                  max_out: int) -> list[Arrival]:
+    """1-14 requests arriving at steps 0-30, some sharing one of two prefixes of whole
+    `block_size` blocks, in arrival order."""
     arrivals = []
     for _ in range(draw(st.integers(1, 14))):
         prompt = draw(st.integers(1, max_len - 1))
@@ -62,12 +69,12 @@ def scenarios(draw: st.DrawFn) -> tuple[CoreConfig, float, list[Arrival]]:
         arrivals.append(Arrival(
             step=draw(st.integers(0, 30)),
             prompt=prompt,
-            max_tokens=draw(st.integers(1, min(40, max_len - prompt))),
+            max_tokens=draw(st.integers(1, min(max_out, max_len - prompt))),
             priority=draw(st.integers(0, 2)),
             group=group,
-            prefix_blocks=draw(st.integers(0, prompt // bs)) if group >= 0 else 0,
+            prefix_blocks=draw(st.integers(0, prompt // block_size)) if group >= 0 else 0,
         ))
-    return cfg, acceptance, sorted(arrivals, key=lambda a: a.step)
+    return sorted(arrivals, key=lambda a: a.step)
 
 
 def check_invariants(core: EngineCore, plan: StepPlan | None, reqs: list[SimRequest]) -> None:
