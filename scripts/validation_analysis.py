@@ -141,7 +141,7 @@ def steps() -> None:
 
     def predicted(pre: int, n_pre: int, dec: int) -> float:
         return timer.step_time_s(pre + dec, dec + n_pre, pre * pre / 2 / max(n_pre, 1),
-                                 ctx * dec, 0)
+                                 ctx * dec)
 
     bins = [(1, 512), (513, 768), (769, 1100), (1101, 2100), (2101, 9000)]
     y, x = [], []
@@ -199,7 +199,7 @@ def idle() -> None:
                       max_num_batched_tokens=8192)
     df = pl.read_parquet(folder / "samples.parquet").filter(~pl.col("warmup"))
     for r in df.filter(~pl.col("pipelined") & (pl.col("tokens") <= 2048)).iter_rows(named=True):
-        t = timer.step_time_s(r["tokens"], r["seqs"], r["prefill_attn"], r["decode_ctx"], 0)
+        t = timer.step_time_s(r["tokens"], r["seqs"], r["prefill_attn"], r["decode_ctx"])
         print(f"  {r['point']:18s} first step, {r['tokens']:5d} tokens from idle: "
               f"{r['step_s'] * 1e3:5.1f} ms measured, {t * 1e3:5.1f} ms by the fit")
 
@@ -216,7 +216,7 @@ def graph() -> None:
         ~pl.col("warmup") & (pl.col("prefill_tokens") > 0))
     for point in ("prefill-p512-x33", "mixed-b16-c512-p512-x4", "prefill-p1024-x17"):
         rows = list(df.filter(pl.col("point") == point).iter_rows(named=True))
-        args = [(r["tokens"], r["seqs"], r["prefill_attn"], r["decode_ctx"], 0) for r in rows]
+        args = [(r["tokens"], r["seqs"], r["prefill_attn"], r["decode_ctx"]) for r in rows]
         print(f"  {point:24s} {np.median([r['tokens'] for r in rows]):5.0f} tokens: "
               f"{np.median([r['step_s'] for r in rows]) * 1e3:5.1f} ms measured, its fit "
               f"{np.median([own.step_time_s(*a) for a in args]) * 1e3:5.1f}, BF16 profile "

@@ -73,7 +73,7 @@ def test_fit_is_evaluated_by_step_timer() -> None:
     timer = _timer(res.step)
     for i in range(0, len(s["step_s"]), 37):
         got = timer.step_time_s(int(s["tokens"][i]), int(s["seqs"][i]), s["prefill_attn"][i],
-                                int(s["decode_ctx"][i]), 0)
+                                int(s["decode_ctx"][i]))
         assert got == pytest.approx(s["step_s"][i], rel=1e-6)
 
 
@@ -177,7 +177,7 @@ def test_sliding_window_terms_are_recovered() -> None:
     timer = _timer(res.step)
     for i in range(0, len(s["step_s"]), 41):
         got = timer.step_time_s(int(s["tokens"][i]), int(s["seqs"][i]), s["prefill_attn"][i],
-                                int(s["decode_ctx"][i]), 0, decode_seqs=int(dec[i]),
+                                int(s["decode_ctx"][i]), decode_seqs=int(dec[i]),
                                 prefill_attn_window=float(s["prefill_attn_window"][i]))
         assert got == pytest.approx(s["step_s"][i], rel=1e-5)
 

@@ -99,7 +99,7 @@ def check_invariants(core: EngineCore, plan: StepPlan | None, reqs: list[SimRequ
             assert r.blocks == 0 and not r.hashes
 
 
-Trace = list[tuple[int, int, int, float, int, int]]
+Trace = list[tuple[int, int, int, float, int]]
 
 
 def drive(
@@ -137,7 +137,7 @@ def drive(
         if inflight:
             cur = inflight.popleft()
             trace.append((cur.total_tokens, len(cur.reqs) + cur.cohort_size,
-                          cur.prefill_tokens, cur.prefill_attn, cur.decode_ctx, cur.drafting))
+                          cur.prefill_tokens, cur.prefill_attn, cur.decode_ctx))
             cohort_tokens += sum(cur.cohort_all)
             for r, new, done in core.update_from_output(cur):
                 assert new > 0

@@ -114,8 +114,10 @@ def _draft_costs(
     draft: ModelSpec | None,
     kvb: int,
 ) -> tuple[float, float, float, float, str]:
-    """(draft_pass_s, draft_token_s, draft weight bytes per GPU, draft KV bytes per token per
-    GPU, note) for one draft pass of the speculative method."""
+    """(draft_pass_s, per-token cost of one draft pass, draft weight bytes per GPU, draft KV
+    bytes per token per GPU, note) for the speculative method. The per-token cost prices both
+    the first pass's tokens (`draft_token_s`) and the later passes' one token a request
+    (`draft_seq_s`): the same forward pass through the drafter."""
     if not k:
         return 0.0, 0.0, 0.0, 0.0, ""
     bw = gpu.hbm_bytes_per_s * HBM_EFFICIENCY
@@ -219,6 +221,7 @@ def analytic_profile(
         per_seq_s=per_seq_s,
         draft_pass_s=d_pass,
         draft_token_s=d_token,
+        draft_seq_s=d_token,
         # a ViT runs ~2 FLOPs per parameter per image token, in BF16, unsharded by TP here
         encoder_token_s=2.0 * spec.vision_encoder_params / (gpu.bf16_flops * MFU[Precision.BF16]),
     )

@@ -13,13 +13,20 @@ Step-time model (one engine step, seconds), physically shaped:
       + prefill_attn_s * sum(chunk * (ctx + chunk/2))  # prefill attention over prior KV
       + decode_ctx_s * sum(context of decode seqs)     # decode attention = KV read
       + per_seq_s * seqs                               # sampling, bookkeeping per sequence
-      + k * (draft_pass_s + draft_token_s * seqs)      # k sequential draft passes (spec decode)
+      + k * draft_pass_s + draft_token_s * T_pad       # the drafter (spec decode), every step:
+      + (k - 1) * draft_seq_s * seqs                   #   a first pass over T, k - 1 over seqs
       + encoder_token_s * image tokens encoded         # vision encoder, on an image's first chunk
       + prefill_step_s if any prefill chunk            # piecewise, not full, CUDA graph
       + eager_step_s if T > the largest capture size   # no CUDA graph at all
 
 T = scheduled tokens (decode seqs count 1 + k each). T_pad pads T up to the next CUDA-graph
 capture size (vllm/config/vllm.py: _set_cudagraph_sizes) when T is within the largest one.
+
+The drafter's terms follow vllm/v1/spec_decode/llm_base_proposer.py (SpecDecodeBaseProposer
+.propose, the MTP, EAGLE and draft-model proposers' common path): after every step whose
+inputs fit the drafter (vllm/v1/worker/gpu_model_runner.py: sample_tokens), its first pass
+runs over every token the target scheduled, prefill chunks included (that keeps the drafter's
+KV in step with the target's), and k - 1 more passes run over one token of each request.
 
 A model with sliding-window layers (Gemma 4) is fitted with a term per attention kind
 (`StepModel.window_tokens` W > 0): the two context terms above stand for its full-attention
@@ -89,8 +96,15 @@ class StepModel(BaseModel):
     prefill_attn_s: float = Field(ge=0, description="per token x attended token")
     decode_ctx_s: float = Field(ge=0, description="per context token of a decode sequence")
     per_seq_s: float = Field(ge=0)
-    draft_pass_s: float = Field(default=0.0, ge=0)
-    draft_token_s: float = Field(default=0.0, ge=0)
+    draft_pass_s: float = Field(default=0.0, ge=0, description="per draft pass (k a step)")
+    draft_token_s: float = Field(
+        default=0.0, ge=0,
+        description="per token of the drafter's first pass, which runs over every token the "
+        "step scheduled",
+    )
+    draft_seq_s: float = Field(
+        default=0.0, ge=0, description="per request in each of the k - 1 later draft passes"
+    )
     encoder_token_s: float = Field(default=0.0, ge=0, description="per image token encoded")
     prefill_step_s: float = Field(
         default=0.0, ge=0,
@@ -298,7 +312,7 @@ class StepTimer:
         self._c = (s.fixed_s, s.per_token_s, s.knee_tokens, s.prefill_attn_s, s.decode_ctx_s,
                    s.per_seq_s)
         self.k = profile.spec_k
-        self._draft = (s.draft_pass_s, s.draft_token_s)
+        self._draft = (s.draft_pass_s, s.draft_token_s, s.draft_seq_s)
         self._enc = s.encoder_token_s
         self._prefill_step = s.prefill_step_s
         self._eager = s.eager_step_s
@@ -326,7 +340,6 @@ class StepTimer:
         seqs: int,
         prefill_attn: float,
         decode_ctx: int,
-        drafting_seqs: int,
         encoder_tokens: int = 0,
         *,
         decode_seqs: int | None = None,
@@ -361,8 +374,9 @@ class StepTimer:
             t += self._prefill_step
         if tokens > self._eager_above:
             t += self._eager
-        if self.k and drafting_seqs:
-            t += self.k * (self._draft[0] + self._draft[1] * drafting_seqs)
+        if self.k:
+            d_pass, d_token, d_seq = self._draft
+            t += self.k * d_pass + d_token * t_pad + (self.k - 1) * d_seq * seqs
         if encoder_tokens:
             t += self._enc * encoder_tokens
         return t

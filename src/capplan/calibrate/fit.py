@@ -31,9 +31,9 @@ from capplan.profile import (
 Samples = Mapping[str, np.ndarray]
 COEFS = ("fixed_s", "per_token_s", "prefill_attn_s", "decode_ctx_s", "per_seq_s",
          "prefill_step_s", "eager_step_s", "decode_window_s", "prefill_window_s",
-         "draft_pass_s", "draft_token_s")
+         "draft_pass_s", "draft_token_s", "draft_seq_s")
 WINDOW_COEFS = ("decode_window_s", "prefill_window_s")
-DRAFT_COEFS = ("draft_pass_s", "draft_token_s")
+DRAFT_COEFS = ("draft_pass_s", "draft_token_s", "draft_seq_s")
 KNEE_GRID = np.array([0, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512,
                       640, 768, 1024])
 WINDOW = 4
@@ -104,8 +104,8 @@ def design(s: Samples, knee: float, sizes: list[int], spec_k: int) -> np.ndarray
     (steps past profile.eager_threshold: `eager_step` as fit_step_model marks them, else
     past the largest of `sizes`)."""
     t_pad = _pad(s["tokens"], sizes)
-    drafting = s["drafting_seqs"].astype(float)
     zero = np.zeros(len(t_pad))
+    drafter = 1.0 if spec_k else 0.0
     return np.column_stack([
         np.ones(len(t_pad)),
         np.maximum(t_pad, knee),
@@ -116,8 +116,9 @@ def design(s: Samples, knee: float, sizes: list[int], spec_k: int) -> np.ndarray
         s["eager_step"] if "eager_step" in s else (s["tokens"] > max(sizes, default=0)),
         s.get("decode_ctx_window", zero),
         s.get("prefill_attn_window", zero),
-        spec_k * (drafting > 0),
-        spec_k * drafting,
+        np.full(len(t_pad), float(spec_k)),
+        drafter * t_pad,
+        max(spec_k - 1, 0) * s["seqs"].astype(float),
     ])
 
 

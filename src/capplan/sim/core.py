@@ -182,7 +182,6 @@ class StepPlan:
         "cohort_meas",
         "cohort_size",
         "decode_ctx",
-        "drafting",
         "emits",
         "encoder_tokens",
         "idx",
@@ -210,7 +209,6 @@ class StepPlan:
         self.prefill_attn_w = 0.0  # prefill_attn capped at the sliding window (profile.py)
         self.prefill_seqs = 0
         self.decode_ctx = 0
-        self.drafting = 0
         self.preempted = 0
         self.encoder_tokens = 0
         self.running_scheduled = 0  # RUNNING requests scheduled (explicit or in the cohort)
@@ -1140,7 +1138,6 @@ class EngineCore:
         k = self.cfg.spec_k
         async_ = self.cfg.async_scheduling
         emit = plan.emits.append
-        drafting = 0
         if self.sw:  # num_in_flight_tokens (scheduler.py _update_after_schedule)
             for r, n in zip(plan.reqs, plan.tokens, strict=True):
                 r.inflight += n
@@ -1153,11 +1150,9 @@ class EngineCore:
                 continue
             emit(True)
             r.decoding = True
-            drafting += 1
             if async_:
                 r.placeholders += 1 + spec
                 r.spec = k
-        plan.drafting = drafting if k else 0
 
     # -- Scheduler.update_from_output ------------------------------------------------------
     def update_from_output(self, plan: StepPlan) -> list[tuple[SimRequest, int, bool]]:

@@ -135,7 +135,6 @@ class Replica:
             seqs,
             cur.prefill_attn,
             cur.decode_ctx,
-            cur.drafting,
             cur.encoder_tokens,
             decode_seqs=seqs - cur.prefill_seqs,
             prefill_attn_window=cur.prefill_attn_w,

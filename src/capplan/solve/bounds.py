@@ -49,7 +49,7 @@ def prefill_time_s(st: PoolSetup, prompt_tokens: float) -> float:
     left, ctx, t = max(int(prompt_tokens), 1), 0, 0.0
     while left > 0:
         c = min(left, chunk_max)
-        t += timer.step_time_s(c, 1, c * (ctx + c / 2), 0, 0, decode_seqs=0,
+        t += timer.step_time_s(c, 1, c * (ctx + c / 2), 0, decode_seqs=0,
                                prefill_attn_window=window_pairs(c, ctx, window))
         ctx += c
         left -= c
@@ -59,7 +59,7 @@ def prefill_time_s(st: PoolSetup, prompt_tokens: float) -> float:
 def decode_step_s(st: PoolSetup, seqs: int, context_tokens: float) -> float:
     """One decode step of `seqs` sequences, each attending to `context_tokens`."""
     k = st.profile.spec_k
-    return _timer(st).step_time_s(seqs * (1 + k), seqs, 0.0, int(seqs * context_tokens), seqs)
+    return _timer(st).step_time_s(seqs * (1 + k), seqs, 0.0, int(seqs * context_tokens))
 
 
 def _quantile(w: Workload, q: float) -> float:
