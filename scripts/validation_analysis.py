@@ -116,8 +116,9 @@ def _simulated_steps(run_name: str) -> np.ndarray:
     log: list[tuple[float, float, float]] = []
     timed = StepTimer.step_time_s
 
-    def spy(self: StepTimer, tokens: int, seqs: int, pa: float, *rest: int) -> float:
-        dt = timed(self, tokens, seqs, pa, *rest)
+    def spy(self: StepTimer, tokens: int, seqs: int, pa: float, *rest: int,
+            **kw: float | None) -> float:
+        dt = timed(self, tokens, seqs, pa, *rest, **kw)
         log.append((tokens, pa, dt))
         return dt
 

@@ -182,6 +182,53 @@ def test_sliding_window_terms_are_recovered() -> None:
         assert got == pytest.approx(s["step_s"][i], rel=1e-5)
 
 
+def test_fit_finds_the_eager_floor() -> None:
+    """GPU-timed steps past the largest CUDA graph that cost at least a floor (the CPU's
+    launches) give a floor near it back, and the fit with it beats the fit without."""
+    s = _synthetic(2)
+    eager = s["tokens"] > max(cudagraph_capture_sizes(256, 8192))
+    floor_s = 0.05
+    s["step_s"] = np.where(eager, np.maximum(s["step_s"], floor_s), s["step_s"])
+    s["gpu_clock"] = np.ones(len(s["step_s"]), dtype=bool)
+    assert (eager & (s["step_s"] == floor_s)).sum() > 20  # the floor binds somewhere
+    kw = {"max_num_seqs": 256, "max_num_batched_tokens": 8192}
+    res = F.fit_step_model(s, **kw)
+    without = F.fit_step_model(s, fixed={"eager_floor_s": 0.0}, **kw)
+    assert res.step.eager_floor_s == pytest.approx(floor_s, rel=0.15)
+    assert without.step.eager_floor_s == 0.0
+    sizes = cudagraph_capture_sizes(256, 8192)
+    pred = F.predict_steps({**s, "eager_step": eager.astype(float)}, res.step, sizes, 0)
+    pred0 = F.predict_steps({**s, "eager_step": eager.astype(float)}, without.step, sizes, 0)
+    bound = eager & (s["step_s"] == floor_s)
+    assert (np.median(np.abs(pred[bound] / floor_s - 1))
+            < 0.5 * np.median(np.abs(pred0[bound] / floor_s - 1)))
+    timer = _timer(res.step)  # StepTimer applies the floor as the fit scored it
+    for i in np.flatnonzero(eager)[:40]:
+        got = timer.step_time_s(int(s["tokens"][i]), int(s["seqs"][i]), s["prefill_attn"][i],
+                                int(s["decode_ctx"][i]))
+        assert got == pytest.approx(pred[i], rel=1e-9)
+
+
+def test_eager_floor_binds_only_past_the_graphs_and_below_the_drafter() -> None:
+    """The floor lifts a graph-less step's target pass; graphed steps and the drafter's
+    terms, which come on top, are untouched."""
+    step = StepModel(fixed_s=1e-3, per_token_s=1e-5, knee_tokens=0, prefill_attn_s=0,
+                     decode_ctx_s=0, per_seq_s=0, eager_floor_s=0.05, draft_pass_s=2e-3)
+    t = _timer(step)
+    assert t.step_time_s(512, 1, 0.0, 0) == pytest.approx(1e-3 + 512e-5)
+    assert t.step_time_s(600, 1, 0.0, 0) == pytest.approx(0.05)
+    spec = Profile.model_validate({**t_profile(step), "spec_method": "mtp", "spec_k": 2})
+    ts = StepTimer(spec, max_num_seqs=256, max_num_batched_tokens=8192)
+    assert ts.step_time_s(600, 1, 0.0, 0) == pytest.approx(0.05 + 2 * 2e-3)
+
+
+def t_profile(step: StepModel) -> dict[str, object]:
+    return {"gpu": "h200", "model": "m", "precision": "bf16", "step": step.model_dump(),
+            "kv": {"bytes_per_token": 1, "slope_tokens": 1.0, "intercept_tokens": 0.0},
+            "box": {"max_tokens": 10**6, "max_seqs": 10**6, "max_context_tokens": 10**6},
+            "provenance": {"source": "measured"}}
+
+
 def test_fixed_coefficients_are_kept() -> None:
     """Coefficients passed as fixed come back unchanged; only the rest are fitted."""
     res = F.fit_step_model(_synthetic(), max_num_seqs=256, max_num_batched_tokens=8192,

@@ -19,6 +19,11 @@ Step-time model (one engine step, seconds), physically shaped:
       + prefill_step_s if any prefill chunk            # piecewise, not full, CUDA graph
       + eager_step_s if T > the largest capture size   # no CUDA graph at all
 
+where a step past the largest capture size costs at least `eager_floor_s` before the drafter's
+and encoder's terms: without a graph the CPU launches every kernel, and a small such step
+waits for those launches, not for the GPU (measured: Llama-3.1-8B FP8 takes 22-32 ms for any
+graph-less step of 528 to 2,048 tokens).
+
 T = scheduled tokens (decode seqs count 1 + k each). T_pad pads T up to the next CUDA-graph
 capture size (vllm/config/vllm.py: _set_cudagraph_sizes) when T is within the largest one.
 
@@ -110,6 +115,11 @@ class StepModel(BaseModel):
         default=0.0, ge=0,
         description="per step holding a prefill chunk: vLLM replays full CUDA graphs only "
         "for decode-only batches (FULL_AND_PIECEWISE), others run attention outside them",
+    )
+    eager_floor_s: float = Field(
+        default=0.0, ge=0,
+        description="least time of a step past the largest CUDA graph, drafter aside: the "
+        "CPU's launches of its kernels (0: no floor fitted)",
     )
     eager_step_s: float = Field(
         default=0.0, ge=0,
@@ -288,6 +298,7 @@ class StepTimer:
         "_draft",
         "_eager",
         "_eager_above",
+        "_eager_floor",
         "_enc",
         "_graph_max",
         "_graphs",
@@ -316,6 +327,7 @@ class StepTimer:
         self._enc = s.encoder_token_s
         self._prefill_step = s.prefill_step_s
         self._eager = s.eager_step_s
+        self._eager_floor = s.eager_floor_s
         self._window = ((float(s.window_tokens), s.decode_window_s, s.prefill_window_s)
                         if s.window_tokens else None)
         self._graphs = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens, self.k)
@@ -374,6 +386,8 @@ class StepTimer:
             t += self._prefill_step
         if tokens > self._eager_above:
             t += self._eager
+            if t < self._eager_floor:
+                t = self._eager_floor
         if self.k:
             d_pass, d_token, d_seq = self._draft
             t += self.k * d_pass + d_token * t_pad + (self.k - 1) * d_seq * seqs

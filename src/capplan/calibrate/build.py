@@ -30,7 +30,7 @@ from capplan.profile import Box, Profile
 UTILS = (0.85, 0.90, 0.95)
 BASE_COEFS = ("fixed_s", "per_token_s", "knee_tokens", "prefill_attn_s", "decode_ctx_s",
               "per_seq_s", "prefill_step_s", "eager_step_s", "decode_window_s",
-              "prefill_window_s")
+              "prefill_window_s", "eager_floor_s")
 # Decode attention reads BF16 KV through the same FlashAttention-3 kernel whatever the
 # weights' format, so a profile whose sweep never reached long decode contexts borrows
 # the term from the same model's BF16 profile rather than extrapolating its own.
