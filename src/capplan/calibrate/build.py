@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from capplan.analytic import analytic_profile
 from capplan.calibrate import fit as F
 from capplan.calibrate import store
 from capplan.errors import CalibrationError
-from capplan.hardware import GPUS
+from capplan.hardware import GPUS, Precision
 from capplan.kvlayout import derive_layout, max_in_flight_tokens
 from capplan.modelspec import load_model_spec
 from capplan.profile import Box, Profile
@@ -35,6 +36,11 @@ BASE_COEFS = ("fixed_s", "per_token_s", "knee_tokens", "prefill_attn_s", "decode
 # weights' format, so a profile whose sweep never reached long decode contexts borrows
 # the term from the same model's BF16 profile rather than extrapolating its own.
 MIN_DECODE_CONTEXT = 2048
+# A speculative sweep of fewer points than this cannot tell the drafter's first pass (over
+# every scheduled token) from its later ones (over the requests): its decode points' tokens
+# are (1 + k) x its requests, and its prefills are a few setup steps. Such a profile takes
+# `draft_token_s` from the analytic model and says so.
+MIN_DRAFT_POINTS = 8
 _NAME = re.compile(
     r"^(?P<model>[^-].*?)--(?P<key>[a-z0-9_-]+?)(?:--u(?P<u>\d+))?(?P<img>--img)?$")
 _KEY = re.compile(r"^(?P<prec>bf16|fp8|nvfp4|awq)(?P<kv>-kvfp8)?(?:-(?P<m>[a-z_]+?)(?P<k>\d+))?$")
@@ -200,6 +206,7 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     s = store.samples_of(df)
     fixed: dict[str, float] = {}
     notes = []
+    analytic_terms: list[str] = []
     base = done.get((g.model, "bf16"))
     if k:
         own = done.get((g.model, prec))
@@ -207,6 +214,18 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
             raise CalibrationError(f"{g.model}/{g.key}: fit {prec} without spec decode first")
         fixed = {c: getattr(own.step, c) for c in BASE_COEFS}
         notes.append(f"base terms fixed from {g.model}/{prec}; only draft terms fitted")
+        points = df.filter(~pl.col("warmup"))["point"].n_unique()
+        if points < MIN_DRAFT_POINTS:
+            draft = meta["args"].get("spec_model")
+            ana = analytic_profile(load_model_spec(g.model), GPUS[gpu], Precision(prec),
+                                   spec_method=method, spec_k=k,
+                                   draft=load_model_spec(Path(draft).name)
+                                   if draft else None)
+            fixed["draft_token_s"] = ana.step.draft_token_s
+            analytic_terms.append("draft_token_s")
+            notes.append(f"draft_token_s analytic ({ana.step.draft_token_s:.3g} s a token): "
+                         f"{points} sweep points cannot separate the drafter's first pass "
+                         "from its later ones")
     elif _max_decode_context(df) < MIN_DECODE_CONTEXT and base is not None:
         fixed = {"decode_ctx_s": base.step.decode_ctx_s}
         notes.append(f"decode_ctx_s from {g.model}/bf16 (sweep reached decode context "
@@ -292,7 +311,8 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
         step=res.step, kv=kv, box=_box(df), fit=res.quality,
         provenance={"source": "measured", "note": prov["note"],
                     "gpu_minutes": prov["gpu_minutes"], "git_commit": git_commit,
-                    "runner_commit": extra.get("runner_commit"), "date": prov["date"]},
+                    "runner_commit": extra.get("runner_commit"), "date": prov["date"],
+                    "analytic_terms": tuple(analytic_terms)},
         engine={k2: eng[k2] for k2 in ("max_num_seqs", "max_num_batched_tokens",
                                        "gpu_memory_utilization", "max_model_len",
                                        "block_size", "async_scheduling", "cudagraph_mode",
