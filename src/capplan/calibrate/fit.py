@@ -196,8 +196,9 @@ def _steps(x: np.ndarray, beta: np.ndarray, eager: np.ndarray, floor_s: float) -
         out: np.ndarray = x @ beta
         return out
     base = x[:, ~_ON_TOP] @ beta[~_ON_TOP]
-    base = np.where(eager, np.maximum(base, floor_s), base)
-    return base + x[:, _ON_TOP] @ beta[_ON_TOP]
+    out = np.where(eager, np.maximum(base, floor_s), base)
+    out += x[:, _ON_TOP] @ beta[_ON_TOP]
+    return out
 
 
 def _fit_once(s: Samples, win: np.ndarray, sizes: list[int], spec_k: int,
