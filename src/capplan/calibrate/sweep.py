@@ -55,9 +55,9 @@ def design_points(max_num_batched_tokens: int = 8192, spec_k: int = 0) -> list[P
         _prefill(8192), _prefill(2048), _prefill(512), _prefill(128),
         _decode(8, 2048), _decode(1, 8192), _decode(16, 8192),
         _mixed(64, 1024, 2048, 3), _mixed(16, 512, 512, 4), _mixed(128, 512, 4096, 2),
-        # steps just past the largest CUDA graph (512 tokens): the serving engine's traced
-        # steps of 513-1,100 tokens cost 8-9 ms more than the profile (validation.md); the
-        # calibration engines mostly do not (calibration.md, "Model shape")
+        # steps just past the largest CUDA graph (512 tokens), which the CPU's launches can
+        # bound (profile.py: eager_floor_s; the serving engine's traced steps of 513-1,100
+        # tokens cost 8-9 ms more than additive terms, validation.md)
         _mixed(64, 512, 640, 3), _mixed(32, 2048, 896, 3),
     ]
     fill = [
@@ -72,6 +72,10 @@ def design_points(max_num_batched_tokens: int = 8192, spec_k: int = 0) -> list[P
         _mixed(32, 2048, 1024, 4), _mixed(224, 512, 256, 4), _mixed(8, 8192, 4096, 2),
         _decode(64, 2048), _decode(256, 2048), _decode(32, 8192),
         _mixed(4, 512, 8192 - 4 * (1 + spec_k), 2),
+        # the step chat traffic makes most past the largest graph: a 512-token prompt beside
+        # a few running decodes; few such steps were in the sweeps the floors were fitted on
+        # (calibration.md, "A floor under graph-less steps")
+        _mixed(4, 512, 512, 8), _mixed(32, 512, 512, 6), _prefill(768),
     ]
     out = []
     for p in coarse + fill:
