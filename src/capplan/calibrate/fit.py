@@ -207,7 +207,8 @@ def _fit_once(s: Samples, win: np.ndarray, sizes: list[int], spec_k: int,
               ) -> tuple[float, np.ndarray, float]:
     """(knee, coefficients, eager floor) with the least squared relative error over the
     units `win`, searched over `knees` x `eager_floors`. The linear terms are fitted on
-    every unit, floor or not; each candidate floor is then scored on top of them. (Fitting
+    every unit, floor or not (one solve a knee); each candidate floor is then scored on top
+    of them. (Fitting
     them without the steps a floor binds recovers a synthetic floor exactly, but on the
     H200's sweeps it drops the 1,024-token steps that the floor barely binds and so bends
     the eager terms; served, it put fewer validation rows within target; see
@@ -225,20 +226,6 @@ def _fit_once(s: Samples, win: np.ndarray, sizes: list[int], spec_k: int,
                 best = (loss, float(knee), beta, float(f))
     assert best is not None
     return best[1], best[2], best[3]
-
-
-def _search(s: Samples, win: np.ndarray, sizes: list[int], spec_k: int, free: np.ndarray,
-            fixed: np.ndarray, knees: np.ndarray, floor: np.ndarray,
-            eager_floors: Sequence[float]) -> tuple[float, np.ndarray, float]:
-    """`_fit_once` in stages when there are floors to try: the knee without a floor, the
-    floor at that knee, then the knee again at that floor (the linear terms do not depend
-    on the floor, so the stages cost one knee search, not one per floor)."""
-    if len(eager_floors) == 1:
-        return _fit_once(s, win, sizes, spec_k, free, fixed, knees, floor, eager_floors)
-    knee, _, _ = _fit_once(s, win, sizes, spec_k, free, fixed, knees, floor, (0.0,))
-    _, _, f = _fit_once(s, win, sizes, spec_k, free, fixed, np.array([knee]), floor,
-                        eager_floors)
-    return _fit_once(s, win, sizes, spec_k, free, fixed, knees, floor, (f,))
 
 
 def _floor_candidates(s: Samples, win: np.ndarray, sizes: list[int]) -> list[float]:
@@ -319,14 +306,14 @@ def fit_step_model(
     eager_floors = ([fixed["eager_floor_s"]] if "eager_floor_s" in fixed
                     else _floor_candidates(s, train, sizes))
 
-    first = _model(*_search(s, train, sizes, spec_k, free, fixed_vec, knees, floor,
-                            eager_floors))
+    first = _model(*_fit_once(s, train, sizes, spec_k, free, fixed_vec, knees, floor,
+                              eager_floors))
     ape = window_ape(s, train, first, sizes, spec_k)
     good = train[ape <= max(TRIM_APE, 4 * float(np.median(ape)))]
-    step = _model(*_search(s, good, sizes, spec_k, free, fixed_vec, knees, floor,
-                           eager_floors))
+    step = _model(*_fit_once(s, good, sizes, spec_k, free, fixed_vec, knees, floor,
+                             eager_floors))
     # cross-validation and leave-one-point-out refit the linear terms and the knee; the
-    # floor stays the one found here (its search is the costly part)
+    # floor stays the one found here
     held = [step.eager_floor_s]
     test_ape = window_ape(s, test, step, sizes, spec_k)
     if window:
