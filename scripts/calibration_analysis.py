@@ -1,7 +1,8 @@
 """The figures of docs/calibration.md: the profile table, each profile against the physics
-of its GPU, and the steps just past the largest CUDA graph.
+of its GPU, the steps just past the largest CUDA graph, the floor under them, the MTP
+drafter's cost and the stairs of its verify steps.
 
-    python scripts/calibration_analysis.py [table|sanity|graph]
+    python scripts/calibration_analysis.py [table|sanity|graph|floor|drafter|stairs|...]
     python scripts/calibration_analysis.py points MODEL/KEY   # e.g. gemma-4-31b/fp8
 
 With no argument it prints sanity and graph.
@@ -154,9 +155,60 @@ def _predicted(prof: Profile, s: dict[str, np.ndarray], sizes: list[int]) -> np.
     if prof.step.window_tokens:
         s = F.attention_by_kind(s, prof.step.window_tokens)
     s = {**s, "eager_step": (s["tokens"] > eager_threshold(256, 8192)).astype(float)}
-    beta = np.array([getattr(prof.step, c) for c in F.COEFS])
-    out: np.ndarray = F.design(s, prof.step.knee_tokens, sizes, prof.spec_k) @ beta
-    return out
+    return F.predict_steps(s, prof.step, sizes, prof.spec_k)
+
+
+def floor() -> None:
+    """Graph-less steps of 513-1,100 tokens on the GPU-timed profiles (the step a chat
+    prompt makes beside running decodes): measured, by the additive terms alone, and with
+    the profile's `eager_floor_s` (medians per point)."""
+    for d in sorted(PROFILES.glob("*/*/samples.parquet")):
+        df = pl.read_parquet(d)
+        if "gpu_clock" not in df.columns or not df["gpu_clock"].all():
+            continue
+        prof, s, sizes = _fit_inputs(d.parent)
+        pred = _predicted(prof, s, sizes)
+        additive = _predicted(prof.model_copy(update={"step": prof.step.model_copy(
+            update={"eager_floor_s": 0.0})}), s, sizes)
+        m = ~s["warmup"] & (s["tokens"] > 512) & (s["tokens"] <= 1100)
+        cells = []
+        for name in dict.fromkeys(s["point"][m]):
+            k = m & (s["point"] == name)
+            cells.append(f"{int(np.median(s['tokens'][k]))} tokens {np.median(s['step_s'][k]) * 1e3:.1f}"
+                         f" ms (terms {np.median(additive[k]) * 1e3:.1f}, with the floor "
+                         f"{np.median(pred[k]) * 1e3:.1f})")
+        print(f"  {prof.model}/{prof.key}: eager_floor_s {prof.step.eager_floor_s * 1e3:.1f} ms; "
+              + "; ".join(cells))
+
+
+def _point_mean_ms(key: str, point: str) -> float:
+    df = pl.read_parquet(PROFILES / "gemma-4-31b" / key / "samples.parquet")
+    g = df.filter(pl.col("point") == point)["step_s"]
+    return float(g.sum()) / len(g) * 1e3 if len(g) else float("nan")
+
+
+def drafter() -> None:
+    """Gemma 4 31B FP8 without and with its MTP drafter (k = 2, 4): each point's mean step
+    (its setup steps included), decodes at context 512 and prefill chunks."""
+    for point in ("decode-b1-c512", "decode-b8-c512", "decode-b32-c512", "decode-b128-c512",
+                  "prefill-p1024-x17", "prefill-p8192-x3"):
+        base, k2, k4 = (_point_mean_ms(k, point) for k in ("fp8", "fp8-mtp2", "fp8-mtp4"))
+        print(f"  {point:20s} FP8 {base:6.1f} ms, MTP k=2 {k2:6.1f} ({k2 - base:+.1f}), "
+              f"k=4 {k4:6.1f} ({k4 - base:+.1f})")
+
+
+def stairs() -> None:
+    """MTP verify steps (decode-only) by their sequences, median ms, at two context bands:
+    flat between 128 and 256 verify tokens ((1 + k) x sequences), jumps at them."""
+    for key in ("fp8-mtp2", "fp8-mtp4"):
+        df = pl.read_parquet(PROFILES / "gemma-4-31b" / key / "samples.parquet").filter(
+            ~pl.col("warmup") & (pl.col("prefill_tokens") == 0)).with_columns(
+            (pl.col("decode_ctx") / pl.col("seqs")).alias("ctx"))
+        for lo, hi in ((0, 1200), (1500, 3000)):
+            g = df.filter((pl.col("ctx") > lo) & (pl.col("ctx") < hi)).group_by("seqs").agg(
+                (pl.col("step_s").median() * 1e3).round(1).alias("ms")).sort("seqs")
+            print(f"  {key} context {lo}-{hi}: " + " ".join(
+                f"{r['seqs']}:{r['ms']}" for r in g.iter_rows(named=True)))
 
 
 def finishes() -> None:
@@ -227,7 +279,7 @@ def main() -> None:
     for name in what:
         print(f"== {name}")
         {"table": table, "sanity": sanity, "graph": graph, "finishes": finishes,
-         "repeats": repeats}[name]()
+         "repeats": repeats, "floor": floor, "drafter": drafter, "stairs": stairs}[name]()
 
 
 if __name__ == "__main__":

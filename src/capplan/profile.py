@@ -21,8 +21,9 @@ Step-time model (one engine step, seconds), physically shaped:
 
 where a step past the largest capture size costs at least `eager_floor_s` before the drafter's
 and encoder's terms: without a graph the CPU launches every kernel, and a small such step
-waits for those launches, not for the GPU (measured: Llama-3.1-8B FP8 takes 25-34 ms for
-every graph-less step of 528 to 1,056 tokens, prefill alone or beside decodes).
+waits for those launches, not for the GPU (measured: Llama-3.1-8B FP8 takes 31.2 ms for 512
+prefill tokens beside 16 decodes, where the other terms give 18.9 ms;
+scripts/calibration_analysis.py floor).
 
 T = scheduled tokens (decode seqs count 1 + k each). T_pad pads T up to the next CUDA-graph
 capture size (vllm/config/vllm.py: _set_cudagraph_sizes) when T is within the largest one.
