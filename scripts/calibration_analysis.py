@@ -174,8 +174,9 @@ def floor() -> None:
         cells = []
         for name in dict.fromkeys(s["point"][m]):
             k = m & (s["point"] == name)
-            cells.append(f"{int(np.median(s['tokens'][k]))} tokens {np.median(s['step_s'][k]) * 1e3:.1f}"
-                         f" ms (terms {np.median(additive[k]) * 1e3:.1f}, with the floor "
+            cells.append(f"{int(np.median(s['tokens'][k]))} tokens "
+                         f"{np.median(s['step_s'][k]) * 1e3:.1f} ms "
+                         f"(terms {np.median(additive[k]) * 1e3:.1f}, with the floor "
                          f"{np.median(pred[k]) * 1e3:.1f})")
         print(f"  {prof.model}/{prof.key}: eager_floor_s {prof.step.eager_floor_s * 1e3:.1f} ms; "
               + "; ".join(cells))

@@ -286,7 +286,8 @@ def gemma() -> None:
             w = res.workloads[0]
             cells.append(f"{w.output_tokens_per_s:,.0f} ({w.ttft_p99_s * 1e3:,.0f}, "
                          f"{w.itl_p99_s * 1e3:.1f})")
-        print(f"  {name:14s} " + " / ".join(cells) + f"   [{res.pool.profile}: {res.pool.profile_source}]")
+        print(f"  {name:14s} " + " / ".join(cells)
+              + f"   [{res.pool.profile}: {res.pool.profile_source}]")
 
 
 def main() -> None:

@@ -48,13 +48,14 @@ def _synthetic(seed: int = 0, n_points: int = 30, steps: int = 24) -> dict[str, 
     return s
 
 
-def _timer(step: StepModel) -> StepTimer:
-    """StepTimer of a profile holding `step` (and nothing the timer reads besides)."""
+def _timer(step: StepModel, **profile: object) -> StepTimer:
+    """StepTimer of a profile holding `step` (and nothing the timer reads besides, but the
+    `profile` fields given, e.g. spec_method and spec_k)."""
     prof = Profile.model_validate({
         "gpu": "h200", "model": "m", "precision": "bf16", "step": step.model_dump(),
         "kv": {"bytes_per_token": 1, "slope_tokens": 1.0, "intercept_tokens": 0.0},
         "box": {"max_tokens": 10**6, "max_seqs": 10**6, "max_context_tokens": 10**6},
-        "provenance": {"source": "measured"}})
+        "provenance": {"source": "measured"}, **profile})
     return StepTimer(prof, max_num_seqs=256, max_num_batched_tokens=8192)
 
 
@@ -217,16 +218,8 @@ def test_eager_floor_binds_only_past_the_graphs_and_below_the_drafter() -> None:
     t = _timer(step)
     assert t.step_time_s(512, 1, 0.0, 0) == pytest.approx(1e-3 + 512e-5)
     assert t.step_time_s(600, 1, 0.0, 0) == pytest.approx(0.05)
-    spec = Profile.model_validate({**t_profile(step), "spec_method": "mtp", "spec_k": 2})
-    ts = StepTimer(spec, max_num_seqs=256, max_num_batched_tokens=8192)
+    ts = _timer(step, spec_method="mtp", spec_k=2)
     assert ts.step_time_s(600, 1, 0.0, 0) == pytest.approx(0.05 + 2 * 2e-3)
-
-
-def t_profile(step: StepModel) -> dict[str, object]:
-    return {"gpu": "h200", "model": "m", "precision": "bf16", "step": step.model_dump(),
-            "kv": {"bytes_per_token": 1, "slope_tokens": 1.0, "intercept_tokens": 0.0},
-            "box": {"max_tokens": 10**6, "max_seqs": 10**6, "max_context_tokens": 10**6},
-            "provenance": {"source": "measured"}}
 
 
 def test_fixed_coefficients_are_kept() -> None:

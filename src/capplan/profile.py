@@ -324,7 +324,9 @@ class StepTimer:
         self._c = (s.fixed_s, s.per_token_s, s.knee_tokens, s.prefill_attn_s, s.decode_ctx_s,
                    s.per_seq_s)
         self.k = profile.spec_k
-        self._draft = (s.draft_pass_s, s.draft_token_s, s.draft_seq_s)
+        # the drafter's k passes, its first pass's per-token cost, its later passes' per request
+        self._draft = (self.k * s.draft_pass_s, s.draft_token_s,
+                       max(self.k - 1, 0) * s.draft_seq_s)
         self._enc = s.encoder_token_s
         self._prefill_step = s.prefill_step_s
         self._eager = s.eager_step_s
@@ -390,8 +392,8 @@ class StepTimer:
             if t < self._eager_floor:
                 t = self._eager_floor
         if self.k:
-            d_pass, d_token, d_seq = self._draft
-            t += self.k * d_pass + d_token * t_pad + (self.k - 1) * d_seq * seqs
+            passes, per_token, per_seq_later = self._draft
+            t += passes + per_token * t_pad + per_seq_later * seqs
         if encoder_tokens:
             t += self._enc * encoder_tokens
         return t
