@@ -64,6 +64,26 @@ def test_closed_loop_users_stop_sending_at_the_duration(tmp_path):
     assert wall < 0.2 + 0.1  # the last requests finish soon after
 
 
+def test_a_request_built_past_the_duration_is_not_sent(tmp_path):
+    """The send stamp decides: a closed-loop user whose next prompt takes until after
+    duration_s to build sends nothing, rather than a measured request past the end."""
+    import time
+
+    class SlowPrompts(runner.Prompts):
+        def make(self, *a):
+            time.sleep(0.04)
+            return super().make(*a)
+
+    engine = FixedTimingEngine()
+    x = runner.Experiment(engine, {"name": "c", "duration_s": 0.1, "workloads": [closed(1)]},
+                          SlowPrompts(vocab=5000, seed=0), str(tmp_path / "x.jsonl"),
+                          lambda n: n)
+    asyncio.run(x.run())
+    rows = [json.loads(line) for line in (tmp_path / "x.jsonl").read_text().splitlines()]
+    assert rows and all(r["send_s"] < 0.1 for r in rows)
+    assert len(engine.prompts) == len(rows)  # nothing sent unrecorded
+
+
 def test_open_loop_measures_arrivals_before_the_duration_and_aborts_the_rest(tmp_path):
     arrivals = [0.01 * i for i in range(1, 200)]
     n = len(arrivals)

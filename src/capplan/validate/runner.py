@@ -105,15 +105,20 @@ class Experiment:
     def now(self):
         return time.perf_counter() - self.t0
 
-    async def request(self, wl, inp, out, group, ptoks, priority, measured):
+    async def request(self, wl, inp, out, group, ptoks, priority, measured, send_by=None):
+        """Send one request and record it; with `send_by`, only if it can be sent before
+        then (the send stamp decides, not a clock read before the prompt was built).
+        Returns whether it was sent."""
+        ids = self.prompts.make(wl, inp, group, ptoks)
+        sp = self.sampling_params(out)
+        t_send = self.now()
+        if send_by is not None and t_send >= send_by:
+            return False
         self.n += 1
         rid = f"{self.exp['name']}-{self.n}"
-        ids = self.prompts.make(wl, inp, group, ptoks)
         prompt = {"prompt_token_ids": ids}  # vllm.inputs.TokensPrompt is this TypedDict
         if self.salted:
             prompt["cache_salt"] = rid
-        sp = self.sampling_params(out)
-        t_send = self.now()
         chunks, cached, n_out = [], None, 0
         kw = {"priority": priority} if priority else {}
         error = None
@@ -146,6 +151,7 @@ class Experiment:
             self.measured_pending -= 1
             if self.measured_pending == 0 and self.open_done_sending:
                 self.all_measured_done.set()
+        return True
 
     def spawn(self, coro):
         task = asyncio.ensure_future(coro)
@@ -160,7 +166,10 @@ class Experiment:
             cursor[0] += 1
             inp, out, group, ptoks = rows[i % len(rows)]
             self.measured_pending += 1
-            await self.request(wl, inp, out, group, ptoks, spec.get("priority", 0), True)
+            if not await self.request(wl, inp, out, group, ptoks, spec.get("priority", 0),
+                                      True, send_by=self.duration):
+                self.measured_pending -= 1
+                return
 
     async def open_loop(self, arrivals):
         """Open-loop arrivals in time order; after duration_s they keep coming (unmeasured)
