@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from capplan.errors import ConfigError
 from capplan.mix import CLIENT_LATENCY_S as L
 from capplan.mix import TrafficMix
 from capplan.sim.run import simulate
@@ -70,6 +71,27 @@ def test_chunked_prompt_costs_one_step_per_chunk() -> None:
     chunks = math.ceil(p / b)
     assert req["ttft_s"].to_numpy() == pytest.approx(chunks * C + 2 * L, rel=1e-9)
     assert req["e2e_s"].to_numpy() == pytest.approx((chunks + n - 1) * C + 2 * L, rel=1e-9)
+
+
+@pytest.mark.parametrize(("method", "chunks"), [(None, 2), ("mtp", 2), ("draft_model", 3)])
+def test_draft_model_keeps_a_slot_per_sequence(method: str | None, chunks: int) -> None:
+    """vllm/config/vllm.py (_set_max_num_scheduled_tokens): with a draft model the scheduler
+    may schedule max_num_batched_tokens less one slot per sequence (speculative.py:
+    max_num_new_slots_for_drafting), 512 - 64 = 448 here, so a 1,000-token prompt takes
+    three chunks, not two; MTP inserts no slots."""
+    spec = {"speculative": {"method": method, "num_speculative_tokens": 2}} if method else {}
+    res = simulate(mix(CLOSED1, prompt=1000, out=2, max_num_seqs=64,
+                       max_num_batched_tokens=512, **spec), "p", 1, seed=0,
+                   profile=constant_profile(C))
+    assert res.requests()["ttft_s"].to_numpy() == pytest.approx(chunks * C + 2 * L, rel=1e-9)
+
+
+def test_draft_model_without_budget_left_is_a_config_error() -> None:
+    """vLLM refuses to start when the draft slots take the whole budget; so does capplan."""
+    with pytest.raises(ConfigError, match="max_num_batched_tokens"):
+        simulate(mix(CLOSED1, max_num_seqs=512, max_num_batched_tokens=512,
+                     speculative={"method": "draft_model", "num_speculative_tokens": 2}),
+                 "p", 1, seed=0, profile=constant_profile(C))
 
 
 @pytest.mark.parametrize(("users", "max_num_seqs"), [(8, 16), (8, 8), (8, 4), (8, 2)])

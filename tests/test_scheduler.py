@@ -60,7 +60,7 @@ def shared(rid: int, prompt: int, blocks: int, **kw: Any) -> SimRequest:
 def test_running_requests_are_scheduled_before_waiting_ones() -> None:
     """scheduler.py schedule: RUNNING requests take the token budget first, in order; WAITING
     ones get what is left."""
-    core = engine(max_num_batched_tokens=64)
+    core = engine(max_num_scheduled_tokens=64)
     a = req(0, 40, 10)
     core.add_request(a)
     step(core)
@@ -70,9 +70,9 @@ def test_running_requests_are_scheduled_before_waiting_ones() -> None:
 
 
 def test_token_budget_caps_every_step() -> None:
-    """scheduler.py: token_budget = max_num_batched_tokens; each request gets
+    """scheduler.py: token_budget = max_num_scheduled_tokens; each request gets
     min(remaining, budget) and the step total never exceeds it."""
-    core = engine(max_num_batched_tokens=120)
+    core = engine(max_num_scheduled_tokens=120)
     for i in range(3):
         core.add_request(req(i, 50, 5))
     plan, _ = step(core)
@@ -102,7 +102,7 @@ def test_long_prompt_is_chunked_across_steps() -> None:
     """Chunked prefill (always on in V1): a prompt longer than the budget is computed in
     budget-sized chunks; only the chunk that completes it samples a token
     (scheduler.py _update_after_schedule: is_prefill_chunk)."""
-    core = engine(max_num_batched_tokens=100)
+    core = engine(max_num_scheduled_tokens=100)
     a = req(0, 250, 2)
     core.add_request(a)
     chunks, emitted = [], []
@@ -118,7 +118,7 @@ def test_long_prompt_is_chunked_across_steps() -> None:
 def test_last_admitted_prompt_takes_the_leftover_budget() -> None:
     """Chunked prefill: the last waiting request admitted gets a partial chunk of whatever
     budget is left, and continues as a RUNNING request next step."""
-    core = engine(max_num_batched_tokens=100)
+    core = engine(max_num_scheduled_tokens=100)
     core.add_request(req(0, 80, 4))
     core.add_request(req(1, 80, 4))
     plan, _ = step(core)
@@ -134,7 +134,7 @@ def test_admission_requires_the_full_sequence_to_fit() -> None:
     """kv_cache_manager.py allocate_slots(full_sequence_must_fit=scheduler_reserve_full_isl,
     default True in vllm/config/scheduler.py): a waiting request is admitted only if its
     whole prompt fits in free blocks, not just its first chunk."""
-    core = engine(num_blocks=10, max_num_batched_tokens=128)
+    core = engine(num_blocks=10, max_num_scheduled_tokens=128)
     a = req(0, 90, 50)  # 6 blocks
     b = req(1, 100, 1)  # 7 blocks; its 38-token first chunk would need only 3
     core.add_request(a)
@@ -147,7 +147,7 @@ def test_admission_requires_the_full_sequence_to_fit() -> None:
 
 def test_full_sequence_gate_admits_once_blocks_free_up() -> None:
     """The admission gate is a wait, not a rejection: b runs as soon as a's blocks return."""
-    core = engine(num_blocks=10, max_num_batched_tokens=128)
+    core = engine(num_blocks=10, max_num_scheduled_tokens=128)
     core.add_request(req(0, 90, 2))
     core.add_request(req(1, 100, 1))
     step(core)
@@ -178,7 +178,7 @@ def test_prefix_hit_never_covers_the_last_prompt_token() -> None:
 def test_only_full_blocks_are_cached() -> None:
     """kv_cache_manager.py allocate_slots / cache_blocks: only blocks whose tokens are all
     computed (num_tokens // block_size) get a hash; a half-computed block cannot be hit."""
-    core = engine(max_num_batched_tokens=24)
+    core = engine(max_num_scheduled_tokens=24)
     core.add_request(shared(0, 40, 2, max_tokens=2))
     step(core)  # 24 tokens computed: block 0 full, block 1 half
     assert core.kv.longest_hit([-1, -2]) == (1, 0)
@@ -370,7 +370,7 @@ def test_spec_decode_step_schedules_one_plus_k_tokens() -> None:
     """scheduler.py: num_new_tokens = num_tokens_with_spec - num_computed_tokens, so a decode
     step with k drafts schedules 1 + k tokens, and they count against the token budget."""
     k = 3
-    core = engine(spec_k=k, max_num_batched_tokens=6)
+    core = engine(spec_k=k, max_num_scheduled_tokens=6)
     a = req(0, 6, 10)
     core.add_request(a)
     step(core)
@@ -397,7 +397,7 @@ def test_async_spec_decode_schedules_one_plus_k_against_placeholders() -> None:
 def test_spec_decode_drafts_are_cut_by_the_budget() -> None:
     """scheduler.py: when the budget is below 1 + k, only the drafts that fit are scheduled
     (spec_token_ids[:num_scheduled_spec_tokens])."""
-    core = engine(spec_k=4, max_num_batched_tokens=3)
+    core = engine(spec_k=4, max_num_scheduled_tokens=3)
     core.add_request(req(0, 3, 10))
     step(core)
     plan, _ = step(core)

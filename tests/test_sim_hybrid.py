@@ -125,7 +125,7 @@ def test_profile_without_a_pool_still_loads_and_simulates() -> None:
 def _gemma_core(num_blocks: int = 40_000, **kw: Any) -> EngineCore:
     args: dict[str, Any] = {"enable_prefix_caching": False, "async_scheduling": False, **kw}
     cfg = CoreConfig(num_blocks=num_blocks, block_size=32, max_num_seqs=256,
-                     max_num_batched_tokens=8192, max_model_len=32768, sw_groups=5,
+                     max_num_scheduled_tokens=8192, max_model_len=32768, sw_groups=5,
                      sw_block_size=16, sw_window=1024, max_in_flight_tokens=8192, **args)
     return EngineCore(cfg, random.Random(0), [0.0])
 
@@ -193,7 +193,7 @@ def test_admission_reserves_the_whole_prompt_in_every_group() -> None:
 def test_chunked_prefill_frees_on_the_processed_basis() -> None:
     """Async scheduling: blocks leave the window only once the tokens that pushed them out
     are settled (num_computed - num_in_flight_tokens): a chunk in flight keeps them."""
-    cfg = replace(_gemma_core().cfg, async_scheduling=True, max_num_batched_tokens=2048,
+    cfg = replace(_gemma_core().cfg, async_scheduling=True, max_num_scheduled_tokens=2048,
                   max_in_flight_tokens=4096)
     core = EngineCore(cfg, random.Random(0), [0.0])
     r = SimRequest(0, 0, 0.0, 8192, 10)
@@ -494,7 +494,7 @@ def hybrid_scenarios(draw: st.DrawFn) -> tuple[CoreConfig, float, list[Arrival]]
         probe,
         num_blocks=num_blocks,
         max_num_seqs=draw(st.integers(1, 8)),
-        max_num_batched_tokens=mnbt,
+        max_num_scheduled_tokens=mnbt,
         enable_prefix_caching=draw(st.booleans()),
         policy=draw(st.sampled_from(["fcfs", "priority"])),
         async_scheduling=async_,

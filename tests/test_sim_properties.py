@@ -43,7 +43,7 @@ def scenarios(draw: st.DrawFn) -> tuple[CoreConfig, float, list[Arrival]]:
         num_blocks=num_blocks,
         block_size=bs,
         max_num_seqs=draw(st.integers(1, 8)),
-        max_num_batched_tokens=draw(st.integers(max(8, spec_k + 1), 160)),
+        max_num_scheduled_tokens=draw(st.integers(max(8, spec_k + 1), 160)),
         max_model_len=max_len,
         enable_prefix_caching=draw(st.booleans()),
         policy=draw(st.sampled_from(["fcfs", "priority"])),
@@ -84,7 +84,7 @@ def check_invariants(core: EngineCore, plan: StepPlan | None, reqs: list[SimRequ
     assert len(core.running) <= cfg.max_num_seqs
     if plan is not None:
         assert plan.total_tokens == sum(plan.tokens) + plan.cohort_size
-        assert plan.total_tokens <= cfg.max_num_batched_tokens
+        assert plan.total_tokens <= cfg.max_num_scheduled_tokens
         assert all(n > 0 for n in plan.tokens)
     for r in reqs:
         if r.lazy:  # a decode-cohort member's counters are brought up to date lazily
@@ -417,7 +417,7 @@ class RefVllm:
         cfg = self.cfg
         k, thr, max_len, prio = (cfg.spec_k, cfg.long_prefill_token_threshold,
                                  cfg.max_model_len, cfg.policy == "priority")
-        budget = cfg.max_num_batched_tokens
+        budget = cfg.max_num_scheduled_tokens
         sched: dict[int, tuple[_Req, int]] = {}
         spec: dict[int, int] = {}
         sched_running: list[_Req] = []

@@ -132,6 +132,15 @@ class EngineConfig(BaseModel):
             yield k, "auto" if k in self._auto else v
 
     @property
+    def max_num_scheduled_tokens(self) -> int:
+        """The scheduler's token budget a step: `max_num_batched_tokens`, less the slots a
+        draft model inserts when drafting, one a sequence (vllm/config/vllm.py:
+        VllmConfig._set_max_num_scheduled_tokens, vllm/config/speculative.py:
+        max_num_new_slots_for_drafting; MTP, EAGLE and n-gram insert none)."""
+        drafts = self.speculative is not None and self.speculative.method == "draft_model"
+        return self.max_num_batched_tokens - (self.max_num_seqs if drafts else 0)
+
+    @property
     def auto(self) -> frozenset[AutoSetting]:
         """Settings left open for `capplan size`; their fields hold placeholders."""
         return self._auto

@@ -372,8 +372,12 @@ class Driver:
                     self.add(p["context"], p["steps"] + 1)
                 self.drain()
             elif kind == "prefill":
-                # one long prompt, cut into chunks of exactly `chunk` tokens
-                self.sched.max_num_scheduled_tokens = p["chunk"]
+                # one long prompt, cut into chunks of exactly `chunk` tokens (at most the
+                # engine's own budget: with a draft model vLLM keeps max_num_seqs tokens of
+                # it for the drafter's extra slots, vllm/config/vllm.py:
+                # _set_max_num_scheduled_tokens; a step past it overran the drafter's
+                # 8,192-token buffers, a device-side assert in repeat_interleave)
+                self.sched.max_num_scheduled_tokens = min(p["chunk"], self.budget0)
                 self.add(p["chunk"] * p["chunks"], 1)
                 self.drain()
             elif kind == "mixed":
@@ -386,7 +390,7 @@ class Driver:
                 self.run_until(lambda: self.running_decodes() >= b)
                 for _ in range(2):  # settle into steady decode before the prefill arrives
                     self.engine.step()
-                self.sched.max_num_scheduled_tokens = b * per + p["chunk"]
+                self.sched.max_num_scheduled_tokens = min(b * per + p["chunk"], self.budget0)
                 pid = self.add(p["chunk"] * p["chunks"], 1)
                 self.run_until(lambda: pid not in self.sched.requests)
                 self.engine.step()

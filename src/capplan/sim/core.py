@@ -230,7 +230,7 @@ class CoreConfig:
     num_blocks: int
     block_size: int = 16  # tokens per block of the (full-attention) group
     max_num_seqs: int = 1024
-    max_num_batched_tokens: int = 8192
+    max_num_scheduled_tokens: int = 8192  # max_num_batched_tokens less draft slots
     max_model_len: int = 8192
     enable_prefix_caching: bool = True
     policy: str = "fcfs"
@@ -615,7 +615,7 @@ class EngineCore:
         """Scheduler.schedule: running requests first, in order, then waiting ones."""
         self.step_idx += 1
         plan = StepPlan(idx=self.step_idx)
-        budget = self.cfg.max_num_batched_tokens
+        budget = self.cfg.max_num_scheduled_tokens
         cohort = self.cohort
         if cohort is not None and cohort.members:
             budget, preempted = self._schedule_with_cohort(plan, budget, cohort)

@@ -269,11 +269,17 @@ class _Run:
         ]
         layout = st.layout
         self.bs = layout.full_block_size if layout is not None else eng.block_size
+        if eng.max_num_scheduled_tokens <= 0:
+            raise ConfigError(
+                f"pool {st.pool.name!r}: a draft model keeps max_num_seqs ({eng.max_num_seqs}) "
+                f"of max_num_batched_tokens ({eng.max_num_batched_tokens}) for its slots, "
+                "leaving no tokens to schedule; raise max_num_batched_tokens or lower "
+                "max_num_seqs (vLLM refuses to start)")
         cfg = CoreConfig(
             num_blocks=st.num_blocks,
             block_size=self.bs,
             max_num_seqs=eng.max_num_seqs,
-            max_num_batched_tokens=eng.max_num_batched_tokens,
+            max_num_scheduled_tokens=eng.max_num_scheduled_tokens,
             max_model_len=st.max_model_len,
             enable_prefix_caching=eng.enable_prefix_caching,
             policy=eng.scheduling_policy,
