@@ -243,33 +243,35 @@ def finishes() -> None:
 
 
 def repeats() -> None:
-    """The runs measured twice (calibration/_raw/repeats-s6): the same step of the same point
-    in both runs, each point's sum, KV blocks, and the shipped fit (on the first run) scored
-    on the second run's steps."""
+    """The engines measured in more than one run (calibration/_raw/<model>--<key>--r<N>,
+    fitted together, build._samples): the same step of the same point in run 1 and each
+    other run, each point's sum, KV blocks, and the shipped fit scored on each run."""
     raw = CALIBRATION_DIR / "_raw"
-    for rep in sorted((raw / "repeats-s6").glob("*.jsonl.gz")):
-        name = rep.name.removesuffix(".jsonl.gz")
-        model, key = name.split("--")
-        d = PROFILES / model / key
-        prof, _, sizes = _fit_inputs(d)
-        first = store.read_samples(d)
-        second = store.read_runner_jsonl(rep)
-        j = first.select("point", "step", "step_s", "tokens").join(
-            second.select("point", "step", "step_s", "tokens"), on=["point", "step"],
-            suffix="_2").filter((pl.col("tokens") == pl.col("tokens_2"))
-                                & ~pl.col("point").str.starts_with("warmup"))
-        step = (j["step_s_2"] / j["step_s"] - 1).abs().to_numpy()
-        pts = j.group_by("point").agg(pl.col("step_s").sum(), pl.col("step_s_2").sum())
-        pt = (pts["step_s_2"] / pts["step_s"] - 1).abs().to_numpy()
-        blocks = [json.loads(p.read_text())["kv"]["num_gpu_blocks"]
-                  for p in (raw / f"{name}.meta.json", raw / "repeats-s6" / f"{name}.meta.json")]
-        s2 = store.samples_of(second, window_tokens=prof.step.window_tokens)
-        ape = np.abs(_predicted(prof, s2, sizes) / s2["step_s"] - 1)[~s2["warmup"]]
-        print(f"  {model}/{key}: same step median {np.median(step):.1%}, p95 "
-              f"{np.percentile(step, 95):.1%} ({len(step)} steps); point sums median "
-              f"{np.median(pt):.1%}, max {pt.max():.1%}; KV blocks {blocks[0]:,} and "
-              f"{blocks[1]:,}; the fit on the second run's steps: median {np.median(ape):.1%},"
-              f" p95 {np.percentile(ape, 95):.1%}")
+    for d in sorted(PROFILES.glob("*/*/samples.parquet")):
+        df = pl.read_parquet(d)
+        if "run" not in df.columns or df["run"].n_unique() < 2:
+            continue
+        prof, s, sizes = _fit_inputs(d.parent)
+        ape_all = np.abs(_predicted(prof, s, sizes) / s["step_s"] - 1)
+        name = f"{prof.model}--{prof.key}"
+        cols = ("point", "step", "step_s", "tokens")
+        first = df.filter(pl.col("run") == 1).select(*cols)
+        for run in range(2, df["run"].max() + 1):
+            j = first.join(df.filter(pl.col("run") == run).select(*cols), on=["point", "step"],
+                           suffix="_2").filter((pl.col("tokens") == pl.col("tokens_2"))
+                                               & ~pl.col("point").str.starts_with("warmup"))
+            step = (j["step_s_2"] / j["step_s"] - 1).abs().to_numpy()
+            pts = j.group_by("point").agg(pl.col("step_s").sum(), pl.col("step_s_2").sum())
+            pt = (pts["step_s_2"] / pts["step_s"] - 1).abs().to_numpy()
+            blocks = [json.loads((raw / f"{n}.meta.json").read_text())["kv"]["num_gpu_blocks"]
+                      for n in (name, f"{name}--r{run}")]
+            fit = [ape_all[(df["run"].to_numpy() == r) & ~s["warmup"]] for r in (1, run)]
+            print(f"  {prof.model}/{prof.key}, run 1 and run {run}: same step median "
+                  f"{np.median(step):.1%}, p95 {np.percentile(step, 95):.1%} ({len(step)} "
+                  f"steps); point sums median {np.median(pt):.1%}, max {pt.max():.1%}; KV "
+                  f"blocks {blocks[0]:,} and {blocks[1]:,}; the fit (both runs) on each run's "
+                  f"steps: median {np.median(fit[0]):.1%} / {np.median(fit[1]):.1%}, p95 "
+                  f"{np.percentile(fit[0], 95):.1%} / {np.percentile(fit[1], 95):.1%}")
 
 
 def main() -> None:

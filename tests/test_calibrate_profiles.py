@@ -110,3 +110,32 @@ def test_remeasured_profiles_carry_gpu_stamps() -> None:
     for key in ("llama-3.1-8b/bf16", "llama-3.1-8b/fp8", "qwen3-32b/bf16", "qwen3-32b/fp8",
                 "qwen3-32b/awq", "qwen3-32b/nvfp4", "gemma-4-31b/fp8", "gemma-4-31b/nvfp4"):
         assert store.read_samples(root / key)["gpu_clock"].all(), key
+
+
+def test_repeat_runs_are_fitted_together() -> None:
+    """A profile whose engine was measured again (`<model>--<key>--r<N>` in
+    calibration/_raw) fits every run's steps, numbered by `run`, and its provenance lists
+    the runs."""
+    found = 0
+    for d in PROFILES:
+        runs = json.loads((d / "provenance.json").read_text()).get("repeat_runs")
+        if not runs:
+            continue
+        found += 1
+        df = store.read_samples(d)
+        assert sorted(df["run"].unique().to_list()) == list(range(1, len(runs) + 2)), d
+        for r in runs:
+            assert (df["run"] == r["run"]).sum() == r["steps"], (d, r)
+    assert found >= 4
+
+
+def test_a_repeat_run_joins_its_engine_not_the_kv_points(tmp_path: Path) -> None:
+    """build.groups: `--r2` is a further run of the main engine, `--u85` a KV-only engine."""
+    from capplan.calibrate.build import groups
+
+    for name in ("m--fp8", "m--fp8--r2", "m--fp8--u85"):
+        (tmp_path / f"{name}.meta.json").write_text(json.dumps({"kv": {}}))
+    for name in ("m--fp8", "m--fp8--r2"):
+        (tmp_path / f"{name}.jsonl").write_text("")
+    g = groups(tmp_path)[("m", "fp8")]
+    assert (g.main, g.repeats, len(g.metas)) == ("m--fp8", ["m--fp8--r2"], 2)

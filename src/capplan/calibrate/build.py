@@ -42,7 +42,8 @@ MIN_DECODE_CONTEXT = 2048
 # `draft_token_s` from the analytic model and says so.
 MIN_DRAFT_POINTS = 8
 _NAME = re.compile(
-    r"^(?P<model>[^-].*?)--(?P<key>[a-z0-9_-]+?)(?:--u(?P<u>\d+))?(?P<img>--img)?$")
+    r"^(?P<model>[^-].*?)--(?P<key>[a-z0-9_-]+?)(?:--r(?P<r>\d+))?(?:--u(?P<u>\d+))?"
+    r"(?P<img>--img)?$")
 _KEY = re.compile(r"^(?P<prec>bf16|fp8|nvfp4|awq)(?P<kv>-kvfp8)?(?:-(?P<m>[a-z_]+?)(?P<k>\d+))?$")
 
 
@@ -55,6 +56,8 @@ class Group:
     image_metas: list[dict[str, Any]] = field(default_factory=list)
     """KV-only engines that kept the image-encoder reservation (`--img`)."""
     main: str | None = None
+    repeats: list[str] = field(default_factory=list)
+    """Further runs of the main engine (`<model>--<key>--r<N>`): their steps join the fit."""
     seconds: float = 0.0
 
     @property
@@ -88,11 +91,28 @@ def groups(raw: Path) -> dict[tuple[str, str], Group]:
         if "kv" not in meta:
             continue  # the engine never started: nothing measured
         g = out.setdefault((m["model"], m["key"]), Group(m["model"], m["key"]))
-        (g.image_metas if m["img"] else g.metas).append(meta)
         g.seconds += secs.get(name, 0.0)
+        if m["r"] is not None:
+            if store.runner_jsonl(raw, name) is not None:
+                g.repeats.append(name)
+            continue
+        (g.image_metas if m["img"] else g.metas).append(meta)
         if m["u"] is None and not m["img"] and store.runner_jsonl(raw, name) is not None:
             g.main = name
     return out
+
+
+def _samples(raw: Path, g: Group) -> pl.DataFrame:
+    """The main run's step records, then each repeat's, numbered by `run` (1: main). Every
+    run of an engine counts: CPU-bound steps of the same composition ran 30-50 % apart from
+    one run to the next (docs/calibration.md, "The engine does not repeat itself"), and a fit
+    to one run would take that run's luck for the engine's."""
+    frames = []
+    for i, name in enumerate([g.main, *g.repeats], 1):
+        path = store.runner_jsonl(raw, name) if name else None
+        assert path is not None
+        frames.append(store.read_runner_jsonl(path).with_columns(pl.lit(i).alias("run")))
+    return pl.concat(frames, how="diagonal_relaxed")
 
 
 def image_reservation(text: list[dict[str, Any]], images: list[dict[str, Any]], *,
@@ -200,9 +220,7 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     method, k = parts["m"], int(parts["k"] or 0)
     meta = next(m for m in g.metas if m["args"]["gpu_memory_utilization"] == 0.90)
     eng = meta["engine"]
-    path = store.runner_jsonl(raw, g.main)
-    assert path is not None
-    df = store.read_runner_jsonl(path)
+    df = _samples(raw, g)
     s = store.samples_of(df)
     fixed: dict[str, float] = {}
     notes = []
@@ -294,6 +312,12 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
         "points_hung": meta.get("points_hung", []),
         "kv_points": kvs,
     }
+    if g.repeats:
+        extra["repeat_runs"] = [{"run": i, "name": name, "steps": int((df["run"] == i).sum())}
+                                for i, name in enumerate(g.repeats, 2)]
+        notes.append(f"steps of {1 + len(g.repeats)} runs of this engine fitted together "
+                     f"(run 1: {g.main}; " + ", ".join(
+                         f"run {i}: {n}" for i, n in enumerate(g.repeats, 2)) + ")")
     # the commit of the runner that measured this run: its own record when the run has one
     # (a later runner than the folder's), else the folder's RUNNER_COMMIT
     runner_commit = raw / "RUNNER_COMMIT"
