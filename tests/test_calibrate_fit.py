@@ -222,6 +222,26 @@ def test_eager_floor_binds_only_past_the_graphs_and_below_the_drafter() -> None:
     assert ts.step_time_s(600, 1, 0.0, 0) == pytest.approx(0.05 + 2 * 2e-3)
 
 
+def test_gemm_stairs_jump_past_128_tokens_and_every_256() -> None:
+    """The quantized GEMM's tile stairs (profile.py): one jump past 128 padded tokens, one
+    more per further 256, nothing in between; and a fit recovers them from steps that
+    climb them."""
+    step = StepModel(fixed_s=1e-3, per_token_s=0, knee_tokens=0, prefill_attn_s=0,
+                     decode_ctx_s=0, per_seq_s=0, gemm_switch_s=5e-3, gemm_rows_s=1e-2)
+    t = _timer(step)
+    at = {n: t.step_time_s(n, n, 0.0, 0) for n in (128, 129, 256, 257, 500)}
+    assert at[128] == pytest.approx(1e-3)
+    assert at[129] == at[256] == pytest.approx(6e-3)
+    assert at[257] == at[500] == pytest.approx(16e-3)
+    s = _synthetic(3)
+    s["gpu_clock"] = np.ones(len(s["step_s"]), dtype=bool)
+    pad = np.array([t.pad(int(n)) for n in s["tokens"]])
+    s["step_s"] = s["step_s"] + 5e-3 * (pad > 128) + 1e-2 * np.maximum(np.ceil(pad / 256) - 1, 0)
+    res = F.fit_step_model(s, max_num_seqs=256, max_num_batched_tokens=8192)
+    assert res.step.gemm_switch_s == pytest.approx(5e-3, rel=0.1)
+    assert res.step.gemm_rows_s == pytest.approx(1e-2, rel=0.1)
+
+
 def test_fixed_coefficients_are_kept() -> None:
     """Coefficients passed as fixed come back unchanged; only the rest are fitted."""
     res = F.fit_step_model(_synthetic(), max_num_seqs=256, max_num_batched_tokens=8192,

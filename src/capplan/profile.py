@@ -17,6 +17,8 @@ Step-time model (one engine step, seconds), physically shaped:
       + (k - 1) * draft_seq_s * seqs                   #   a first pass over T, k - 1 over seqs
       + encoder_token_s * image tokens encoded         # vision encoder, on an image's first chunk
       + prefill_step_s if any prefill chunk            # piecewise, not full, CUDA graph
+      + gemm_switch_s if T_pad > 128                   # quantized GEMMs' tile stairs:
+      + gemm_rows_s * (ceil(T_pad / 256) - 1)          #   see below
       + eager_step_s if T > the largest capture size   # no CUDA graph at all
 
 where a step past the largest capture size costs at least `eager_floor_s` before the drafter's
@@ -24,6 +26,14 @@ and encoder's terms: without a graph the CPU launches every kernel, and a small 
 waits for those launches, not for the GPU (measured: Llama-3.1-8B FP8 takes 31.2 ms for 512
 prefill tokens beside 16 decodes, where the other terms give 18.9 ms;
 scripts/calibration_analysis.py floor).
+
+The GEMM stairs follow the kernel vLLM picks by the token count M
+(csrc/quantization/cutlass_w8a8/c3x/scaled_mm_sm90_fp8_dispatch.cuh: past M = 128 the FP8
+GEMM runs 128-row tiles in clusters of two, so it works in rows of 256 tokens); the 4-bit
+kernels (Machete, Marlin) jump at the same counts on the H200. Measured, Gemma 4 31B FP8
+decodes 128 sequences in 33.3 ms and 129 in 46.4, and its MTP verify steps are flat between
+the multiples of 256 tokens and jump at them (scripts/calibration_analysis.py stairs). BF16
+GEMMs (cuBLAS) show no such stairs, and their profiles keep both terms at 0.
 
 T = scheduled tokens (decode seqs count 1 + k each). T_pad pads T up to the next CUDA-graph
 capture size (vllm/config/vllm.py: _set_cudagraph_sizes) when T is within the largest one.
@@ -65,6 +75,12 @@ def window_pairs(chunk: float, ctx: float, window: float) -> float:
     """Attended token pairs of one prefill chunk in a sliding-window layer: each of its
     tokens sees at most `window` tokens."""
     return chunk * min(ctx + chunk / 2, window)
+
+
+GEMM_SWITCH_TOKENS = 128
+"""Past this many tokens the FP8 GEMM switches to its largest tiles (`gemm_switch_s`)."""
+GEMM_ROW_TOKENS = 256
+"""Tokens a row of those tiles covers: two 128-row tiles a cluster (`gemm_rows_s`)."""
 
 
 def cudagraph_capture_sizes(
@@ -116,6 +132,16 @@ class StepModel(BaseModel):
         default=0.0, ge=0,
         description="per step holding a prefill chunk: vLLM replays full CUDA graphs only "
         "for decode-only batches (FULL_AND_PIECEWISE), others run attention outside them",
+    )
+    gemm_switch_s: float = Field(
+        default=0.0, ge=0,
+        description="per step of more than GEMM_SWITCH_TOKENS (padded) tokens: a quantized "
+        "GEMM's largest-tile config (see the module docstring)",
+    )
+    gemm_rows_s: float = Field(
+        default=0.0, ge=0,
+        description="per further GEMM_ROW_TOKENS tokens past the first: one more row of "
+        "tile clusters",
     )
     eager_floor_s: float = Field(
         default=0.0, ge=0,
@@ -301,6 +327,7 @@ class StepTimer:
         "_eager_above",
         "_eager_floor",
         "_enc",
+        "_gemm",
         "_graph_max",
         "_graphs",
         "_pad",
@@ -331,6 +358,7 @@ class StepTimer:
         self._prefill_step = s.prefill_step_s
         self._eager = s.eager_step_s
         self._eager_floor = s.eager_floor_s
+        self._gemm = (s.gemm_switch_s, s.gemm_rows_s)
         self._window = ((float(s.window_tokens), s.decode_window_s, s.prefill_window_s)
                         if s.window_tokens else None)
         self._graphs = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens, self.k)
@@ -387,6 +415,9 @@ class StepTimer:
                               else prefill_attn_window)
         if prefill_attn:
             t += self._prefill_step
+        if t_pad > GEMM_SWITCH_TOKENS:
+            switch, rows = self._gemm
+            t += switch + rows * (-(-t_pad // GEMM_ROW_TOKENS) - 1)
         if tokens > self._eager_above:
             t += self._eager
             if t < self._eager_floor:

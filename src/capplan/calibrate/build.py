@@ -31,7 +31,7 @@ from capplan.profile import Box, Profile
 UTILS = (0.85, 0.90, 0.95)
 BASE_COEFS = ("fixed_s", "per_token_s", "knee_tokens", "prefill_attn_s", "decode_ctx_s",
               "per_seq_s", "prefill_step_s", "eager_step_s", "decode_window_s",
-              "prefill_window_s", "eager_floor_s")
+              "prefill_window_s", "eager_floor_s", "gemm_switch_s", "gemm_rows_s")
 # Decode attention reads BF16 KV through the same FlashAttention-3 kernel whatever the
 # weights' format, so a profile whose sweep never reached long decode contexts borrows
 # the term from the same model's BF16 profile rather than extrapolating its own.
@@ -244,10 +244,14 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
             notes.append(f"draft_token_s analytic ({ana.step.draft_token_s:.3g} s a token): "
                          f"{points} sweep points cannot separate the drafter's first pass "
                          "from its later ones")
-    elif _max_decode_context(df) < MIN_DECODE_CONTEXT and base is not None:
-        fixed = {"decode_ctx_s": base.step.decode_ctx_s}
-        notes.append(f"decode_ctx_s from {g.model}/bf16 (sweep reached decode context "
-                     f"{_max_decode_context(df):.0f} < {MIN_DECODE_CONTEXT})")
+    else:
+        if prec == "bf16":
+            # cuBLAS's BF16 GEMMs have no tile stairs to fit (profile.py, module docstring)
+            fixed.update(gemm_switch_s=0.0, gemm_rows_s=0.0)
+        if _max_decode_context(df) < MIN_DECODE_CONTEXT and base is not None:
+            fixed["decode_ctx_s"] = base.step.decode_ctx_s
+            notes.append(f"decode_ctx_s from {g.model}/bf16 (sweep reached decode context "
+                         f"{_max_decode_context(df):.0f} < {MIN_DECODE_CONTEXT})")
     plan = _plan_file(meta.get("args", {}).get("plan"), raw)
     planned: list[str] = []
     if plan is not None:

@@ -21,6 +21,8 @@ from scipy.optimize import lsq_linear
 
 from capplan.errors import CalibrationError
 from capplan.profile import (
+    GEMM_ROW_TOKENS,
+    GEMM_SWITCH_TOKENS,
     FitQuality,
     KvCapacity,
     StepModel,
@@ -31,7 +33,7 @@ from capplan.profile import (
 Samples = Mapping[str, np.ndarray]
 COEFS = ("fixed_s", "per_token_s", "prefill_attn_s", "decode_ctx_s", "per_seq_s",
          "prefill_step_s", "eager_step_s", "decode_window_s", "prefill_window_s",
-         "draft_pass_s", "draft_token_s", "draft_seq_s")
+         "draft_pass_s", "draft_token_s", "draft_seq_s", "gemm_switch_s", "gemm_rows_s")
 WINDOW_COEFS = ("decode_window_s", "prefill_window_s")
 DRAFT_COEFS = ("draft_pass_s", "draft_token_s", "draft_seq_s")
 KNEE_GRID = np.array([0, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512,
@@ -122,6 +124,8 @@ def design(s: Samples, knee: float, sizes: list[int], spec_k: int) -> np.ndarray
         np.full(len(t_pad), float(spec_k)),
         drafter * t_pad,
         max(spec_k - 1, 0) * s["seqs"].astype(float),
+        (t_pad > GEMM_SWITCH_TOKENS).astype(float),
+        np.maximum(np.ceil(t_pad / GEMM_ROW_TOKENS) - 1, 0),
     ])
 
 
@@ -137,7 +141,8 @@ def _solve(x: np.ndarray, y: np.ndarray, free: np.ndarray, fixed: np.ndarray,
         scale = np.maximum(np.abs(a).max(axis=0), 1e-300)  # columns span 12 decades
         res = lsq_linear(a / scale, target * w, bounds=(floor[free] * scale, np.inf),
                          method="bvls", max_iter=2000)
-        beta[free] = res.x / scale
+        # BVLS can land a hair (1e-21) below a bound; the bound is the physics
+        beta[free] = np.maximum(res.x / scale, floor[free])
     return beta
 
 
