@@ -15,9 +15,10 @@ source /tmp/vllm-parts/vllm-install.sh /tmp/vllm-parts > /dev/null || exit 3
 export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 VLLM_CACHE_ROOT=/tmp/vllm-cache PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/capplan-out}; export OUT
 start=$SECONDS
-# each lane on its own half of the host's cores: a CPU-bound step (a small prefill chunk) ran
-# 40-80 % slower for a minute at a time while the other lane's engine compiled
-# (docs/calibration.md, "Two lanes, one host")
+# each lane on its own half of the host's cores, so that one lane's engine start (torch.compile
+# workers) cannot take the other's. The slow stretches of CPU-bound steps this was meant to
+# stop happen without it too, on a lone engine (docs/calibration.md, "The engine does not
+# repeat itself"); the lane logs say whether a run was pinned.
 pin0=() pin1=()
 if command -v taskset > /dev/null; then
   read -r cpus0 cpus1 < <(python3 -c 'import os; c = sorted(os.sched_getaffinity(0)); h = len(c) // 2
@@ -25,6 +26,7 @@ print(",".join(map(str, c[:h])), ",".join(map(str, c[h:])))')
   [[ -n ${cpus1:-} ]] && pin0=(taskset -c "$cpus0") pin1=(taskset -c "$cpus1")
   echo "lanes pinned: GPU 0 to CPUs ${cpus0:-all}, GPU 1 to CPUs ${cpus1:-all}"
 fi
+echo "pinned: ${pin0[*]:-no}" > "$OUT/lane0.log"; echo "pinned: ${pin1[*]:-no}" > "$OUT/lane1.log"
 (
   if [[ -n $queue0 ]]; then
     CUDA_VISIBLE_DEVICES=0 CAL=/tmp/capplan-cal0 PACK=raw0.tgz \
@@ -32,7 +34,7 @@ fi
   fi
   left=$(( deadline - (SECONDS - start) ))
   [[ -n $lane0 ]] && "${pin0[@]}" bash scripts/gpu_validate.sh 0 "$left" $lane0
-) > "$OUT/lane0.log" 2>&1 &
+) >> "$OUT/lane0.log" 2>&1 &
 (
   # LANE1_FIRST=validate: lane 1 runs its validation jobs before its calibration queue
   if [[ ${LANE1_FIRST:-} == validate && -n $lane1 ]]; then
@@ -42,7 +44,7 @@ fi
   if [[ -n $queue ]]; then CUDA_VISIBLE_DEVICES=1 "${pin1[@]}" bash scripts/gpu_calibrate.sh "$queue" "$left"; fi
   left=$(( deadline - (SECONDS - start) ))
   [[ -n $lane1 ]] && "${pin1[@]}" bash scripts/gpu_validate.sh 1 "$left" $lane1
-) > "$OUT/lane1.log" 2>&1 &
+) >> "$OUT/lane1.log" 2>&1 &
 wait
-grep -hE '^lanes|^\[gpu|^===|^ENGINE|^SKIP|STOP|QUEUE END|rc=' "$OUT"/lane*.log | cut -c1-240 | tail -n 80
+grep -hE '^pinned|^\[gpu|^===|^ENGINE|^SKIP|STOP|QUEUE END|rc=' "$OUT"/lane*.log | cut -c1-240 | tail -n 80
 ls -la "$OUT"
