@@ -95,10 +95,10 @@ def test_incomplete_point_is_dropped_complete_ones_kept(tmp_path: Path) -> None:
 
 def test_refit_from_raw_reproduces_shipped(tmp_path: Path) -> None:
     """`--from-raw` rebuilds a shipped profile from the raw runner output, coefficient for
-    coefficient."""
+    coefficient: its main run and its second (`--r2`), fitted together."""
     raw = tmp_path / "raw"
     raw.mkdir()
-    for f in RAW.glob("qwen3-32b--bf16.*"):
+    for f in [*RAW.glob("qwen3-32b--bf16.*"), *RAW.glob("qwen3-32b--bf16--r2.*")]:
         shutil.copy(f, raw)
     (raw / "rc.txt").write_text("qwen3-32b--bf16 rc=0 s=171\n")
     code, out = _run("--from-raw", str(raw), "--out", str(tmp_path / "cal"))
