@@ -2,7 +2,7 @@
 of its GPU, the steps just past the largest CUDA graph, the floor under them, the MTP
 drafter's cost and the stairs of its verify steps.
 
-    python scripts/calibration_analysis.py [table|sanity|graph|floor|drafter|stairs|...]
+    python scripts/calibration_analysis.py [table|sanity|graph|floor|drafter|stairs|repeats|cached|...]
     python scripts/calibration_analysis.py points MODEL/KEY   # e.g. gemma-4-31b/fp8
 
 With no argument it prints sanity and graph.
@@ -274,6 +274,28 @@ def repeats() -> None:
                   f"{np.percentile(fit[0], 95):.1%} / {np.percentile(fit[1], 95):.1%}")
 
 
+def cached() -> None:
+    """Runs of engines with prefix caching on (`capplan calibrate --prefix-cache`,
+    calibration/_raw/<model>--<key>--cache.jsonl[.gz]): each cache point's tail steps (the
+    prefix's own prefill left out), measured and by the profile of the same key."""
+    raw = CALIBRATION_DIR / "_raw"
+    runs = sorted({*raw.glob("*--cache.jsonl"), *raw.glob("*--cache.jsonl.gz")})
+    if not runs:
+        print("  no prefix-cache runs yet (capplan calibrate --prefix-cache)")
+    for path in runs:
+        model, key = path.name.split(".jsonl")[0].removesuffix("--cache").split("--")
+        prof, _, sizes = _fit_inputs(PROFILES / model / key)
+        df = store.read_runner_jsonl(path).filter(~pl.col("warmup"))
+        s = store.samples_of(df, window_tokens=prof.step.window_tokens)
+        pred = _predicted(prof, s, sizes)
+        for name in dict.fromkeys(s["point"]):
+            k = np.flatnonzero(s["point"] == name)
+            if not name.startswith("cached-c0-"):
+                k = k[1:]  # the prefix's own prefill (one step: it fits the token budget)
+            print(f"  {model}/{key} {name}: {np.median(s['step_s'][k]) * 1e3:.1f} ms measured, "
+                  f"{np.median(pred[k]) * 1e3:.1f} ms by the profile ({len(k)} steps)")
+
+
 def main() -> None:
     what = sys.argv[1:] or ["sanity", "graph"]
     if what[0] == "points":
@@ -282,7 +304,8 @@ def main() -> None:
     for name in what:
         print(f"== {name}")
         {"table": table, "sanity": sanity, "graph": graph, "finishes": finishes,
-         "repeats": repeats, "floor": floor, "drafter": drafter, "stairs": stairs}[name]()
+         "repeats": repeats, "cached": cached,
+         "floor": floor, "drafter": drafter, "stairs": stairs}[name]()
 
 
 if __name__ == "__main__":

@@ -133,6 +133,29 @@ def test_emit_queue_for_the_gpu_script(tmp_path: Path, monkeypatch: pytest.Monke
     assert cfg["quantization_config"]["quant_method"] == "awq"
 
 
+def test_prefix_cache_engine_times_cache_hits_and_is_not_fitted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--prefix-cache` adds an engine with prefix caching on whose plan holds only the
+    cache points; `--from-raw` leaves such a run out of the profiles."""
+    from capplan.calibrate.build import groups
+
+    monkeypatch.chdir(tmp_path)
+    code, out = _run("--model", "llama-3.1-8b", "--precision", "bf16", "--prefix-cache",
+                     "--gpu-memory-utilization", "0.90", "--out", str(tmp_path),
+                     "--emit-queue", str(tmp_path / "q.txt"))
+    assert code == 0, out
+    lines = [ln.split("|") for ln in (tmp_path / "q.txt").read_text().splitlines()]
+    assert [n for n, _, _ in lines] == ["llama-3.1-8b--bf16", "llama-3.1-8b--bf16--cache"]
+    assert "--prefix-caching" in lines[1][2] and "--prefix-caching" not in lines[0][2]
+    plan = json.loads((tmp_path / "_plans/llama-3.1-8b--bf16--cache.json").read_text())
+    kinds = {p["kind"] for p in plan["points"] if not p.get("warmup")}
+    assert kinds == {"cached"}
+    for name in ("m--bf16", "m--bf16--cache"):
+        (tmp_path / f"{name}.meta.json").write_text(json.dumps({"kv": {}}))
+        (tmp_path / f"{name}.jsonl").write_text("")
+    assert [(g.main, len(g.metas)) for g in groups(tmp_path).values()] == [("m--bf16", 1)]
+
+
 def test_multimodal_engines_run_text_only_plus_one_with_images() -> None:
     """Gemma 4 has a vision encoder: every engine runs text-only except one KV-only engine
     at 0.90 that keeps the encoder's reservation; the model's hf_overrides go to vLLM."""

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from capplan.calibrate import jobs
-from capplan.calibrate.sweep import design_points
+from capplan.calibrate.sweep import _cached, cache_points, design_points
 
 RUNNER = Path(jobs.__file__).with_name("runner.py")
 
@@ -28,9 +28,9 @@ def _load_runner() -> Any:
 
 
 class FakeRequest:
-    def __init__(self, rid: str, prompt: int, max_tokens: int) -> None:
+    def __init__(self, rid: str, prompt: int, max_tokens: int, computed: int = 0) -> None:
         self.request_id, self.num_prompt_tokens = rid, prompt
-        self.num_computed_tokens, self.max_tokens, self.out = 0, max_tokens, 0
+        self.num_computed_tokens, self.max_tokens, self.out = computed, max_tokens, 0
 
 
 class FakeScheduler:
@@ -86,9 +86,19 @@ class FakeEngine:
         self.engine_core = NS(engine_core=NS(scheduler=self.sched, model_executor=self.executor))
         self.abort_works = abort_works
 
+    cached: list[list[int]] | None = None  # prompts seen, when prefix caching is on
+
     def add_request(self, rid: str, prompt: dict[str, list[int]], params: dict[str, int]) -> str:
         internal = f"{rid}-abcd"
-        r = FakeRequest(internal, len(prompt["prompt_token_ids"]), params["max_tokens"])
+        ids = prompt["prompt_token_ids"]
+        hit = 0
+        if self.cached is not None:  # full 16-token blocks, never the prompt's last token
+            for old in self.cached:
+                n = next((i for i, (a, b) in enumerate(zip(old, ids, strict=False)) if a != b),
+                         min(len(old), len(ids)))
+                hit = max(hit, min(n, len(ids) - 1) // 16 * 16)
+            self.cached.append(ids)
+        r = FakeRequest(internal, len(ids), params["max_tokens"], hit)
         self.sched.requests[internal] = r
         self.sched.waiting.append(r)
         return internal
@@ -199,10 +209,20 @@ def test_mixed_point_shares_steps(runner: Any) -> None:
 def test_every_designed_point_runs(runner: Any) -> None:
     """Each point the sweep designs is one the driver knows how to run."""
     drv = _driver(runner)
-    for p in design_points()[:6]:
+    for p in [*design_points()[:6], *cache_points()[:2]]:
         small = {**p, "context": min(p.get("context", 1), 64), "batch": min(p.get("batch", 1), 4),
                  "chunks": min(p.get("chunks", 1), 2)}
         assert drv.point(small)
+
+
+def test_cached_point_times_the_tail_behind_a_cache_hit(runner: Any) -> None:
+    """A `cached` point prefills the prefix once, then each repeat's step holds only its
+    fresh tail, over the cached prefix as context (prefix 0: the tail alone)."""
+    drv = _driver(runner)
+    drv.engine.cached = []
+    recs = drv.point(_cached(64, 20, 3))
+    assert [(r["tokens"], r["chunks"]) for r in recs] == [(64, [[64, 0]])] + [(20, [[20, 64]])] * 3
+    assert [r["chunks"] for r in drv.point(_cached(0, 20, 2))] == [[[20, 0]], [[20, 0]]]
 
 
 def test_resume_skips_completed_points(runner: Any, tmp_path: Path) -> None:

@@ -43,7 +43,7 @@ MIN_DECODE_CONTEXT = 2048
 MIN_DRAFT_POINTS = 8
 _NAME = re.compile(
     r"^(?P<model>[^-].*?)--(?P<key>[a-z0-9_-]+?)(?:--r(?P<r>\d+))?(?:--u(?P<u>\d+))?"
-    r"(?P<img>--img)?$")
+    r"(?P<img>--img)?(?P<cache>--cache)?$")
 _KEY = re.compile(r"^(?P<prec>bf16|fp8|nvfp4|awq)(?P<kv>-kvfp8)?(?:-(?P<m>[a-z_]+?)(?P<k>\d+))?$")
 
 
@@ -85,8 +85,8 @@ def groups(raw: Path) -> dict[tuple[str, str], Group]:
     for meta_path in sorted(raw.glob("*.meta.json")):
         name = meta_path.name.removesuffix(".meta.json")
         m = _NAME.match(name)
-        if m is None:
-            continue
+        if m is None or m["cache"]:
+            continue  # not a run; or an engine with prefix caching on (analysed, not fitted)
         meta = json.loads(meta_path.read_text())
         if "kv" not in meta:
             continue  # the engine never started: nothing measured

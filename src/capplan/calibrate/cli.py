@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -66,11 +67,13 @@ def _default_drafter(spec: ModelSpec, method: str) -> str | None:
 
 def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
               spec_method: str, spec_model: str | None, kv_cache_dtype: str,
-              utils: list[float], tp: int) -> list[Job]:
+              utils: list[float], tp: int, prefix_cache: bool = False) -> list[Job]:
     """The engines to start: one timed engine per (precision, k) at 0.90, plus KV-only
     engines for the other utilisations (BF16, k = 0 only: the rest are derived). A
     multimodal model's engines run text-only, and one more KV-only engine at 0.90 keeps the
-    image-encoder reservation: the difference is what the reservation costs in KV."""
+    image-encoder reservation: the difference is what the reservation costs in KV. With
+    `prefix_cache`, one more engine per timed one, with prefix caching on, times the steps
+    a prefix-cache hit makes (sweep.cache_points)."""
     if tp != 1:
         raise ConfigError(f"--tp {tp}: only tensor parallel 1 is calibrated so far")
     spec = load_model_spec(model)
@@ -89,7 +92,14 @@ def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
                  kv_cache_dtype=kv_cache_dtype) for u in utils if abs(u - 0.90) > 1e-9]
     if spec.vision_encoder_params:
         jobs.append(Job(spec, first, kv_only=True, kv_cache_dtype=kv_cache_dtype))
+    if prefix_cache:
+        jobs += [replace(j, prefix_cache=True) for j in jobs if not j.kv_only]
     return jobs
+
+
+def _plan(job: Job, budget_s: float) -> dict[str, object]:
+    return make_plan(job.spec, job.precision, budget_s=budget_s * 1.6, spec_k=job.spec_k,
+                     cache=job.prefix_cache)
 
 
 def run_job(job: Job, raw: Path, budget_s: float, echo: bool = True) -> float:
@@ -100,8 +110,7 @@ def run_job(job: Job, raw: Path, budget_s: float, echo: bool = True) -> float:
     raw.mkdir(parents=True, exist_ok=True)
     plan = None
     if not job.kv_only:
-        plan = str(write_plan(make_plan(job.spec, job.precision, budget_s=budget_s * 1.6,
-                                        spec_k=job.spec_k), raw / f"{job.name}.plan.json"))
+        plan = str(write_plan(_plan(job, budget_s), raw / f"{job.name}.plan.json"))
     args = job.runner_args(str(job.model_dir(raw / "engines")), plan,
                            str(raw / f"{job.name}.jsonl"), str(raw / f"{job.name}.meta.json"),
                            budget_s)
@@ -131,9 +140,8 @@ def queue_line(job: Job, out: Path, budget_s: float) -> str:
     weights, measured on the H200) plus the measuring budget."""
     plan = None
     if not job.kv_only:
-        plan = os.path.relpath(write_plan(
-            make_plan(job.spec, job.precision, budget_s=budget_s * 1.6, spec_k=job.spec_k),
-            out / "_plans" / f"{job.name}.json"))
+        plan = os.path.relpath(write_plan(_plan(job, budget_s),
+                                          out / "_plans" / f"{job.name}.json"))
     model_dir = os.path.relpath(job.model_dir(out / "_engines"))
     args = job.runner_args(model_dir, plan, "-", "-", 0 if job.kv_only else budget_s)
     args = args[args.index("--gpu-memory-utilization"):]
@@ -174,10 +182,13 @@ def _refit(raw: Path, out: Path, gpu: str) -> list[Path]:
 @click.option("--dry-run", is_flag=True, help="list the engines that would start, and stop")
 @click.option("--emit-queue", type=click.Path(path_type=Path), default=None,
               help="write plans and a queue for scripts/gpu_calibrate.sh, and stop")
+@click.option("--prefix-cache", is_flag=True,
+              help="also an engine with prefix caching on per timed one, that times the steps "
+              "a prefix-cache hit makes (analysed beside the profile, not fitted)")
 def calibrate(model: str | None, precision: str, spec_tokens: str, spec_method: str,
               spec_model: str | None, kv_cache_dtype: str, utils: str, tp: int,
               budget_s: float, gpu: str, out: Path, raw: Path | None, from_raw: Path | None,
-              dry_run: bool, emit_queue: Path | None) -> None:
+              dry_run: bool, emit_queue: Path | None, prefix_cache: bool) -> None:
     """Measure vLLM step times and KV capacity on this GPU and write profiles."""
     if from_raw is not None:
         for d in _refit(from_raw, out, gpu):
@@ -188,7 +199,7 @@ def calibrate(model: str | None, precision: str, spec_tokens: str, spec_method: 
     ks = [int(k) for k in _floats(spec_tokens, "--spec-tokens")]
     us = _floats(utils, "--gpu-memory-utilization") or list(UTILS)
     jobs = plan_jobs(model, _precisions(precision), ks, spec_method, spec_model,
-                     kv_cache_dtype, us, tp)
+                     kv_cache_dtype, us, tp, prefix_cache)
     if emit_queue is not None:
         emit_queue.write_text("".join(queue_line(j, out, budget_s) + "\n" for j in jobs))
         click.echo(str(emit_queue))

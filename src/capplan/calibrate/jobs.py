@@ -45,6 +45,9 @@ class Job:
     spec_model: str | None = None
     spec_k: int = 0
     kv_only: bool = False
+    prefix_cache: bool = False
+    """An engine with prefix caching on that times only the cache points
+    (sweep.cache_points); its run is analysed beside the profile, not fitted."""
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int = 32768
@@ -84,6 +87,8 @@ class Job:
             n += f"--u{round(self.gpu_memory_utilization * 100):d}"
         if self.spec.vision_encoder_params and self.limit_images is None:
             n += "--img"
+        if self.prefix_cache:
+            n += "--cache"
         return n
 
     def model_dir(self, root: Path) -> Path:
@@ -120,6 +125,8 @@ class Job:
         if self.spec.vllm_hf_overrides:  # compact JSON: one word in the queue's arg list
             a += ["--hf-overrides", json.dumps(self.spec.vllm_hf_overrides,
                                                separators=(",", ":"))]
+        if self.prefix_cache:
+            a.append("--prefix-caching")
         if self.kv_only or plan is None:
             a.append("--kv-only")
         else:

@@ -91,6 +91,8 @@ def parse_args(argv=None):
     ap.add_argument("--hf-overrides", type=json.loads, default=None,
                     help="JSON for LLM(hf_overrides=...): what the model spec says vLLM needs")
     ap.add_argument("--kv-only", action="store_true", help="start, record KV capacity, exit")
+    ap.add_argument("--prefix-caching", action="store_true",
+                    help="enable vLLM's prefix caching (for `cached` points)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-gpu-clock", action="store_true",
                     help="time steps by CPU stamps only (no CUDA events)")
@@ -338,17 +340,18 @@ class Driver:
         self.k = args.spec_k
         self.n = 0
 
-    def prompt(self, length):
+    def ids(self, length):
+        return self.rng.integers(1000, self.vocab - 1000, length).tolist()
+
+    def add(self, length, max_tokens, ids=None):
+        """A request of `length` fresh tokens (or exactly `ids`); returns the engine's
+        internal id (the external one plus a random suffix)."""
         from vllm.inputs import TokensPrompt
 
-        ids = self.rng.integers(1000, self.vocab - 1000, length).tolist()
-        return TokensPrompt(prompt_token_ids=ids)
-
-    def add(self, length, max_tokens):
         self.n += 1
         params = self.SamplingParams(max_tokens=max_tokens, ignore_eos=True, detokenize=False)
-        # returns the engine's internal id (the external one plus a random suffix)
-        return self.engine.add_request(f"r{self.n}", self.prompt(length), params)
+        prompt = TokensPrompt(prompt_token_ids=self.ids(length) if ids is None else ids)
+        return self.engine.add_request(f"r{self.n}", prompt, params)
 
     def run_until(self, done):
         while self.engine.has_unfinished_requests() and not done():
@@ -396,6 +399,17 @@ class Driver:
                 self.engine.step()
                 self.engine.abort_request(ids, internal=True)
                 self.drain()
+            elif kind == "cached":
+                # the prefix once, finished: its full blocks stay in vLLM's prefix cache; then
+                # each request of prefix + a fresh tail alone, from an idle engine, as a
+                # shared-prefix request at concurrency 1 meets it
+                shared = self.ids(p["prefix"])
+                if shared:
+                    self.add(0, 1, ids=shared)
+                    self.drain()
+                for _ in range(p["repeats"]):
+                    self.add(0, 1, ids=shared + self.ids(p["tail"]))
+                    self.drain()
             else:
                 raise ValueError(f"unknown point kind {kind!r}")
         finally:
@@ -482,7 +496,7 @@ def main(argv=None):
               gpu_memory_utilization=args.gpu_memory_utilization,
               max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens,
-              enable_prefix_caching=False, async_scheduling=True)
+              enable_prefix_caching=args.prefix_caching, async_scheduling=True)
     if args.spec_method:
         spec = {"method": args.spec_method, "num_speculative_tokens": args.spec_k}
         if args.spec_model:
