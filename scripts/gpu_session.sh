@@ -13,7 +13,7 @@ source /tmp/vllm-parts/vllm-install.sh /tmp/vllm-parts > /dev/null || exit 3
 # FlashAttention 4's packages when scripts/gpu_wheels.sh installed them (Gemma 4 needs them)
 [[ -d /tmp/cdsl-site ]] && export PYTHONPATH=/tmp/cdsl-site:/tmp/cdsl-site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
 export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 VLLM_CACHE_ROOT=/tmp/vllm-cache PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/capplan-out}; export OUT
+OUT=${OUT:-/tmp/capplan-out}; export OUT; mkdir -p "$OUT"
 start=$SECONDS
 # each lane on its own half of the host's cores, so that one lane's engine start (torch.compile
 # workers) cannot take the other's. The slow stretches of CPU-bound steps this was meant to
