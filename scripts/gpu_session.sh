@@ -24,7 +24,6 @@ if command -v taskset > /dev/null; then
   read -r cpus0 cpus1 < <(python3 -c 'import os; c = sorted(os.sched_getaffinity(0)); h = len(c) // 2
 print(",".join(map(str, c[:h])), ",".join(map(str, c[h:])))')
   [[ -n ${cpus1:-} ]] && pin0=(taskset -c "$cpus0") pin1=(taskset -c "$cpus1")
-  echo "lanes pinned: GPU 0 to CPUs ${cpus0:-all}, GPU 1 to CPUs ${cpus1:-all}"
 fi
 echo "pinned: ${pin0[*]:-no}" > "$OUT/lane0.log"; echo "pinned: ${pin1[*]:-no}" > "$OUT/lane1.log"
 (

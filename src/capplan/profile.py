@@ -332,6 +332,7 @@ class StepTimer:
         "_graphs",
         "_pad",
         "_prefill_step",
+        "_stairs",
         "_window",
         "box",
         "extrapolated_steps",
@@ -358,7 +359,6 @@ class StepTimer:
         self._prefill_step = s.prefill_step_s
         self._eager = s.eager_step_s
         self._eager_floor = s.eager_floor_s
-        self._gemm = (s.gemm_switch_s, s.gemm_rows_s)
         self._window = ((float(s.window_tokens), s.decode_window_s, s.prefill_window_s)
                         if s.window_tokens else None)
         self._graphs = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens, self.k)
@@ -366,6 +366,10 @@ class StepTimer:
         self._eager_above = eager_threshold(max_num_seqs, max_num_batched_tokens)
         # pad(t) for every t up to the largest graph: one lookup a step
         self._pad = [self.pad(t) for t in range(self._graph_max + 1)]
+        # the GEMM stairs likewise, for a profile that has them
+        self._gemm = (s.gemm_switch_s, s.gemm_rows_s)
+        self._stairs = ([self.stairs(p) for p in self._pad]
+                        if s.gemm_switch_s or s.gemm_rows_s else None)
         self.box = profile.box
         self._box = (self.box.max_tokens, self.box.max_seqs, self.box.max_context_tokens)
         self.strict = strict
@@ -376,6 +380,13 @@ class StepTimer:
         if tokens > self._graph_max:
             return tokens
         return self._graphs[bisect.bisect_left(self._graphs, tokens)]
+
+    def stairs(self, t_pad: int) -> float:
+        """The quantized GEMM's tile stairs for a step of `t_pad` padded tokens."""
+        if t_pad <= GEMM_SWITCH_TOKENS:
+            return 0.0
+        switch, rows = self._gemm
+        return switch + rows * (-(-t_pad // GEMM_ROW_TOKENS) - 1)
 
     def step_time_s(
         self,
@@ -415,9 +426,8 @@ class StepTimer:
                               else prefill_attn_window)
         if prefill_attn:
             t += self._prefill_step
-        if t_pad > GEMM_SWITCH_TOKENS:
-            switch, rows = self._gemm
-            t += switch + rows * (-(-t_pad // GEMM_ROW_TOKENS) - 1)
+        if self._stairs is not None:
+            t += self._stairs[tokens] if 0 <= tokens <= self._graph_max else self.stairs(t_pad)
         if tokens > self._eager_above:
             t += self._eager
             if t < self._eager_floor:
