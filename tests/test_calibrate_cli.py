@@ -149,7 +149,7 @@ def test_prefix_cache_engine_times_cache_hits_and_is_not_fitted(
     assert "--prefix-caching" in lines[1][2] and "--prefix-caching" not in lines[0][2]
     plan = json.loads((tmp_path / "_plans/llama-3.1-8b--bf16--cache.json").read_text())
     kinds = {p["kind"] for p in plan["points"] if not p.get("warmup")}
-    assert kinds == {"cached"}
+    assert kinds == {"cached", "shared", "decode"}
     for name in ("m--bf16", "m--bf16--cache"):
         (tmp_path / f"{name}.meta.json").write_text(json.dumps({"kv": {}}))
         (tmp_path / f"{name}.jsonl").write_text("")

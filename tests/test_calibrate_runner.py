@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from capplan.calibrate import jobs
-from capplan.calibrate.sweep import _cached, cache_points, design_points
+from capplan.calibrate.sweep import _cached, _shared, cache_points, design_points
 
 RUNNER = Path(jobs.__file__).with_name("runner.py")
 
@@ -209,9 +209,9 @@ def test_mixed_point_shares_steps(runner: Any) -> None:
 def test_every_designed_point_runs(runner: Any) -> None:
     """Each point the sweep designs is one the driver knows how to run."""
     drv = _driver(runner)
-    for p in [*design_points()[:6], *cache_points()[:2]]:
+    for p in [*design_points()[:6], *cache_points()[:2], *cache_points()[-2:]]:
         small = {**p, "context": min(p.get("context", 1), 64), "batch": min(p.get("batch", 1), 4),
-                 "chunks": min(p.get("chunks", 1), 2)}
+                 "chunks": min(p.get("chunks", 1), 2), "prefix": min(p.get("prefix", 0), 32)}
         assert drv.point(small)
 
 
@@ -223,6 +223,19 @@ def test_cached_point_times_the_tail_behind_a_cache_hit(runner: Any) -> None:
     recs = drv.point(_cached(64, 20, 3))
     assert [(r["tokens"], r["chunks"]) for r in recs] == [(64, [[64, 0]])] + [(20, [[20, 64]])] * 3
     assert [r["chunks"] for r in drv.point(_cached(0, 20, 2))] == [[[20, 0]], [[20, 0]]]
+
+
+def test_shared_point_decodes_a_batch_over_one_cached_prefix(runner: Any) -> None:
+    """A `shared` point prefills the prefix once; each request of the batch then prefills
+    only its own tokens over the cached prefix, and the batch decodes together."""
+    drv = _driver(runner)
+    drv.engine.cached = []
+    recs = drv.point(_shared(3, 48, 32))
+    assert recs[0]["chunks"] == [[32, 0]]
+    assert sorted(c for r in recs[1:] for c in map(tuple, r["chunks"])) == [(16, 32)] * 3
+    decode = [r for r in recs if r["decode_seqs"] == 3]
+    assert decode and all(r["prefill_seqs"] == 0 for r in decode)
+    assert decode[0]["decode_ctx"] == 3 * 48
 
 
 def test_resume_skips_completed_points(runner: Any, tmp_path: Path) -> None:

@@ -410,6 +410,15 @@ class Driver:
                 for _ in range(p["repeats"]):
                     self.add(0, 1, ids=shared + self.ids(p["tail"]))
                     self.drain()
+            elif kind == "shared":
+                # the prefix once, then the batch: each request that prefix plus its own
+                # fresh tokens, so their decode steps read the prefix's KV blocks in common
+                shared = self.ids(p["prefix"])
+                self.add(0, 1, ids=shared)
+                self.drain()
+                for _ in range(p["batch"]):
+                    self.add(0, p["steps"] + 1, ids=shared + self.ids(p["context"] - p["prefix"]))
+                self.drain()
             else:
                 raise ValueError(f"unknown point kind {kind!r}")
         finally:

@@ -12,6 +12,9 @@ each carries an analytic cost estimate, so a plan fits a per-engine time budget.
 - `cached` (an engine with prefix caching on, `cache_points`): a `prefix`-token prompt
   prefilled once, then `repeats` requests of that prefix plus `tail` fresh tokens, one at a
   time from an idle engine: the step a prefix-cache hit makes.
+- `shared` (the same engine): a decode batch whose requests all begin with one `prefix`-token
+  prompt, which vLLM keeps once in its prefix cache, so every request's attention reads the
+  same KV blocks; timed beside a `decode` point of the same batch and context without one.
 """
 
 from __future__ import annotations
@@ -56,13 +59,24 @@ def _cached(prefix: int, tail: int, repeats: int) -> Point:
             "tail": tail, "repeats": repeats, "kv_tokens": prefix + tail * repeats}
 
 
+def _shared(b: int, ctx: int, prefix: int) -> Point:
+    return {"id": f"shared-b{b}-c{ctx}-s{prefix}", "kind": "shared", "batch": b,
+            "context": ctx, "prefix": prefix, "steps": DECODE_STEPS,
+            "kv_tokens": prefix + b * (ctx - prefix + DECODE_STEPS + 1)}
+
+
 def cache_points() -> list[Point]:
     """The shared-prefix serving rows' steps (validation.md: a 90 % shared prefix of 512-,
     2,048- and 4,096-token prompts, whose TTFT at concurrency 1 the simulator puts 14-49 %
     low), and the same tails without a hit (prefix 0): what the hit itself costs, apart from
     a small prefill started on an idle engine."""
     return [_cached(1843, 205, 8), _cached(0, 205, 8), _cached(461, 51, 8), _cached(0, 51, 8),
-            _cached(3686, 410, 6), _cached(0, 2048, 4)]
+            _cached(3686, 410, 6), _cached(0, 2048, 4),
+            # decode over a shared 90 % prefix against the same batch without one (the
+            # shared-prefix rows' ITL at concurrency 16 and 64, 6-34 % high in validation.md)
+            _shared(16, 2048, 1843), _decode(16, 2048), _shared(64, 2048, 1843),
+            _decode(64, 2048), _shared(128, 1024, 922), _decode(128, 1024),
+            _shared(32, 4096, 3686), _decode(32, 4096)]
 
 
 def design_points(max_num_batched_tokens: int = 8192, spec_k: int = 0) -> list[Point]:
@@ -111,6 +125,9 @@ def estimate_point_s(p: Point, spec: ModelSpec, precision: Precision, gpu: str =
         return float(p["batch"] * p["context"] / prefill_tok_s + (p["steps"] + 1) * decode_step_s)
     if p["kind"] == "prefill":
         return float(p["chunk"] * p["chunks"] / prefill_tok_s + p["chunks"] * 0.004)
+    if p["kind"] == "shared":
+        return float((p["prefix"] + p["batch"] * (p["context"] - p["prefix"])) / prefill_tok_s
+                     + (p["steps"] + 2) * decode_step_s)
     if p["kind"] == "cached":
         return float((p["prefix"] + p["tail"] * p["repeats"]) / prefill_tok_s
                      + (p["repeats"] + 1) * (decode_step_s + 0.004))

@@ -1,0 +1,108 @@
+"""Store what a GPU session's calibration lanes brought back under calibration/_raw.
+
+    python scripts/ingest_calibration.py SESSION LANE_DIR... [--replace NAME...] [--dry-run]
+
+Each LANE_DIR is an unpacked `raw.tgz` of scripts/gpu_calibrate.sh (NAME.jsonl, NAME.meta.json,
+NAME.log, rc.txt). Every run there whose rc.txt line ended rc=0 is stored as
+`calibration/_raw/NAME.jsonl.gz` + `NAME.meta.json` (the meta gains `runner_commit`: the last
+commit that touched the runner), its log as `_raw/logs-SESSION/NAME.log.gz`, its rc.txt line
+appended to `_raw/rc.txt`. A run already stored is kept unless named in --replace, when the
+stored files move to `_raw/superseded-SESSION/` first (with their rc.txt lines). Nothing is
+written until every check has passed. Then rebuild: `capplan calibrate --from-raw calibration/_raw`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+RAW = Path("calibration/_raw")
+RUNNER = "src/capplan/calibrate/runner.py"
+
+
+def runner_commit() -> str:
+    out = subprocess.run(["git", "log", "-1", "--format=%h", "--", RUNNER],
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def finished(lane: Path) -> dict[str, str]:
+    """NAME -> its rc.txt line, for the runs of this lane that ended rc=0."""
+    rc = lane / "rc.txt"
+    if not rc.exists():
+        return {}
+    runs = {}
+    for line in rc.read_text().splitlines():
+        name, _, rest = line.partition(" ")
+        if "rc=0" in rest.split():
+            runs[name] = line
+    return runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("session", help="tag for the logs and superseded folders, e.g. s9")
+    ap.add_argument("lanes", nargs="+", type=Path)
+    ap.add_argument("--replace", nargs="*", default=[], help="runs whose stored copy this "
+                    "session's run supersedes")
+    ap.add_argument("--dry-run", action="store_true")
+    args = ap.parse_args(argv)
+
+    plan: list[tuple[str, Path, str]] = []
+    for lane in args.lanes:
+        for name, line in finished(lane).items():
+            if not (lane / f"{name}.jsonl").exists() or not (lane / f"{name}.meta.json").exists():
+                sys.exit(f"{lane}: {name} ended rc=0 but its .jsonl or .meta.json is missing")
+            stored = (RAW / f"{name}.jsonl.gz").exists()
+            if stored and name not in args.replace:
+                sys.exit(f"{RAW / name}.jsonl.gz is stored already; pass --replace {name} to "
+                         "supersede it, or store the new run as NAME--rN")
+            plan.append((name, lane, line))
+    unknown = set(args.replace) - {name for name, _, _ in plan}
+    if unknown:
+        sys.exit(f"--replace names runs no lane finished: {', '.join(sorted(unknown))}")
+    if not plan:
+        sys.exit("no finished runs (rc=0 in rc.txt) in " + ", ".join(map(str, args.lanes)))
+    commit = runner_commit()
+    for name, lane, _ in plan:
+        print(f"{'replace' if name in args.replace else 'new'} {name} from {lane}")
+    if args.dry_run:
+        return 0
+
+    logs, old = RAW / f"logs-{args.session}", RAW / f"superseded-{args.session}"
+    logs.mkdir(exist_ok=True)
+    rc_lines = (RAW / "rc.txt").read_text().splitlines()
+    for name, lane, line in plan:
+        if name in args.replace:
+            old.mkdir(exist_ok=True)
+            for suffix in (".jsonl.gz", ".meta.json"):
+                shutil.move(RAW / f"{name}{suffix}", old / f"{name}{suffix}")
+            moved = [x for x in rc_lines if x.split(" ", 1)[0] == name]
+            rc_lines = [x for x in rc_lines if x.split(" ", 1)[0] != name]
+            with open(old / "rc.txt", "a") as f:
+                f.writelines(x + "\n" for x in moved)
+        with open(lane / f"{name}.jsonl", "rb") as src, gzip.open(RAW / f"{name}.jsonl.gz",
+                                                                   "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        meta = json.loads((lane / f"{name}.meta.json").read_text())
+        meta["runner_commit"] = commit
+        (RAW / f"{name}.meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+        if (lane / f"{name}.log").exists():
+            with open(lane / f"{name}.log", "rb") as src, gzip.open(logs / f"{name}.log.gz",
+                                                                     "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        rc_lines.append(line)
+    (RAW / "rc.txt").write_text("".join(x + "\n" for x in rc_lines))
+    if (args.lanes[0] / "nvidia-smi.csv").exists():
+        shutil.copy(args.lanes[0] / "nvidia-smi.csv", logs / "nvidia-smi.csv")
+    print(f"stored {len(plan)} runs; logs in {logs}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
