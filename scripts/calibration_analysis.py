@@ -2,7 +2,8 @@
 of its GPU, the steps just past the largest CUDA graph, the floor under them, the MTP
 drafter's cost and the stairs of its verify steps.
 
-    python scripts/calibration_analysis.py [table|sanity|graph|floor|drafter|stairs|repeats|cached|...]
+    python scripts/calibration_analysis.py [table|sanity|graph|floor|drafter|stairs|...]
+    (also: repeats, cached, finishes)
     python scripts/calibration_analysis.py points MODEL/KEY   # e.g. gemma-4-31b/fp8
 
 With no argument it prints sanity and graph.
@@ -288,12 +289,34 @@ def cached() -> None:
         df = store.read_runner_jsonl(path).filter(~pl.col("warmup"))
         s = store.samples_of(df, window_tokens=prof.step.window_tokens)
         pred = _predicted(prof, s, sizes)
+        decode_ms = {}
         for name in dict.fromkeys(s["point"]):
             k = np.flatnonzero(s["point"] == name)
-            if not name.startswith("cached-c0-"):
+            if name.startswith(("shared-", "decode-")):
+                # the batch's decode steps only (its prefill, and the prefix's, left out)
+                b = int(name.split("-b")[1].split("-")[0])
+                k = k[(s["decode_seqs"][k] == b) & (s["prefill_tokens"][k] == 0)]
+            elif not name.startswith("cached-c0-"):
                 k = k[1:]  # the prefix's own prefill (one step: it fits the token budget)
-            print(f"  {model}/{key} {name}: {np.median(s['step_s'][k]) * 1e3:.1f} ms measured, "
-                  f"{np.median(pred[k]) * 1e3:.1f} ms by the profile ({len(k)} steps)")
+            ms = float(np.median(s["step_s"][k]) * 1e3)
+            print(f"  {model}/{key} {name}: {ms:.2f} ms measured, "
+                  f"{np.median(pred[k]) * 1e3:.2f} ms by the profile ({len(k)} steps)")
+            decode_ms[name] = ms
+        # a shared point against its unshared twin: what reading the prefix's blocks in
+        # common saved, per later reader's prefix token, against the profile's decode_ctx_s
+        for name, ms in decode_ms.items():
+            if not name.startswith("shared-"):
+                continue
+            _, b, c, pre = name.split("-")
+            twin = decode_ms.get(f"decode-{b}-{c}")
+            if twin is None:
+                continue
+            readers, prefix = int(b[1:]) - 1, int(pre[1:])
+            per_tok = (twin - ms) * 1e-3 / (readers * prefix)
+            print(f"  {model}/{key} {name}: {twin - ms:+.2f} ms against {twin:.2f} ms unshared; "
+                  f"{per_tok * 1e9:.1f} ns per later reader's prefix token = "
+                  f"{per_tok / prof.step.decode_ctx_s:.0%} of decode_ctx_s "
+                  f"({prof.step.decode_ctx_s * 1e9:.1f} ns)")
 
 
 def main() -> None:

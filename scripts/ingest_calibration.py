@@ -5,7 +5,7 @@
 Each LANE_DIR is an unpacked `raw.tgz` of scripts/gpu_calibrate.sh (NAME.jsonl, NAME.meta.json,
 NAME.log, rc.txt). Every run there whose rc.txt line ended rc=0 is stored as
 `calibration/_raw/NAME.jsonl.gz` + `NAME.meta.json` (the meta gains `runner_commit`: the last
-commit that touched the runner), its log as `_raw/logs-SESSION/NAME.log.gz`, its rc.txt line
+commit that touched the runner, or --runner-commit), its log as `_raw/logs-SESSION/NAME.log.gz`, its rc.txt line
 appended to `_raw/rc.txt`. A run already stored is kept unless named in --replace, when the
 stored files move to `_raw/superseded-SESSION/` first (with their rc.txt lines). Nothing is
 written until every check has passed. Then rebuild: `capplan calibrate --from-raw calibration/_raw`.
@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("lanes", nargs="+", type=Path)
     ap.add_argument("--replace", nargs="*", default=[], help="runs whose stored copy this "
                     "session's run supersedes")
+    ap.add_argument("--runner-commit", help="the commit the GPU host ran (default: the last "
+                    "one that touched the runner)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
 
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"--replace names runs no lane finished: {', '.join(sorted(unknown))}")
     if not plan:
         sys.exit("no finished runs (rc=0 in rc.txt) in " + ", ".join(map(str, args.lanes)))
-    commit = runner_commit()
+    commit = args.runner_commit or runner_commit()
     for name, lane, _ in plan:
         print(f"{'replace' if name in args.replace else 'new'} {name} from {lane}")
     if args.dry_run:

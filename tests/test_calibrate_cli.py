@@ -95,10 +95,12 @@ def test_incomplete_point_is_dropped_complete_ones_kept(tmp_path: Path) -> None:
 
 def test_refit_from_raw_reproduces_shipped(tmp_path: Path) -> None:
     """`--from-raw` rebuilds a shipped profile from the raw runner output, coefficient for
-    coefficient: its main run and its second (`--r2`), fitted together."""
+    coefficient: its main run and its second (`--r2`), fitted together, and its prefix-cache
+    engine's run (`--cache`), which gives the shared-prefix saving."""
     raw = tmp_path / "raw"
     raw.mkdir()
-    for f in [*RAW.glob("qwen3-32b--bf16.*"), *RAW.glob("qwen3-32b--bf16--r2.*")]:
+    for f in [*RAW.glob("qwen3-32b--bf16.*"), *RAW.glob("qwen3-32b--bf16--r2.*"),
+              *RAW.glob("qwen3-32b--bf16--cache.*")]:
         shutil.copy(f, raw)
     (raw / "rc.txt").write_text("qwen3-32b--bf16 rc=0 s=171\n")
     code, out = _run("--from-raw", str(raw), "--out", str(tmp_path / "cal"))
@@ -107,6 +109,7 @@ def test_refit_from_raw_reproduces_shipped(tmp_path: Path) -> None:
     old = json.loads((store.CALIBRATION_DIR / "h200/vllm-0.26.0/qwen3-32b/bf16/profile.json")
                      .read_text())
     assert new["step"] == pytest.approx(old["step"], rel=1e-9)
+    assert new["step"]["shared_ctx_saving"] > 0
     assert new["fit"] == old["fit"]
 
 

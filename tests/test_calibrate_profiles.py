@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from capplan.calibrate import fit as F
 from capplan.calibrate import store
+from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.hardware import GPUS, Precision
 from capplan.modelspec import load_model_spec
 from capplan.profile import Profile, StepTimer
@@ -54,9 +56,39 @@ def test_refit_from_samples_gives_same_coefficients(d: Path) -> None:
                            spec_k=prof.spec_k, fixed=prov["fit"]["fixed_coefficients"],
                            seed=prov["fit"]["seed"], floors=prov["fit"]["floors"],
                            window=window)
-    for k, v in prof.step.model_dump().items():
+    for k, v in prof.step.model_dump(exclude={"shared_ctx_saving"}).items():
         assert getattr(res.step, k) == pytest.approx(v, rel=1e-6, abs=1e-15), k
     assert res.quality == prof.fit
+
+
+SHARED = [d for d in PROFILES if "shared_ctx" in json.loads((d / "provenance.json").read_text())]
+
+
+def test_shared_prefix_saving_was_measured_for_the_validated_prefix_engines() -> None:
+    """The four engines whose shared-prefix serving docs/validation.md compares carry the
+    saving their prefix-cache engine measured; a profile without such a run saves nothing."""
+    assert {f"{d.parent.name}/{d.name}" for d in SHARED} >= {
+        "llama-3.1-8b/bf16", "llama-3.1-8b/fp8", "qwen3-32b/bf16", "qwen3-32b/fp8"}
+    for d in PROFILES:
+        prof = Profile.load(d)
+        if d not in SHARED and not prof.spec_k:
+            assert prof.step.shared_ctx_saving == 0.0, d
+
+
+@pytest.mark.parametrize("d", SHARED, ids=[f"{d.parent.name}/{d.name}" for d in SHARED])
+def test_shared_prefix_saving_refits_from_its_cache_run(d: Path) -> None:
+    """shared_ctx_saving is the median of the cache run's shared/unshared decode pairs,
+    recomputed from the shipped raw run; each pair saved a real part of the decode attention
+    (between 20 % and 70 % of it: neither nothing nor more than the reads cost)."""
+    prof = Profile.load(d)
+    prov = json.loads((d / "provenance.json").read_text())
+    raw = store.runner_jsonl(CALIBRATION_DIR / "_raw", prov["shared_ctx"]["run"])
+    assert raw is not None
+    df = store.read_runner_jsonl(raw).filter(~pl.col("warmup"))
+    saving, pairs = F.shared_ctx_saving(store.samples_of(df), prof.step.decode_ctx_s)
+    assert saving == prof.step.shared_ctx_saving
+    assert pairs == prov["shared_ctx"]["pairs"] and len(pairs) >= 4
+    assert all(0.2 < q["saving"] < 0.7 for q in pairs)
 
 
 @pytest.mark.parametrize("d", PROFILES, ids=IDS)

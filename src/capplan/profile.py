@@ -11,7 +11,8 @@ Step-time model (one engine step, seconds), physically shaped:
     t = fixed_s
       + per_token_s * max(T_pad, knee_tokens)        # GEMMs: weight-streaming floor, then compute
       + prefill_attn_s * sum(chunk * (ctx + chunk/2))  # prefill attention over prior KV
-      + decode_ctx_s * sum(context of decode seqs)     # decode attention = KV read
+      + decode_ctx_s * (sum(context of decode seqs)   # decode attention = KV read,
+          - shared_ctx_saving * S)                     #   less what shared blocks save
       + per_seq_s * seqs                               # sampling, bookkeeping per sequence
       + k * draft_pass_s + draft_token_s * T_pad       # the drafter (spec decode), every step:
       + (k - 1) * draft_seq_s * seqs                   #   a first pass over T, k - 1 over seqs
@@ -34,6 +35,16 @@ kernels (Machete, Marlin) jump at the same counts on the H200. Measured, Gemma 4
 decodes 128 sequences in 33.3 ms and 129 in 46.4, and its MTP verify steps are flat between
 the multiples of 256 tokens and jump at them (scripts/calibration_analysis.py stairs). BF16
 GEMMs (cuBLAS) show no such stairs, and their profiles keep both terms at 0.
+
+S counts the context tokens that running requests read in common with another: a
+prefix-cache hit takes the cached KV blocks themselves (vllm/v1/core/kv_cache_manager.py
+get_computed_blocks, vllm/v1/core/block_pool.py touch), so every request of a prefix group
+after the first reads the same memory, S = sum over groups of (readers - 1) * shared
+tokens. A later reader's prefix costs less than its own context: measured, a decode batch
+whose 90 % prefix is one cached prompt runs 0.4-2.9 ms faster than the same batch without
+one, 30-53 % of its shared reads' decode_ctx_s (the `shared` points of a prefix-cache engine,
+scripts/calibration_analysis.py cached), as much on Llama-3.1-8B as on Qwen3-32B; the
+GPU's L2 holding the prefix's blocks for the batch's later readers is the likely reason.
 
 T = scheduled tokens (decode seqs count 1 + k each). T_pad pads T up to the next CUDA-graph
 capture size (vllm/config/vllm.py: _set_cudagraph_sizes) when T is within the largest one.
@@ -143,6 +154,12 @@ class StepModel(BaseModel):
         description="per further GEMM_ROW_TOKENS tokens past the first: one more row of "
         "tile clusters",
     )
+    shared_ctx_saving: float = Field(
+        default=0.0, ge=0, le=1,
+        description="fraction of decode_ctx_s saved per context token a decode sequence reads "
+        "in common with another running request (one prefix-cache block read by both); from a "
+        "prefix-cache engine's `shared` points against their unshared twins (0: not measured)",
+    )
     eager_floor_s: float = Field(
         default=0.0, ge=0,
         description="least time of a step past the largest CUDA graph, drafter aside: the "
@@ -156,7 +173,6 @@ class StepModel(BaseModel):
         "the CPU launches every kernel; measured on the H200 as a jump in step time just "
         "past the largest graph, on top of the per-token slope",
     )
-
 
     window_tokens: int = Field(
         default=0, ge=0,
@@ -332,6 +348,7 @@ class StepTimer:
         "_graphs",
         "_pad",
         "_prefill_step",
+        "_shared",
         "_stairs",
         "_window",
         "box",
@@ -356,6 +373,7 @@ class StepTimer:
         self._draft = (self.k * s.draft_pass_s, s.draft_token_s,
                        max(self.k - 1, 0) * s.draft_seq_s)
         self._enc = s.encoder_token_s
+        self._shared = s.decode_ctx_s * s.shared_ctx_saving
         self._prefill_step = s.prefill_step_s
         self._eager = s.eager_step_s
         self._eager_floor = s.eager_floor_s
@@ -398,11 +416,13 @@ class StepTimer:
         *,
         decode_seqs: int | None = None,
         prefill_attn_window: float | None = None,
+        shared_ctx: int = 0,
     ) -> float:
         """Seconds for one engine step of this composition. With a term per attention kind
         (sliding-window models), `decode_seqs` (default: every sequence) takes the decode
         context's mean, and `prefill_attn_window` is the chunks' `window_pairs` (default: the
-        pairs uncapped)."""
+        pairs uncapped). `shared_ctx` is S of the module docstring: decode context tokens
+        read in common with another running request (at most `decode_ctx` count)."""
         fixed, per_tok, knee, p_attn, d_ctx, per_seq = self._c
         max_tokens, max_seqs, max_context = self._box
         if tokens > max_tokens or seqs > max_seqs or (seqs and decode_ctx > max_context * seqs):
@@ -415,6 +435,8 @@ class StepTimer:
         t_pad = self._pad[tokens] if 0 <= tokens <= self._graph_max else self.pad(tokens)
         t = fixed + per_tok * (t_pad if t_pad > knee else knee)
         t += p_attn * prefill_attn + d_ctx * decode_ctx + per_seq * seqs
+        if shared_ctx:
+            t -= self._shared * (shared_ctx if shared_ctx < decode_ctx else decode_ctx)
         if self._window is not None:
             w, d_win, p_win = self._window
             n = seqs if decode_seqs is None else decode_seqs

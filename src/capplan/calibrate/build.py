@@ -282,6 +282,21 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     res = F.fit_step_model(s, max_num_seqs=eng["max_num_seqs"],
                            max_num_batched_tokens=eng["max_num_batched_tokens"],
                            spec_k=k, fixed=fixed, seed=seed, floors=floors, window=window)
+    step = res.step
+    cache_run = f"{g.model}--{g.key}--cache"
+    cache_path = store.runner_jsonl(raw, cache_run)
+    if k:
+        # a drafter changes nothing in how the target reads its KV
+        base_step = done[(g.model, prec)].step
+        step = step.model_copy(update={"shared_ctx_saving": base_step.shared_ctx_saving})
+    elif cache_path is not None:
+        cached = store.read_runner_jsonl(cache_path).filter(~pl.col("warmup"))
+        saving, pairs = F.shared_ctx_saving(store.samples_of(cached), step.decode_ctx_s)
+        if pairs:
+            step = step.model_copy(update={"shared_ctx_saving": saving})
+            notes.append(f"shared_ctx_saving {saving:.0%}: the median of {len(pairs)} "
+                         f"shared-prefix decode points against their unshared twins "
+                         f"({cache_run})")
     reserved = image_reservation(g.metas, g.image_metas)
     if reserved is not None:
         kv = kv.model_copy(update={"image_reservation_tokens": reserved})
@@ -316,6 +331,8 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
         "points_hung": meta.get("points_hung", []),
         "kv_points": kvs,
     }
+    if not k and cache_path is not None and step.shared_ctx_saving:
+        extra["shared_ctx"] = {"run": cache_run, "pairs": pairs}
     if g.repeats:
         extra["repeat_runs"] = [{"run": i, "name": name, "steps": int((df["run"] == i).sum())}
                                 for i, name in enumerate(g.repeats, 2)]
@@ -336,7 +353,7 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     profile = Profile(
         gpu=gpu, model=g.model, precision=prec, kv_cache_dtype=kv_dtype,
         spec_method=method, spec_k=k, vllm_version=str(meta["versions"].get("vllm")),
-        step=res.step, kv=kv, box=_box(df), fit=res.quality,
+        step=step, kv=kv, box=_box(df), fit=res.quality,
         provenance={"source": "measured", "note": prov["note"],
                     "gpu_minutes": prov["gpu_minutes"], "git_commit": git_commit,
                     "runner_commit": extra.get("runner_commit"), "date": prov["date"],

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import Any
 
 import numpy as np
 from scipy.optimize import lsq_linear
@@ -393,6 +394,37 @@ def _cross_validate(s: Samples, win: np.ndarray, sizes: list[int], spec_k: int,
         out[test] = window_ape(s, win[test], step, sizes, spec_k)
     kept: np.ndarray = out[~np.isnan(out)]
     return kept
+
+
+def shared_ctx_saving(s: Samples, decode_ctx_s: float) -> tuple[float, list[dict[str, Any]]]:
+    """`StepModel.shared_ctx_saving` from a prefix-cache engine's runs (sweep.cache_points):
+    each `shared-b{B}-c{C}-s{P}` point against its twin `decode-b{B}-c{C}`, median decode
+    step each (the batch's B decodes alone, its prefills left out), saves
+    (twin - shared) / (decode_ctx_s x (B - 1) x P) of the profile's decode attention; the
+    median over the pairs, and every pair."""
+    median: dict[str, float] = {}
+    for name in dict.fromkeys(s["point"]):
+        if not name.startswith(("shared-", "decode-")):
+            continue
+        b = int(name.split("-")[1][1:])
+        k = (s["point"] == name) & (s["decode_seqs"] == b) & (s["prefill_tokens"] == 0)
+        if k.any():
+            median[name] = float(np.median(s["step_s"][k]))
+    pairs = []
+    for name, t in median.items():
+        if not name.startswith("shared-"):
+            continue
+        _, batch, ctx, prefix = name.split("-")
+        twin = median.get(f"decode-{batch}-{ctx}")
+        if twin is None:
+            continue
+        later = (int(batch[1:]) - 1) * int(prefix[1:])
+        pairs.append({"point": name, "shared_s": round(t, 6), "unshared_s": round(twin, 6),
+                      "saving": round((twin - t) / (decode_ctx_s * later), 4)})
+    if not pairs or decode_ctx_s <= 0:
+        return 0.0, pairs
+    value = float(np.clip(np.median([q["saving"] for q in pairs]), 0.0, 1.0))
+    return round(value, 4), pairs
 
 
 def physical_floors(kv_bytes_per_token: float, hbm_bytes_per_s: float,

@@ -193,6 +193,7 @@ class StepPlan:
         "reqs",
         "running_prefill",
         "running_scheduled",
+        "shared_ctx",
         "spec",
         "tokens",
         "total_tokens",
@@ -209,6 +210,7 @@ class StepPlan:
         self.prefill_attn_w = 0.0  # prefill_attn capped at the sliding window (profile.py)
         self.prefill_seqs = 0
         self.decode_ctx = 0
+        self.shared_ctx = 0.0  # context read in common with another running request
         self.preempted = 0
         self.encoder_tokens = 0
         self.running_scheduled = 0  # RUNNING requests scheduled (explicit or in the cohort)
@@ -270,6 +272,10 @@ class EngineCore:
         self.prompt_tokens_queried = 0
         self.prompt_tokens_hit = 0
         self.step_idx = 0
+        # running requests per prefix group (prefix_base): [readers, their shared tokens],
+        # and S of profile.py, the tokens later readers read in common, kept as they change
+        self._readers: dict[int, list[int]] = {}
+        self.shared_ctx = 0.0
         self.sw = cfg.sw_groups  # sliding-window groups (0: one full-attention group)
         if self.sw:
             sbs = cfg.sw_block_size
@@ -598,8 +604,30 @@ class EngineCore:
                 n -= 1
         return n * sbs, first
 
+    def _read_shared(self, r: SimRequest, joins: int) -> None:
+        """r starts (joins = 1) or stops (-1) running: with prefix caching on, requests of
+        one prefix group hold the very same KV blocks for their shared prefix
+        (kv_cache_manager.py get_computed_blocks: a hit takes the cached block), and each
+        reader after the first reads it in common (profile.py: shared_ctx_saving).
+        A group's S is (readers - 1) x their mean shared tokens."""
+        group = self._readers.get(r.prefix_base)
+        if group is None:
+            group = self._readers[r.prefix_base] = [0, 0]
+        n, tokens = group
+        before = tokens * (n - 1) / n if n > 1 else 0.0
+        n += joins
+        tokens += joins * r.prefix_blocks * self.cfg.block_size
+        self.shared_ctx += (tokens * (n - 1) / n if n > 1 else 0.0) - before
+        if n:
+            group[0], group[1] = n, tokens
+        else:
+            del self._readers[r.prefix_base]
+            self.shared_ctx = float(round(self.shared_ctx))  # no float drift past an empty group
+
     def _preempt(self, r: SimRequest) -> None:
         """Scheduler._preempt_request: recompute preemption, back to the waiting front."""
+        if r.prefix_blocks and self.kv.caching:
+            self._read_shared(r, -1)
         self._free(r)
         r.status = PREEMPTED
         r.computed = 0
@@ -630,6 +658,7 @@ class EngineCore:
                 self._join_cohort(plan, cohort)
         if cohort is not None:
             cohort.sched_done = plan.idx
+        plan.shared_ctx = self.shared_ctx
         return plan
 
     def _schedule_with_cohort(
@@ -1048,6 +1077,8 @@ class EngineCore:
             self._cache_blocks(r, min(computed + n, num_tokens))
             r.status = RUNNING
             running.append(r)
+            if r.prefix_blocks and kv.caching:
+                self._read_shared(r, 1)
             self._add(plan, r, n)
             if pad:
                 plan.spec[-1] = pad
@@ -1226,6 +1257,8 @@ class EngineCore:
             if new == left:
                 r.status = FINISHED
                 finished_any = True
+                if r.prefix_blocks and self.kv.caching:
+                    self._read_shared(r, -1)
                 if r.blocks or r.hashes:
                     self._free(r)
                 emit((r, new, True))

@@ -138,6 +138,7 @@ class Replica:
             cur.encoder_tokens,
             decode_seqs=seqs - cur.prefill_seqs,
             prefill_attn_window=cur.prefill_attn_w,
+            shared_ctx=int(cur.shared_ctx),
         )
         kv = core.kv
         self._used = kv.num_blocks - kv.free_unhashed - kv.free_cached

@@ -431,7 +431,9 @@ async def amain(args):
     try:
         for exp in job["experiments"]:
             name = exp["name"]
-            if name in done:
+            # warm-ups run on every start: a resumed engine is as cold as a new one (a
+            # drafter's first steps JIT-compile vLLM's spec-decode Triton kernels, 2.6 s)
+            if name in done and not exp.get("warmup"):
                 meta["experiments"][name] = {"skipped": "measured by an earlier start"}
                 continue
             need = 1.3 * exp["duration_s"] + 10  # sending, then the last requests' drain
