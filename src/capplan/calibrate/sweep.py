@@ -30,8 +30,18 @@ Point = dict[str, Any]
 
 DECODE_STEPS = 24
 PREFILL_CONTEXT_MAX = 16384
+# Decode batches of 8, 1 and 16 before anything is timed: Triton compiles a kernel once per
+# specialisation of its integer arguments (== 1, divisible by 16, other), and vLLM's
+# speculative-decoding kernels take the batch size (its jit_monitor.py logs "Triton kernel
+# JIT compilation during inference: eagle_prepare_next_token_padded_kernel" and three more
+# on a drafter's first steps); measured, the first batch-1 and batch-64 decode of a
+# draft-model sweep warmed at batch 8 alone took 1.1 s each, against 12-19 ms after.
 _WARMUP: list[Point] = [
     {"id": "warmup-decode", "kind": "decode", "batch": 8, "context": 256, "steps": 8,
+     "warmup": True},
+    {"id": "warmup-decode-b1", "kind": "decode", "batch": 1, "context": 256, "steps": 4,
+     "warmup": True},
+    {"id": "warmup-decode-b16", "kind": "decode", "batch": 16, "context": 256, "steps": 4,
      "warmup": True},
     {"id": "warmup-prefill", "kind": "prefill", "chunk": 4096, "chunks": 2, "warmup": True},
 ]
