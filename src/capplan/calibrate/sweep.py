@@ -34,8 +34,9 @@ PREFILL_CONTEXT_MAX = 16384
 # specialisation of its integer arguments (== 1, divisible by 16, other), and vLLM's
 # speculative-decoding kernels take the batch size (its jit_monitor.py logs "Triton kernel
 # JIT compilation during inference: eagle_prepare_next_token_padded_kernel" and three more
-# on a drafter's first steps); measured, the first batch-1 and batch-64 decode of a
-# draft-model sweep warmed at batch 8 alone took 1.1 s each, against 12-19 ms after.
+# on a drafter's first steps); measured, a draft-model sweep warmed at batch 8 alone took
+# 1.1 s for its first batch-1 step and for its first step of 16 requests, 12-19 ms a decode
+# step after (the two other specialisations, likely; not yet confirmed on the GPU).
 _WARMUP: list[Point] = [
     {"id": "warmup-decode", "kind": "decode", "batch": 8, "context": 256, "steps": 8,
      "warmup": True},
