@@ -35,8 +35,8 @@ PREFILL_CONTEXT_MAX = 16384
 # speculative-decoding kernels take the batch size (its jit_monitor.py logs "Triton kernel
 # JIT compilation during inference: eagle_prepare_next_token_padded_kernel" and three more
 # on a drafter's first steps); measured, a draft-model sweep warmed at batch 8 alone took
-# 1.1 s for its first batch-1 step and for its first step of 16 requests, 12-19 ms a decode
-# step after (the two other specialisations, likely; not yet confirmed on the GPU).
+# 1.1 s for its first batch-1 step, which the batch-1 warm-up now takes instead (its next run:
+# 18 ms). One step of 31 requests still took 985 ms after these warm-ups (not yet found).
 _WARMUP: list[Point] = [
     {"id": "warmup-decode", "kind": "decode", "batch": 8, "context": 256, "steps": 8,
      "warmup": True},
