@@ -3,7 +3,7 @@ of its GPU, the steps just past the largest CUDA graph, the floor under them, th
 drafter's cost and the stairs of its verify steps.
 
     python scripts/calibration_analysis.py [table|sanity|graph|floor|drafter|stairs|...]
-    (also: repeats, cached, finishes)
+    (also: repeats, cached, decode, finishes)
     python scripts/calibration_analysis.py points MODEL/KEY   # e.g. gemma-4-31b/fp8
 
 With no argument it prints sanity and graph.
@@ -289,7 +289,6 @@ def cached() -> None:
         df = store.read_runner_jsonl(path).filter(~pl.col("warmup"))
         s = store.samples_of(df, window_tokens=prof.step.window_tokens)
         pred = _predicted(prof, s, sizes)
-        decode_ms = {}
         for name in dict.fromkeys(s["point"]):
             k = np.flatnonzero(s["point"] == name)
             if name.startswith(("shared-", "decode-")):
@@ -298,25 +297,44 @@ def cached() -> None:
                 k = k[(s["decode_seqs"][k] == b) & (s["prefill_tokens"][k] == 0)]
             elif not name.startswith("cached-c0-"):
                 k = k[1:]  # the prefix's own prefill (one step: it fits the token budget)
-            ms = float(np.median(s["step_s"][k]) * 1e3)
-            print(f"  {model}/{key} {name}: {ms:.2f} ms measured, "
+            print(f"  {model}/{key} {name}: {np.median(s['step_s'][k]) * 1e3:.2f} ms measured, "
                   f"{np.median(pred[k]) * 1e3:.2f} ms by the profile ({len(k)} steps)")
-            decode_ms[name] = ms
-        # a shared point against its unshared twin: what reading the prefix's blocks in
-        # common saved, per later reader's prefix token, against the profile's decode_ctx_s
-        for name, ms in decode_ms.items():
-            if not name.startswith("shared-"):
-                continue
-            _, b, c, pre = name.split("-")
-            twin = decode_ms.get(f"decode-{b}-{c}")
-            if twin is None:
-                continue
-            readers, prefix = int(b[1:]) - 1, int(pre[1:])
-            per_tok = (twin - ms) * 1e-3 / (readers * prefix)
-            print(f"  {model}/{key} {name}: {twin - ms:+.2f} ms against {twin:.2f} ms unshared; "
-                  f"{per_tok * 1e9:.1f} ns per later reader's prefix token = "
-                  f"{per_tok / prof.step.decode_ctx_s:.0%} of decode_ctx_s "
-                  f"({prof.step.decode_ctx_s * 1e9:.1f} ns)")
+        # each shared point against its unshared twin, as the profile's build reads them
+        saving, pairs = F.shared_ctx_saving(s, prof.step.decode_ctx_s)
+        for q in pairs:
+            print(f"  {model}/{key} {q['point']}: {q['shared_s'] * 1e3:.2f} ms against "
+                  f"{q['unshared_s'] * 1e3:.2f} ms unshared; saves {q['saving']:.0%} of "
+                  f"decode_ctx_s ({prof.step.decode_ctx_s * 1e9:.1f} ns) per later reader's "
+                  "prefix token")
+        if pairs:
+            print(f"  {model}/{key}: shared_ctx_saving {saving:.1%} (the median)")
+
+
+def decode() -> None:
+    """Decode-only steps (every request decoding, no prefill chunk) of the main sweeps'
+    batch-16 to -256 points and of the prefix-cache engines' unshared twins: median
+    measured against the profile (docs/validation.md: ITL p50 at high concurrency)."""
+    raw = CALIBRATION_DIR / "_raw"
+    for d in (PROFILES / "llama-3.1-8b/bf16", PROFILES / "llama-3.1-8b/fp8",
+              PROFILES / "qwen3-32b/bf16", PROFILES / "qwen3-32b/fp8"):
+        prof, _, sizes = _fit_inputs(d)
+        cache = store.runner_jsonl(raw, f"{d.parent.name}--{d.name}--cache")
+        frames = [("sweep", store.read_samples(d))]
+        if cache is not None:
+            frames.append(("cache engine", store.read_runner_jsonl(cache)))
+        for label, df in frames:
+            s = store.samples_of(df.filter(~pl.col("warmup")))
+            pred = _predicted(prof, s, sizes)
+            cells = []
+            for name in sorted({p for p in s["point"] if p.startswith("decode-")},
+                               key=lambda p: [int(x[1:]) for x in p.split("-")[1:]]):
+                b = int(name.split("-")[1][1:])
+                k = (s["point"] == name) & (s["decode_seqs"] == b) & (s["prefill_tokens"] == 0)
+                if b < 16 or k.sum() < 3:
+                    continue
+                m, q = np.median(s["step_s"][k]), np.median(pred[k])
+                cells.append(f"{name[7:]} {m * 1e3:.2f}/{q * 1e3:.2f} ({(q - m) / m:+.0%})")
+            print(f"  {d.parent.name}/{d.name} {label} (measured/profile ms): " + ", ".join(cells))
 
 
 def main() -> None:
@@ -327,7 +345,7 @@ def main() -> None:
     for name in what:
         print(f"== {name}")
         {"table": table, "sanity": sanity, "graph": graph, "finishes": finishes,
-         "repeats": repeats, "cached": cached,
+         "repeats": repeats, "cached": cached, "decode": decode,
          "floor": floor, "drafter": drafter, "stairs": stairs}[name]()
 
 

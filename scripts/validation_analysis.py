@@ -2,15 +2,21 @@
 experiments on the H200, the noise of repeated runs, and the serving engine's traced steps
 against the simulator's.
 
-    python scripts/validation_analysis.py [seeds|noise|steps|idle|graph|trial|gemma]
+    python scripts/validation_analysis.py [seeds|noise|steps|idle|graph|trial|gemma|prefix]
 
 With no argument it prints the first three. `gemma` predicts the seeds' Gemma 4 31B
 experiments (precision, MTP k = 4) from the measured H200 profiles: one replica, chat
 512 -> 128 in closed loop at concurrency 1, 4 and 32, as the seeds' table rows quote.
+`prefix` reads the shared-prefix rows: vLLM's own request timings of the traced engine
+(its Prometheus scrapes, validation/logs/s9-prefix-trace-metrics/), the first step after a
+wave arrives at concurrency 4, and each wave's first tokens at concurrency 64, measured and
+predicted.
 """
 
 from __future__ import annotations
 
+import gzip
+import re
 import sys
 from pathlib import Path
 
@@ -290,6 +296,66 @@ def gemma() -> None:
               + f"   [{res.pool.profile}: {res.pool.profile_source}]")
 
 
+def _histogram_means(text0: str, text1: str) -> dict[str, tuple[float, float]]:
+    """(count, mean) of every histogram that grew between two Prometheus scrapes."""
+    def sums(text: str) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            m = re.match(r"(\S+?)_(sum|count)(\{.*\})?\s+(\S+)$", line)
+            if m and not line.startswith("#"):
+                key = f"{m[1]}_{m[2]}"
+                out[key] = out.get(key, 0.0) + float(m[4])
+        return out
+
+    a, b = sums(text0), sums(text1)
+    out = {}
+    for key in b:
+        if key.endswith("_count") and b[key] > a.get(key, 0.0):
+            name = key.removesuffix("_count")
+            n = b[key] - a.get(key, 0.0)
+            out[name] = (n, (b[f"{name}_sum"] - a.get(f"{name}_sum", 0.0)) / n)
+    return out
+
+
+def prefix() -> None:
+    """The shared-prefix rows behind docs/validation.md's ninth-session notes."""
+    logs = ROOT / "validation" / "logs" / "s9-prefix-trace-metrics"
+    for exp in ("prefix90-on-c1", "prefix90-off-c1", "prefix90-on-c4"):
+        texts = [gzip.decompress((logs / f"{exp}.metrics-{i}.txt.gz").read_bytes()).decode()
+                 for i in (0, 1)]
+        h = _histogram_means(*texts)
+        print(f"{exp}: " + ", ".join(
+            f"{k} {h[f'vllm:{k}_seconds'][1] * 1e3:.2f} ms" for k in
+            ("request_queue_time", "request_prefill_time", "time_to_first_token")))
+    folder = next(p for p in stored_runs() if p.name == "llama-3.1-8b-bf16-prefix-trace")
+    st = pl.read_parquet(folder / "steps.parquet").filter(pl.col("run") == "prefix90-on-c4")
+    t, running = st["t"].to_numpy(), st["running"].to_numpy()
+    pre = st["prefill_reqs"].to_numpy()
+    waves = [i for i in range(len(st) - 2) if running[i] == 0 and pre[i + 1] == 1]
+    print(f"prefix90-on-c4: {len(waves)} waves; a wave's first step is recorded "
+          f"{np.median([t[i + 1] - t[i] for i in waves]) * 1e3:.1f} ms after the last batch's "
+          f"last step (median), the next "
+          f"{np.median([t[i + 2] - t[i + 1] for i in waves]) * 1e3:.1f} ms after it")
+    suite = load_suite(ROOT / "validation" / "h200.yaml")
+    run = next(e for e in suite.engines if e.name == "llama-3.1-8b-bf16")
+    exp = next(e for e in run.experiments if e.name == "prefix90-on-c64")
+    sim = simulate(run.mix(exp), "validate", 1, keep_requests=True).requests()
+    measured = pl.read_parquet(next(p for p in stored_runs() if p.name == run.name)
+                               / "requests.parquet").filter(pl.col("run") == exp.name)
+    for side, send, ttft in (("measured", measured["send_s"], measured["ttft_s"]),
+                             ("predicted", sim["arrival_s"], sim["ttft_s"])):
+        order = np.argsort(send.to_numpy())
+        a, f = send.to_numpy()[order], ttft.to_numpy()[order] * 1e3
+        for w in np.split(np.arange(len(a)), np.flatnonzero(np.diff(a) > 0.2) + 1)[:4]:
+            q = np.percentile(f[w], [0, 25, 50, 75, 100])
+            print(f"prefix90-on-c64 {side:9s} wave at {a[w[0]]:5.2f} s, {len(w)} requests: "
+                  "first token min / quartiles / max " + " / ".join(f"{x:.0f}" for x in q)
+                  + " ms")
+    gaps = np.concatenate([np.diff(np.asarray(c)) for c in measured["chunk_t"].to_list()])
+    print("prefix90-on-c64 measured inter-token gaps p50 / p90 / p95 / p99: "
+          + " / ".join(f"{x * 1e3:.1f}" for x in np.percentile(gaps, [50, 90, 95, 99])) + " ms")
+
+
 def main() -> None:
     what = sys.argv[1:] or ["seeds", "noise", "steps"]
     rows = _rows() if {"seeds", "noise"} & set(what) else {}
@@ -307,6 +373,8 @@ def main() -> None:
             graph()
         elif name == "gemma":
             gemma()
+        elif name == "prefix":
+            prefix()
         else:
             steps()
 
