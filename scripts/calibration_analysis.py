@@ -3,7 +3,7 @@ of its GPU, the steps just past the largest CUDA graph, the floor under them, th
 drafter's cost and the stairs of its verify steps.
 
     python scripts/calibration_analysis.py [table|sanity|graph|floor|drafter|stairs|...]
-    (also: repeats, cached, decode, finishes)
+    (also: repeats, cached, decode, firstuse, finishes)
     python scripts/calibration_analysis.py points MODEL/KEY   # e.g. gemma-4-31b/fp8
 
 With no argument it prints sanity and graph.
@@ -189,6 +189,25 @@ def _point_mean_ms(key: str, point: str) -> float:
     return float(g.sum()) / len(g) * 1e3 if len(g) else float("nan")
 
 
+def firstuse() -> None:
+    """The draft-model runs' steps past 0.5 s (warm-up ones included) and each run's
+    decode-b1-c512 decode steps: the first uses of vLLM's spec-decode kernels, and what the
+    batch-1 warm-up (sweep._WARMUP) took from the batch-1 point."""
+    raw = CALIBRATION_DIR / "_raw"
+    for name in ("llama-3.1-8b--bf16-draft_model2", "llama-3.1-8b--bf16-draft_model2--r2"):
+        path = store.runner_jsonl(raw, name)
+        if path is None:
+            continue
+        df = store.read_runner_jsonl(path)
+        slow = df.filter(pl.col("step_s") > 0.5)
+        print(f"  {name}: steps past 0.5 s: " + ", ".join(
+            f"{r['point']} step {r['step']} ({r['seqs']} requests) {r['step_s'] * 1e3:.0f} ms"
+            for r in slow.iter_rows(named=True)))
+        b1 = df.filter((pl.col("point") == "decode-b1-c512") & (pl.col("decode_seqs") == 1))
+        print(f"  {name}: decode-b1-c512 decode steps (ms): "
+              + " ".join(f"{x * 1e3:.1f}" for x in b1["step_s"].to_list()))
+
+
 def drafter() -> None:
     """Gemma 4 31B FP8 without and with its MTP drafter (k = 2, 4): each point's mean step
     (its setup steps included), decodes at context 512 and prefill chunks."""
@@ -345,7 +364,7 @@ def main() -> None:
     for name in what:
         print(f"== {name}")
         {"table": table, "sanity": sanity, "graph": graph, "finishes": finishes,
-         "repeats": repeats, "cached": cached, "decode": decode,
+         "repeats": repeats, "cached": cached, "decode": decode, "firstuse": firstuse,
          "floor": floor, "drafter": drafter, "stairs": stairs}[name]()
 
 

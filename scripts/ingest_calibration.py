@@ -5,10 +5,11 @@
 Each LANE_DIR is an unpacked `raw.tgz` of scripts/gpu_calibrate.sh (NAME.jsonl, NAME.meta.json,
 NAME.log, rc.txt). Every run there whose rc.txt line ended rc=0 is stored as
 `calibration/_raw/NAME.jsonl.gz` + `NAME.meta.json` (the meta gains `runner_commit`: the last
-commit that touched the runner, or --runner-commit), its log as `_raw/logs-SESSION/NAME.log.gz`, its rc.txt line
-appended to `_raw/rc.txt`. A run already stored is kept unless named in --replace, when the
-stored files move to `_raw/superseded-SESSION/` first (with their rc.txt lines). Nothing is
-written until every check has passed. Then rebuild: `capplan calibrate --from-raw calibration/_raw`.
+commit that touched the runner, or --runner-commit), its log as
+`_raw/logs-SESSION/NAME.log.gz`, its rc.txt line appended to `_raw/rc.txt`. A run already
+stored is kept unless named in --replace, when the stored files move to
+`_raw/superseded-SESSION/` first (with their rc.txt lines). Nothing is written until every
+check has passed. Then rebuild: `capplan calibrate --from-raw calibration/_raw`.
 """
 
 from __future__ import annotations

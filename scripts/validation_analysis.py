@@ -26,6 +26,7 @@ import polars as pl
 from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.profile import Profile, StepTimer
 from capplan.sim.run import simulate
+from capplan.tracefit import parse_metrics
 from capplan.validate.compare import Row, compare_all
 from capplan.validate.store import stored_runs
 from capplan.validate.suite import load_suite
@@ -296,37 +297,21 @@ def gemma() -> None:
               + f"   [{res.pool.profile}: {res.pool.profile_source}]")
 
 
-def _histogram_means(text0: str, text1: str) -> dict[str, tuple[float, float]]:
-    """(count, mean) of every histogram that grew between two Prometheus scrapes."""
-    def sums(text: str) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for line in text.splitlines():
-            m = re.match(r"(\S+?)_(sum|count)(\{.*\})?\s+(\S+)$", line)
-            if m and not line.startswith("#"):
-                key = f"{m[1]}_{m[2]}"
-                out[key] = out.get(key, 0.0) + float(m[4])
-        return out
-
-    a, b = sums(text0), sums(text1)
-    out = {}
-    for key in b:
-        if key.endswith("_count") and b[key] > a.get(key, 0.0):
-            name = key.removesuffix("_count")
-            n = b[key] - a.get(key, 0.0)
-            out[name] = (n, (b[f"{name}_sum"] - a.get(f"{name}_sum", 0.0)) / n)
-    return out
-
-
 def prefix() -> None:
     """The shared-prefix rows behind docs/validation.md's ninth-session notes."""
     logs = ROOT / "validation" / "logs" / "s9-prefix-trace-metrics"
     for exp in ("prefix90-on-c1", "prefix90-off-c1", "prefix90-on-c4"):
-        texts = [gzip.decompress((logs / f"{exp}.metrics-{i}.txt.gz").read_bytes()).decode()
-                 for i in (0, 1)]
-        h = _histogram_means(*texts)
-        print(f"{exp}: " + ", ".join(
-            f"{k} {h[f'vllm:{k}_seconds'][1] * 1e3:.2f} ms" for k in
-            ("request_queue_time", "request_prefill_time", "time_to_first_token")))
+        before, after = (parse_metrics(gzip.decompress(
+            (logs / f"{exp}.metrics-{i}.txt.gz").read_bytes()).decode()) for i in (0, 1))
+        model = after.models()[0]
+        means = []
+        for k in ("request_queue_time", "request_prefill_time", "time_to_first_token"):
+            name = f"vllm:{k}_seconds"
+            h0, h1 = before.histogram(name, model), after.histogram(name, model)
+            assert h0 is not None and h1 is not None, name
+            h = h1 - h0
+            means.append(f"{k} {h.sum / h.count * 1e3:.2f} ms")
+        print(f"{exp}: " + ", ".join(means))
     folder = next(p for p in stored_runs() if p.name == "llama-3.1-8b-bf16-prefix-trace")
     st = pl.read_parquet(folder / "steps.parquet").filter(pl.col("run") == "prefix90-on-c4")
     t, running = st["t"].to_numpy(), st["running"].to_numpy()
@@ -354,6 +339,20 @@ def prefix() -> None:
     gaps = np.concatenate([np.diff(np.asarray(c)) for c in measured["chunk_t"].to_list()])
     print("prefix90-on-c64 measured inter-token gaps p50 / p90 / p95 / p99: "
           + " / ".join(f"{x * 1e3:.1f}" for x in np.percentile(gaps, [50, 90, 95, 99])) + " ms")
+    # how far apart the harness sends a closed-loop run's first wave (concurrency >= 16)
+    spacing = []
+    for folder in stored_runs():
+        reqs = pl.read_parquet(folder / "requests.parquet")
+        for name in reqs["run"].unique().to_list():
+            users = re.search(r"-c(\d+)", name)
+            if users is None or int(users[1]) < 16:
+                continue
+            n = int(users[1])
+            sent = np.sort(reqs.filter(pl.col("run") == name)["send_s"].to_numpy())[:n]
+            if len(sent) == n:
+                spacing.append((sent[-1] - sent[0]) / (n - 1))
+    print(f"closed-loop first waves ({len(spacing)} runs): sends {min(spacing) * 1e3:.2f}–"
+          f"{max(spacing) * 1e3:.2f} ms apart, median {np.median(spacing) * 1e3:.2f} ms")
 
 
 def main() -> None:

@@ -285,6 +285,7 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     step = res.step
     cache_run = f"{g.model}--{g.key}--cache"
     cache_path = store.runner_jsonl(raw, cache_run)
+    shared: dict[str, Any] | None = None  # the pairs behind shared_ctx_saving, for provenance
     if k:
         # a drafter changes nothing in how the target reads its KV
         base_step = done[(g.model, prec)].step
@@ -294,6 +295,7 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
         saving, pairs = F.shared_ctx_saving(store.samples_of(cached), step.decode_ctx_s)
         if pairs:
             step = step.model_copy(update={"shared_ctx_saving": saving})
+            shared = {"run": cache_run, "pairs": pairs}
             notes.append(f"shared_ctx_saving {saving:.0%}: the median of {len(pairs)} "
                          f"shared-prefix decode points against their unshared twins "
                          f"({cache_run})")
@@ -331,8 +333,8 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
         "points_hung": meta.get("points_hung", []),
         "kv_points": kvs,
     }
-    if not k and cache_path is not None and step.shared_ctx_saving:
-        extra["shared_ctx"] = {"run": cache_run, "pairs": pairs}
+    if shared is not None:
+        extra["shared_ctx"] = shared
     if g.repeats:
         extra["repeat_runs"] = [{"run": i, "name": name, "steps": int((df["run"] == i).sum())}
                                 for i, name in enumerate(g.repeats, 2)]

@@ -622,7 +622,6 @@ class EngineCore:
             group[0], group[1] = n, tokens
         else:
             del self._readers[r.prefix_base]
-            self.shared_ctx = float(round(self.shared_ctx))  # no float drift past an empty group
 
     def _preempt(self, r: SimRequest) -> None:
         """Scheduler._preempt_request: recompute preemption, back to the waiting front."""
