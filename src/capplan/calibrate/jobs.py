@@ -48,6 +48,9 @@ class Job:
     prefix_cache: bool = False
     """An engine with prefix caching on that times only the cache points
     (sweep.cache_points); its run is analysed beside the profile, not fitted."""
+    graph_scan: bool = False
+    """An engine that times only a decode-only batch at every CUDA-graph size
+    (sweep.graph_points); its run gives the profile's `graph_offset_s`."""
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int = 32768
@@ -89,6 +92,8 @@ class Job:
             n += "--img"
         if self.prefix_cache:
             n += "--cache"
+        if self.graph_scan:
+            n += "--graphs"
         return n
 
     def model_dir(self, root: Path) -> Path:

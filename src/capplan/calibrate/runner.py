@@ -37,6 +37,7 @@ on stderr and in the meta file.
 
 import argparse
 import json
+import math
 import os
 import runpy
 import subprocess
@@ -371,8 +372,16 @@ class Driver:
         kind = p["kind"]
         try:
             if kind == "decode":
-                for _ in range(p["batch"]):
-                    self.add(p["context"], p["steps"] + 1)
+                b, ctx = p["batch"], p["context"]
+
+                def completes(n):  # the prefill step the n-th prompt completes in
+                    return math.ceil(n * ctx / self.budget0)
+
+                for i in range(1, b + 1):
+                    # `even`: a request whose prompt completes before the last one's decodes
+                    # the steps between, so that all of them decode `steps` steps together
+                    extra = completes(b) - completes(i) if p.get("even") else 0
+                    self.add(ctx, p["steps"] + 1 + extra)
                 self.drain()
             elif kind == "prefill":
                 # one long prompt, cut into chunks of exactly `chunk` tokens (at most the

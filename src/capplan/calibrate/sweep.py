@@ -15,6 +15,11 @@ each carries an analytic cost estimate, so a plan fits a per-engine time budget.
 - `shared` (the same engine): a decode batch whose requests all begin with one `prefix`-token
   prompt, which vLLM keeps once in its prefix cache, so every request's attention reads the
   same KV blocks; timed beside a `decode` point of the same batch and context without one.
+- `graphs-bB-cC` (a graph-scan engine, `graph_points`): a `decode` point with `even` set, whose
+  requests all decode their `steps` steps together (a request whose prompt is done early
+  decodes longer), at every CUDA-graph size a decode-only batch can take: the decode-only
+  step's time at each size, which the linear terms do not follow (profile.py:
+  `graph_offset_s`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 
 from capplan.hardware import GPUS, Precision
 from capplan.modelspec import ModelSpec
+from capplan.profile import cudagraph_capture_sizes
 
 Point = dict[str, Any]
 
@@ -74,6 +80,27 @@ def _shared(b: int, ctx: int, prefix: int) -> Point:
     return {"id": f"shared-b{b}-c{ctx}-s{prefix}", "kind": "shared", "batch": b,
             "context": ctx, "prefix": prefix, "steps": DECODE_STEPS,
             "kv_tokens": prefix + b * (ctx - prefix + DECODE_STEPS + 1)}
+
+
+def _graphs(b: int, ctx: int) -> Point:
+    return {"id": f"graphs-b{b}-c{ctx}", "kind": "decode", "batch": b, "context": ctx,
+            "steps": DECODE_STEPS, "even": True, "kv_tokens": b * (ctx + 2 * DECODE_STEPS)}
+
+
+GRAPH_SCAN_CONTEXT = 128
+"""Context of the scan over every graph size: short, so that its prefills stay cheap."""
+GRAPH_SCAN_LONG = (2048, (16, 32, 64, 128))
+"""A few sizes again at this context: whether a size's offset depends on the context."""
+
+
+def graph_points(max_num_seqs: int = 256, max_num_batched_tokens: int = 8192) -> list[Point]:
+    """A decode-only batch at every CUDA-graph capture size up to `max_num_seqs`
+    (profile.cudagraph_capture_sizes), then a few at a long context."""
+    sizes = [b for b in cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens)
+             if b <= max_num_seqs]
+    ctx, long_sizes = GRAPH_SCAN_LONG
+    return ([_graphs(b, GRAPH_SCAN_CONTEXT) for b in sizes]
+            + [_graphs(b, ctx) for b in long_sizes if b <= max_num_seqs])
 
 
 def cache_points() -> list[Point]:
@@ -156,12 +183,21 @@ def make_plan(
     max_num_batched_tokens: int = 8192,
     spec_k: int = 0,
     cache: bool = False,
+    graphs: bool = False,
+    max_num_seqs: int = 256,
 ) -> dict[str, Any]:
     """Points in priority order whose estimated cost fits `budget_s` (warm-up first); with
-    `cache`, the prefix-cache points (`cache_points`) instead of the sweep."""
+    `cache`, the prefix-cache points (`cache_points`) instead of the sweep, with `graphs`
+    the graph scan (`graph_points`)."""
     points: list[Point] = [dict(p) for p in _WARMUP]
     total = 0.0
-    for p in cache_points() if cache else design_points(max_num_batched_tokens, spec_k):
+    if cache:
+        todo = cache_points()
+    elif graphs:
+        todo = graph_points(max_num_seqs, max_num_batched_tokens)
+    else:
+        todo = design_points(max_num_batched_tokens, spec_k)
+    for p in todo:
         if kv_tokens is not None and p["kv_tokens"] > 0.9 * kv_tokens:
             continue
         cost = estimate_point_s(p, spec, precision)
