@@ -3,7 +3,7 @@ of its GPU, the steps just past the largest CUDA graph, the floor under them, th
 drafter's cost and the stairs of its verify steps.
 
     python scripts/calibration_analysis.py [table|sanity|graph|floor|drafter|stairs|...]
-    (also: repeats, cached, decode, firstuse, finishes)
+    (also: repeats, cached, decode, firstuse, finishes, graphs)
     python scripts/calibration_analysis.py points MODEL/KEY   # e.g. gemma-4-31b/fp8
 
 With no argument it prints sanity and graph.
@@ -356,6 +356,29 @@ def decode() -> None:
             print(f"  {d.parent.name}/{d.name} {label} (measured/profile ms): " + ", ".join(cells))
 
 
+def graphs() -> None:
+    """Each profile's graph scan (`<model>--<key>--graphs`): per CUDA-graph size, the
+    median decode-only step measured, by the linear terms, and the offset the profile keeps
+    (profile.py: graph_offset_s); the long-context points beside the short ones."""
+    for d in sorted(PROFILES.glob("*/*")):
+        prov = d / "provenance.json"
+        if not prov.exists():
+            continue
+        scan = json.loads(prov.read_text()).get("graph_scan")
+        if not scan:
+            continue
+        prof = Profile.load(d)
+        print(f"  {d.parent.name}/{d.name} ({scan['run']}): size measured/linear ms (offset)")
+        for ctx in sorted({int(p["point"].rsplit("-c", 1)[1]) for p in scan["points"]}):
+            cells = [f"{p['size']}: {p['measured_s'] * 1e3:.2f}/{p['linear_s'] * 1e3:.2f} "
+                     f"({(p['measured_s'] - p['linear_s']) * 1e3:+.2f})"
+                     for p in scan["points"] if p["point"].endswith(f"-c{ctx}")]
+            print(f"    context {ctx}: " + ", ".join(cells))
+        span = prof.step.graph_offset_s.values()
+        print(f"    kept: {len(prof.step.graph_offset_s)} sizes, "
+              f"{min(span) * 1e3:+.2f} to {max(span) * 1e3:+.2f} ms")
+
+
 def main() -> None:
     what = sys.argv[1:] or ["sanity", "graph"]
     if what[0] == "points":
@@ -365,7 +388,7 @@ def main() -> None:
         print(f"== {name}")
         {"table": table, "sanity": sanity, "graph": graph, "finishes": finishes,
          "repeats": repeats, "cached": cached, "decode": decode, "firstuse": firstuse,
-         "floor": floor, "drafter": drafter, "stairs": stairs}[name]()
+         "floor": floor, "drafter": drafter, "stairs": stairs, "graphs": graphs}[name]()
 
 
 if __name__ == "__main__":

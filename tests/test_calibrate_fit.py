@@ -269,3 +269,51 @@ def test_kv_line_through_points() -> None:
     assert kv.tokens(0.9) == pytest.approx(800_000, abs=1)
     with pytest.raises(CalibrationError):
         F.fit_kv_capacity(pts[:1], bytes_per_token=1)
+
+
+def test_graph_scan_gives_each_size_its_offset_and_the_decode_only_context_rate() -> None:
+    """A graph scan's steady decode-only steps give the decode-only context rate (from the
+    sizes scanned at two contexts) and each size's offset over the linear terms; its ramp-up
+    steps (a prefill beside them) give neither. StepTimer then adds both to a decode-only
+    step (between two scanned sizes, the line between their offsets), never to a step
+    holding a prefill chunk."""
+    step = StepModel(**TRUE)
+    sizes = cudagraph_capture_sizes(256, 8192)
+    true = {16: -4e-4, 32: 1.2e-3, 64: 2e-4}
+    graph_ctx = 2.5e-8  # TRUE's decode_ctx_s is 3e-8
+    rows: dict[str, list] = {k: [] for k in ("point", "tokens", "seqs", "decode_seqs",
+                                             "decode_ctx", "prefill_attn", "step_s")}
+    for b, ctx in [(16, 128), (32, 128), (64, 128), (32, 2048), (64, 2048)]:
+        for i in range(12):
+            ramp = i < 2  # two steps of prefill beside the first decodes
+            tokens, pa = (b + 64, 64 * 64 / 2) if ramp else (b, 0.0)
+            t = _timer(step).step_time_s(tokens, b + ramp, pa, b * ctx)
+            if not ramp:
+                t += true[b] + (graph_ctx - TRUE["decode_ctx_s"]) * b * ctx
+            for k, v in zip(rows, (f"graphs-b{b}-c{ctx}", tokens, b + ramp, b, b * ctx, pa, t),
+                            strict=True):
+                rows[k].append(v)
+    s = {k: np.array(v) for k, v in rows.items()}
+    s["warmup"] = np.zeros(len(s["point"]), dtype=bool)
+    scan = F.graph_scan(s, step, sizes)
+    assert scan is not None
+    assert scan.ctx_s == pytest.approx(graph_ctx)
+    assert scan.offsets == pytest.approx(true, abs=1e-9)
+    assert [p["steps"] for p in scan.points] == [10] * 5
+    assert F.graph_scan(s, step, sizes, ctx_floor_s=2.8e-8).ctx_s == 2.8e-8  # type: ignore[union-attr]
+    fitted = step.model_copy(update={"graph_offset_s": scan.offsets, "graph_ctx_s": scan.ctx_s})
+    with_scan, plain = _timer(fitted), _timer(step)
+    gain = graph_ctx - TRUE["decode_ctx_s"]
+    assert with_scan.step_time_s(32, 32, 0.0, 4096) - plain.step_time_s(32, 32, 0.0, 4096) \
+        == pytest.approx(1.2e-3 + gain * 4096)
+    # 20 sequences pad to the 24-token graph: halfway from 16 to 32
+    assert with_scan.step_time_s(20, 20, 0.0, 2560) - plain.step_time_s(20, 20, 0.0, 2560) \
+        == pytest.approx(-4e-4 + (1.2e-3 + 4e-4) / 2 + gain * 2560)
+    # past the scanned sizes: the context rate, no offset; with a prefill chunk: neither
+    assert with_scan.step_time_s(128, 128, 0.0, 1000) - plain.step_time_s(128, 128, 0.0, 1000) \
+        == pytest.approx(gain * 1000)
+    assert with_scan.step_time_s(96, 33, 4096.0, 4096) == plain.step_time_s(96, 33, 4096.0, 4096)
+    # the fit's own prediction of a step agrees with the timer's
+    dec = s["prefill_attn"] == 0
+    got = F.predict_steps(s, fitted, sizes, 0)
+    assert got[dec] == pytest.approx(s["step_s"][dec])

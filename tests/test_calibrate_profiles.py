@@ -14,7 +14,7 @@ from capplan.calibrate import store
 from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.hardware import GPUS, Precision
 from capplan.modelspec import load_model_spec
-from capplan.profile import Profile, StepTimer
+from capplan.profile import Profile, StepTimer, cudagraph_capture_sizes
 
 PROFILES = store.shipped_profiles()
 IDS = [str(p.relative_to(store.CALIBRATION_DIR)) for p in PROFILES]
@@ -56,7 +56,8 @@ def test_refit_from_samples_gives_same_coefficients(d: Path) -> None:
                            spec_k=prof.spec_k, fixed=prov["fit"]["fixed_coefficients"],
                            seed=prov["fit"]["seed"], floors=prov["fit"]["floors"],
                            window=window)
-    for k, v in prof.step.model_dump(exclude={"shared_ctx_saving"}).items():
+    for k, v in prof.step.model_dump(exclude={"shared_ctx_saving", "graph_ctx_s",
+                                              "graph_offset_s"}).items():
         assert getattr(res.step, k) == pytest.approx(v, rel=1e-6, abs=1e-15), k
     assert res.quality == prof.fit
 
@@ -89,6 +90,40 @@ def test_shared_prefix_saving_refits_from_its_cache_run(d: Path) -> None:
     assert saving == prof.step.shared_ctx_saving
     assert pairs == prov["shared_ctx"]["pairs"] and len(pairs) >= 4
     assert all(0.2 < q["saving"] < 0.7 for q in pairs)
+
+
+SCANNED = [d for d in PROFILES if "graph_scan" in json.loads((d / "provenance.json").read_text())]
+
+
+@pytest.mark.parametrize("d", SCANNED, ids=[f"{d.parent.name}/{d.name}" for d in SCANNED])
+def test_graph_terms_refit_from_their_graph_scan(d: Path) -> None:
+    """graph_ctx_s and graph_offset_s come from the graph-scan run on top of the profile's
+    linear terms, recomputed from the shipped raw run: every CUDA-graph size a decode-only
+    batch can take up to 256 has its offset, and the decode-only KV read is no faster than
+    the HBM's peak bandwidth allows."""
+    prof = Profile.load(d)
+    prov = json.loads((d / "provenance.json").read_text())
+    raw = store.runner_jsonl(CALIBRATION_DIR / "_raw", prov["graph_scan"]["run"])
+    assert raw is not None
+    sizes = cudagraph_capture_sizes(256, 8192)
+    scan = F.graph_scan(store.samples_of(store.read_runner_jsonl(raw)),
+                        prof.step.model_copy(update={"graph_offset_s": {}}), sizes,
+                        prov["fit"]["floors"]["decode_ctx_s"])
+    assert scan is not None
+    assert scan.offsets == prof.step.graph_offset_s
+    assert scan.ctx_s == prof.step.graph_ctx_s >= prov["fit"]["floors"]["decode_ctx_s"]
+    assert scan.points == prov["graph_scan"]["points"]
+    assert sorted(scan.offsets) == [s for s in sizes if s <= 256]
+
+
+def test_the_validated_bf16_and_fp8_engines_have_a_graph_scan() -> None:
+    """The four engines whose serving docs/validation.md compares at every concurrency were
+    scanned; a profile without a scan keeps neither term."""
+    assert {f"{d.parent.name}/{d.name}" for d in SCANNED} >= {
+        "llama-3.1-8b/bf16", "llama-3.1-8b/fp8", "qwen3-32b/bf16", "qwen3-32b/fp8"}
+    for d in set(PROFILES) - set(SCANNED):
+        step = Profile.load(d).step
+        assert not step.graph_offset_s and step.graph_ctx_s == 0.0, d
 
 
 @pytest.mark.parametrize("d", PROFILES, ids=IDS)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from capplan.calibrate import jobs
-from capplan.calibrate.sweep import _cached, _shared, cache_points, design_points
+from capplan.calibrate.sweep import _cached, _graphs, _shared, cache_points, design_points
 
 RUNNER = Path(jobs.__file__).with_name("runner.py")
 
@@ -213,6 +213,18 @@ def test_every_designed_point_runs(runner: Any) -> None:
         small = {**p, "context": min(p.get("context", 1), 64), "batch": min(p.get("batch", 1), 4),
                  "chunks": min(p.get("chunks", 1), 2), "prefix": min(p.get("prefix", 0), 32)}
         assert drv.point(small)
+
+
+def test_graph_scan_point_decodes_its_batch_together(runner: Any) -> None:
+    """A graph-scan point's requests decode their steps together: a request whose prompt is
+    done before the last one's decodes longer, so the batch finishes as one (a plain decode
+    point ramps down instead)."""
+    p = {**_graphs(8, 100), "steps": 6}
+    full = [r for r in _driver(runner, budget=256).point(p)
+            if r["decode_seqs"] == 8 and not r["prefill_seqs"]]
+    ramp = [r for r in _driver(runner, budget=256).point({**p, "even": False})
+            if r["decode_seqs"] == 8 and not r["prefill_seqs"]]
+    assert len(full) >= 6 > len(ramp)
 
 
 def test_cached_point_times_the_tail_behind_a_cache_hit(runner: Any) -> None:

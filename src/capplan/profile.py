@@ -21,6 +21,8 @@ Step-time model (one engine step, seconds), physically shaped:
       + gemm_switch_s if T_pad > 128                   # quantized GEMMs' tile stairs:
       + gemm_rows_s * (ceil(T_pad / 256) - 1)          #   see below
       + eager_step_s if T > the largest capture size   # no CUDA graph at all
+      + graph_offset_s[T_pad] if decode-only           # the graph size's own offset,
+          + (graph_ctx_s - decode_ctx_s) * sum(context)  #   and its own KV read
 
 where a step past the largest capture size costs at least `eager_floor_s` before the drafter's
 and encoder's terms: without a graph the CPU launches every kernel, and a small such step
@@ -35,6 +37,18 @@ kernels (Machete, Marlin) jump at the same counts on the H200. Measured, Gemma 4
 decodes 128 sequences in 33.3 ms and 129 in 46.4, and its MTP verify steps are flat between
 the multiples of 256 tokens and jump at them (scripts/calibration_analysis.py stairs). BF16
 GEMMs (cuBLAS) show no such stairs, and their profiles keep both terms at 0.
+
+A decode-only step replays the full CUDA graph captured for its padded size, and the sizes
+do not cost what the linear terms say: measured, Llama-3.1-8B FP8 decodes 16 sequences in
+3.9 ms, 32 in 4.9 and 64 in 5.1 at 512 tokens of context (calibration_analysis.py decode),
+where the FP8 GEMM runs one kernel configuration for M in (16, 64]
+(csrc/quantization/w8a8/cutlass/c3x/scaled_mm_sm90_fp8_dispatch.cuh). `graph_offset_s`
+holds, for each size a graph-scan run timed (a decode-only batch at every capture size,
+sweep.graph_points), the median of its steps less the terms above; a size between two
+scanned ones takes the line between their offsets, one outside them none. The same scan
+times a few sizes again at a longer context, and their difference gives the decode-only
+step's own cost of a context token, `graph_ctx_s`: the fit's `decode_ctx_s` serves the
+steps that hold a prefill chunk too, whose attention runs outside the graph.
 
 S counts the context tokens that running requests read in common with another: a
 prefix-cache hit takes the cached KV blocks themselves (vllm/v1/core/kv_cache_manager.py
@@ -92,6 +106,19 @@ GEMM_SWITCH_TOKENS = 128
 """Past this many tokens the FP8 GEMM switches to its largest tiles (`gemm_switch_s`)."""
 GEMM_ROW_TOKENS = 256
 """Tokens a row of those tiles covers: two 128-row tiles a cluster (`gemm_rows_s`)."""
+
+
+def graph_offset(offsets: dict[int, float], t_pad: int) -> float:
+    """A decode-only step's offset at `t_pad` padded tokens (StepModel.graph_offset_s): the
+    measured one, the line between the two scanned sizes around it, or 0 outside them."""
+    if t_pad in offsets:
+        return offsets[t_pad]
+    sizes = sorted(offsets)
+    if not sizes or t_pad < sizes[0] or t_pad > sizes[-1]:
+        return 0.0
+    i = bisect.bisect_left(sizes, t_pad)
+    lo, hi = sizes[i - 1], sizes[i]
+    return offsets[lo] + (offsets[hi] - offsets[lo]) * (t_pad - lo) / (hi - lo)
 
 
 def cudagraph_capture_sizes(
@@ -159,6 +186,17 @@ class StepModel(BaseModel):
         description="fraction of decode_ctx_s saved per context token a decode sequence reads "
         "in common with another running request (one prefix-cache block read by both); from a "
         "prefix-cache engine's `shared` points against their unshared twins (0: not measured)",
+    )
+    graph_ctx_s: float = Field(
+        default=0.0, ge=0,
+        description="per context token of a decode-only step, in place of decode_ctx_s, "
+        "where a graph-scan run measured it (with graph_offset_s)",
+    )
+    graph_offset_s: dict[int, float] = Field(
+        default_factory=dict,
+        description="per CUDA-graph size (padded tokens) of a decode-only step: its measured "
+        "median time less the terms above, from a graph-scan run (calibrate --graph-scan); "
+        "sizes between those scanned are interpolated (empty: none measured)",
     )
     eager_floor_s: float = Field(
         default=0.0, ge=0,
@@ -344,7 +382,9 @@ class StepTimer:
         "_eager_floor",
         "_enc",
         "_gemm",
+        "_graph_ctx",
         "_graph_max",
+        "_graph_offset",
         "_graphs",
         "_pad",
         "_prefill_step",
@@ -388,6 +428,10 @@ class StepTimer:
         self._gemm = (s.gemm_switch_s, s.gemm_rows_s)
         self._stairs = ([self.stairs(p) for p in self._pad]
                         if s.gemm_switch_s or s.gemm_rows_s else None)
+        # a decode-only step's offset for its graph size, likewise (None: no graph scan)
+        self._graph_offset = ([graph_offset(s.graph_offset_s, p) for p in self._pad]
+                              if s.graph_offset_s else None)
+        self._graph_ctx = s.graph_ctx_s - s.decode_ctx_s if s.graph_offset_s else 0.0
         self.box = profile.box
         self._box = (self.box.max_tokens, self.box.max_seqs, self.box.max_context_tokens)
         self.strict = strict
@@ -448,6 +492,10 @@ class StepTimer:
                               else prefill_attn_window)
         if prefill_attn:
             t += self._prefill_step
+        elif self._graph_offset is not None and not encoder_tokens:
+            t += self._graph_ctx * decode_ctx
+            if 0 <= tokens <= self._graph_max:
+                t += self._graph_offset[tokens]
         if self._stairs is not None:
             t += self._stairs[tokens] if 0 <= tokens <= self._graph_max else self.stairs(t_pad)
         if tokens > self._eager_above:

@@ -26,7 +26,7 @@ from capplan.errors import CalibrationError
 from capplan.hardware import GPUS, Precision
 from capplan.kvlayout import derive_layout, max_in_flight_tokens
 from capplan.modelspec import load_model_spec
-from capplan.profile import Box, Profile
+from capplan.profile import Box, Profile, cudagraph_capture_sizes
 
 UTILS = (0.85, 0.90, 0.95)
 BASE_COEFS = ("fixed_s", "per_token_s", "knee_tokens", "prefill_attn_s", "decode_ctx_s",
@@ -43,7 +43,7 @@ MIN_DECODE_CONTEXT = 2048
 MIN_DRAFT_POINTS = 8
 _NAME = re.compile(
     r"^(?P<model>[^-].*?)--(?P<key>[a-z0-9_-]+?)(?:--r(?P<r>\d+))?(?:--u(?P<u>\d+))?"
-    r"(?P<img>--img)?(?P<cache>--cache)?$")
+    r"(?P<img>--img)?(?P<cache>--cache)?(?P<graphs>--graphs)?$")
 _KEY = re.compile(r"^(?P<prec>bf16|fp8|nvfp4|awq)(?P<kv>-kvfp8)?(?:-(?P<m>[a-z_]+?)(?P<k>\d+))?$")
 
 
@@ -85,8 +85,10 @@ def groups(raw: Path) -> dict[tuple[str, str], Group]:
     for meta_path in sorted(raw.glob("*.meta.json")):
         name = meta_path.name.removesuffix(".meta.json")
         m = _NAME.match(name)
-        if m is None or m["cache"]:
-            continue  # not a run; or an engine with prefix caching on (analysed, not fitted)
+        if m is None or m["cache"] or m["graphs"]:
+            # not a run; or an engine with prefix caching on, or a graph scan (each read
+            # beside its profile's fit, not fitted with it)
+            continue
         meta = json.loads(meta_path.read_text())
         if "kv" not in meta:
             continue  # the engine never started: nothing measured
@@ -299,6 +301,21 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
             notes.append(f"shared_ctx_saving {saving:.0%}: the median of {len(pairs)} "
                          f"shared-prefix decode points against their unshared twins "
                          f"({cache_run})")
+    graph_run = f"{g.model}--{g.key}--graphs"
+    graph_path = store.runner_jsonl(raw, graph_run)
+    graphs: dict[str, Any] | None = None  # the points behind graph_offset_s, for provenance
+    if graph_path is not None and not k and not window:
+        scan = store.samples_of(store.read_runner_jsonl(graph_path))
+        sizes = cudagraph_capture_sizes(eng["max_num_seqs"], eng["max_num_batched_tokens"])
+        fitted = F.graph_scan(scan, step, sizes, floors.get("decode_ctx_s", 0.0))
+        if fitted is not None:
+            step = step.model_copy(update={"graph_offset_s": fitted.offsets,
+                                           "graph_ctx_s": fitted.ctx_s})
+            graphs = {"run": graph_run, "points": fitted.points}
+            span = [v * 1e3 for v in fitted.offsets.values()]
+            notes.append(f"graph_offset_s at {len(span)} CUDA-graph sizes "
+                         f"({min(span):+.2f} to {max(span):+.2f} ms) and graph_ctx_s "
+                         f"{fitted.ctx_s * 1e9:.1f} ns a token from {graph_run}")
     reserved = image_reservation(g.metas, g.image_metas)
     if reserved is not None:
         kv = kv.model_copy(update={"image_reservation_tokens": reserved})
@@ -335,6 +352,8 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     }
     if shared is not None:
         extra["shared_ctx"] = shared
+    if graphs is not None:
+        extra["graph_scan"] = graphs
     if g.repeats:
         extra["repeat_runs"] = [{"run": i, "name": name, "steps": int((df["run"] == i).sum())}
                                 for i, name in enumerate(g.repeats, 2)]

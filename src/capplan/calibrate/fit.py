@@ -29,6 +29,7 @@ from capplan.profile import (
     StepModel,
     cudagraph_capture_sizes,
     eager_threshold,
+    graph_offset,
 )
 
 Samples = Mapping[str, np.ndarray]
@@ -255,8 +256,83 @@ def _model(knee: float, beta: np.ndarray, eager_floor: float = 0.0) -> StepModel
 def predict_steps(s: Samples, step: StepModel, sizes: list[int], spec_k: int) -> np.ndarray:
     """The model's time for every step of `s`, as StepTimer.step_time_s gives it."""
     beta = np.array([getattr(step, c) for c in COEFS])
-    return _steps(design(s, step.knee_tokens, sizes, spec_k), beta, _eager(s, sizes),
-                  step.eager_floor_s)
+    out = _steps(design(s, step.knee_tokens, sizes, spec_k), beta, _eager(s, sizes),
+                 step.eager_floor_s)
+    if step.graph_offset_s:
+        dec = _decode_only(s)
+        out = out + np.where(dec, (step.graph_ctx_s - step.decode_ctx_s) * s["decode_ctx"], 0.0)
+        t_pad = _pad(s["tokens"], sizes)
+        dec &= s["tokens"] <= max(sizes, default=0)
+        offsets = {int(p): graph_offset(step.graph_offset_s, int(p)) for p in set(t_pad[dec])}
+        out = out + np.where(dec, [offsets.get(int(p), 0.0) for p in t_pad], 0.0)
+    return out
+
+
+def _decode_only(s: Samples) -> np.ndarray:
+    """Steps without a prefill chunk or an image to encode: a full CUDA graph's replays."""
+    out: np.ndarray = s["prefill_attn"] == 0
+    if "encoder_tokens" in s:
+        out &= s["encoder_tokens"] == 0
+    return out
+
+
+GRAPH_SCAN_MIN_STEPS = 8
+"""Steps of one size a graph scan needs before its median stands for that size."""
+
+
+@dataclass
+class GraphScan:
+    """What a graph-scan run gives a profile (StepModel.graph_ctx_s, graph_offset_s), and
+    each point's median step, measured and by the linear terms, for provenance."""
+
+    ctx_s: float
+    offsets: dict[int, float]
+    points: list[dict[str, Any]]
+
+
+def graph_scan(s: Samples, step: StepModel, sizes: list[int],
+               ctx_floor_s: float = 0.0) -> GraphScan | None:
+    """Fit a graph-scan run (sweep.graph_points) on top of the linear terms of `step`, over
+    each point's steady steps (all B requests decoding, no prefill): the decode-only
+    context rate from the sizes scanned at two contexts (their residuals' change summed
+    over the context tokens' change summed, so that the largest batches weigh most; at
+    least `ctx_floor_s`, the KV read at the HBM's peak), then each size's offset, the
+    median of its steps' residual once that rate replaces `decode_ctx_s`. None without a
+    scan."""
+    linear = predict_steps(s, step.model_copy(update={"graph_offset_s": {}}), sizes, 0)
+    t_pad = _pad(s["tokens"], sizes)
+    resid = s["step_s"] - linear
+    steady: dict[str, np.ndarray] = {}
+    for name in dict.fromkeys(s["point"]):
+        if not name.startswith("graphs-"):
+            continue
+        b = int(name.split("-")[1][1:])
+        k = ((s["point"] == name) & ~s["warmup"].astype(bool) & _decode_only(s)
+             & (s["decode_seqs"] == b))
+        if k.sum() >= GRAPH_SCAN_MIN_STEPS:
+            steady[name] = k
+    if not steady:
+        return None
+    by_size: dict[int, list[tuple[float, float]]] = {}  # size -> (context, median residual)
+    for k in steady.values():
+        by_size.setdefault(int(t_pad[k][0]), []).append(
+            (float(np.mean(s["decode_ctx"][k])), float(np.median(resid[k]))))
+    pairs = [(hi[0] - lo[0], hi[1] - lo[1]) for pts in by_size.values() if len(pts) > 1
+             for lo, hi in [(min(pts), max(pts))] if hi[0] > lo[0]]
+    d_ctx = sum(p[0] for p in pairs)
+    ctx_s = step.decode_ctx_s + (sum(p[1] for p in pairs) / d_ctx if d_ctx else 0.0)
+    ctx_s = max(ctx_s, ctx_floor_s)
+    resid = resid - (ctx_s - step.decode_ctx_s) * s["decode_ctx"]
+    groups: dict[int, list[float]] = {}
+    points = []
+    for name, k in steady.items():
+        size = int(t_pad[k][0])
+        groups.setdefault(size, []).extend(resid[k].tolist())
+        points.append({"point": name, "size": size, "steps": int(k.sum()),
+                       "measured_s": round(float(np.median(s["step_s"][k])), 6),
+                       "linear_s": round(float(np.median(linear[k])), 6)})
+    offsets = {size: round(float(np.median(r)), 7) for size, r in sorted(groups.items())}
+    return GraphScan(ctx_s=round(ctx_s, 15), offsets=offsets, points=points)
 
 
 def window_ape(s: Samples, win: np.ndarray, step: StepModel, sizes: list[int],
