@@ -239,6 +239,16 @@ def test_profiles_show_the_measured_shared_prefix_saving() -> None:
     assert "38%" in line
 
 
+def test_profiles_show_which_graph_sizes_were_timed() -> None:
+    """Each profile says how many CUDA-graph sizes its graph scan timed: all 35 up to 256 for
+    the scanned Llama-3.1-8B BF16, none for its draft-model profile."""
+    res = run("profiles")
+    assert res.exit_code == 0, res.output
+    cells = {ln.split("│")[4].strip(): ln.split("│")[-2].strip()
+             for ln in res.stdout.splitlines() if "│ llama-3.1-8b " in ln}
+    assert cells["bf16"] == "35" and cells["bf16-draft_model4"] == "-"
+
+
 def test_version() -> None:
     """--version prints the package version."""
     res = run("--version")

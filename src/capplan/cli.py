@@ -252,19 +252,22 @@ def profiles() -> None:
         return
     table = Table(title=f"measured profiles under {CALIBRATION_DIR}", title_justify="left")
     for col in ("gpu", "vllm", "model", "profile", "tp", "source", "fit median/p95 APE",
-                "box tokens/seqs/context", "shared-prefix saving"):
+                "box tokens/seqs/context", "shared-prefix saving", "graph sizes"):
         table.add_column(col)
     for p in found:
         fit = f"{p.fit.median_ape:.1%} / {p.fit.p95_ape:.1%}" if p.fit else "-"
         box = f"{p.box.max_tokens:,} / {p.box.max_seqs:,} / {p.box.max_context_tokens:,}"
         saving = f"{p.step.shared_ctx_saving:.0%}" if p.step.shared_ctx_saving else "-"
+        graphs = str(len(p.step.graph_offset_s)) if p.step.graph_offset_s else "-"
         table.add_row(p.gpu, p.vllm_version, p.model, p.key, str(p.tp), p.source, fit, box,
-                      saving)
+                      saving, graphs)
     console.print(table)
     console.print("pools matching none of these use the ANALYTIC roofline profile")
     console.print("shared-prefix saving: of the decode read, per prefix token that running "
                   "requests read in common (measured by `capplan calibrate --prefix-cache`; "
                   "- : not measured, none assumed)")
+    console.print("graph sizes: CUDA-graph sizes whose decode-only step was timed on its own "
+                  "(`capplan calibrate --graph-scan`; - : priced by the linear terms alone)")
 
 
 @main.command()

@@ -158,6 +158,8 @@ def bracket(
     Closed-loop users only count towards the estimate: their rate falls as latency grows,
     so the unloaded rate used here is an upper bound, not a floor."""
     s = st.profile.step
+    # a floor: the cheaper of the two KV-read rates a decode can pay (profile.py)
+    ctx_rate = min(s.decode_ctx_s, s.graph_ctx_s) if s.graph_offset_s else s.decode_ctx_s
     floor = [0.0, 0.0, 0.0]  # open-loop work, KV tokens (blocks: sliding-window), sequences
     closed_busy = 0.0
     layout = st.layout
@@ -171,7 +173,7 @@ def bracket(
         decode_tokens = out * (1 + st.profile.spec_k) / _tokens_per_step(st)
         work = (fresh + decode_tokens) * s.per_token_s
         work += fresh * (cached + fresh / 2) * s.prefill_attn_s
-        work += out * (inp + out / 2) * s.decode_ctx_s / _tokens_per_step(st)
+        work += out * (inp + out / 2) * ctx_rate / _tokens_per_step(st)
         if isinstance(w.arrival, ClosedLoop):
             closed_busy += rate * work
             continue
