@@ -301,6 +301,10 @@ def test_graph_scan_gives_each_size_its_offset_and_the_decode_only_context_rate(
     assert scan.offsets == pytest.approx(true, abs=1e-9)
     assert [p["steps"] for p in scan.points] == [10] * 5
     assert F.graph_scan(s, step, sizes, ctx_floor_s=2.8e-8).ctx_s == 2.8e-8  # type: ignore[union-attr]
+    # a sliding-window model keeps its rate and takes the offsets within the window alone
+    windowed = F.graph_scan(s, step, sizes, window=1024)
+    assert windowed is not None and windowed.ctx_s == TRUE["decode_ctx_s"]
+    assert [p["point"] for p in windowed.points] == [f"graphs-b{b}-c128" for b in (16, 32, 64)]
     fitted = step.model_copy(update={"graph_offset_s": scan.offsets, "graph_ctx_s": scan.ctx_s})
     with_scan, plain = _timer(fitted), _timer(step)
     gain = graph_ctx - TRUE["decode_ctx_s"]

@@ -304,10 +304,10 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     graph_run = f"{g.model}--{g.key}--graphs"
     graph_path = store.runner_jsonl(raw, graph_run)
     graphs: dict[str, Any] | None = None  # the points behind graph_offset_s, for provenance
-    if graph_path is not None and not k and not window:
+    if graph_path is not None and not k:
         scan = store.samples_of(store.read_runner_jsonl(graph_path))
         sizes = cudagraph_capture_sizes(eng["max_num_seqs"], eng["max_num_batched_tokens"])
-        fitted = F.graph_scan(scan, step, sizes, floors.get("decode_ctx_s", 0.0))
+        fitted = F.graph_scan(scan, step, sizes, floors.get("decode_ctx_s", 0.0), window)
         if fitted is not None:
             step = step.model_copy(update={"graph_offset_s": fitted.offsets,
                                            "graph_ctx_s": fitted.ctx_s})

@@ -291,14 +291,18 @@ class GraphScan:
 
 
 def graph_scan(s: Samples, step: StepModel, sizes: list[int],
-               ctx_floor_s: float = 0.0) -> GraphScan | None:
+               ctx_floor_s: float = 0.0, window: int = 0) -> GraphScan | None:
     """Fit a graph-scan run (sweep.graph_points) on top of the linear terms of `step`, over
     each point's steady steps (all B requests decoding, no prefill): the decode-only
     context rate from the sizes scanned at two contexts (their residuals' change summed
     over the context tokens' change summed, so that the largest batches weigh most; at
     least `ctx_floor_s`, the KV read at the HBM's peak), then each size's offset, the
     median of its steps' residual once that rate replaces `decode_ctx_s`. None without a
-    scan."""
+    scan. A sliding-window model (`window` W > 0) reads its context in two kinds of layer,
+    which two contexts cannot tell apart: its rate stays `decode_ctx_s`, and its offsets come
+    from the points whose requests stay within the window."""
+    if window:
+        s = attention_by_kind(s, window)
     linear = predict_steps(s, step.model_copy(update={"graph_offset_s": {}}), sizes, 0)
     t_pad = _pad(s["tokens"], sizes)
     resid = s["step_s"] - linear
@@ -309,6 +313,8 @@ def graph_scan(s: Samples, step: StepModel, sizes: list[int],
         b = int(name.split("-")[1][1:])
         k = ((s["point"] == name) & ~s["warmup"].astype(bool) & _decode_only(s)
              & (s["decode_seqs"] == b))
+        if window and int(name.rsplit("-c", 1)[1]) > window:
+            continue
         if k.sum() >= GRAPH_SCAN_MIN_STEPS:
             steady[name] = k
     if not steady:
