@@ -13,6 +13,7 @@ import re
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -311,11 +312,19 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
         if fitted is not None:
             step = step.model_copy(update={"graph_offset_s": fitted.offsets,
                                            "graph_ctx_s": fitted.ctx_s})
-            graphs = {"run": graph_run, "points": fitted.points}
+            scan_meta = json.loads((raw / f"{graph_run}.meta.json").read_text())
+            graphs = {"run": graph_run, "gpu_seconds": _rc_seconds(raw).get(graph_run),
+                      "runner_commit": scan_meta.get("runner_commit"),
+                      "started": datetime.fromtimestamp(scan_meta["started_unix"], UTC)
+                      .isoformat(timespec="seconds"),
+                      "points": fitted.points}
             span = [v * 1e3 for v in fitted.offsets.values()]
+            secs = graphs["gpu_seconds"]
             notes.append(f"graph_offset_s at {len(span)} CUDA-graph sizes "
                          f"({min(span):+.2f} to {max(span):+.2f} ms) and graph_ctx_s "
-                         f"{fitted.ctx_s * 1e9:.1f} ns a token from {graph_run}")
+                         f"{fitted.ctx_s * 1e9:.1f} ns a token from {graph_run}"
+                         + (f" ({secs / 60:.1f} GPU-minutes more, engine start included)"
+                            if secs else ""))
     reserved = image_reservation(g.metas, g.image_metas)
     if reserved is not None:
         kv = kv.model_copy(update={"image_reservation_tokens": reserved})
