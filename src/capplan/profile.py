@@ -31,7 +31,7 @@ prefill tokens beside 16 decodes, where the other terms give 18.9 ms;
 scripts/calibration_analysis.py floor).
 
 The GEMM stairs follow the kernel vLLM picks by the token count M
-(csrc/quantization/cutlass_w8a8/c3x/scaled_mm_sm90_fp8_dispatch.cuh: past M = 128 the FP8
+(scaled_mm_sm90_fp8_dispatch.cuh in vLLM's CUDA sources: past M = 128 the FP8
 GEMM runs 128-row tiles in clusters of two, so it works in rows of 256 tokens); the 4-bit
 kernels (Machete, Marlin) jump at the same counts on the H200. Measured, Gemma 4 31B FP8
 decodes 128 sequences in 33.3 ms and 129 in 46.4, and its MTP verify steps are flat between
@@ -42,7 +42,7 @@ A decode-only step replays the full CUDA graph captured for its padded size, and
 do not cost what the linear terms say: measured, Llama-3.1-8B FP8 decodes 16 sequences in
 3.9 ms, 32 in 4.9 and 64 in 5.1 at 512 tokens of context (calibration_analysis.py decode),
 where the FP8 GEMM runs one kernel configuration for M in (16, 64]
-(csrc/quantization/w8a8/cutlass/c3x/scaled_mm_sm90_fp8_dispatch.cuh). `graph_offset_s`
+(scaled_mm_sm90_fp8_dispatch.cuh in vLLM's CUDA sources). `graph_offset_s`
 holds, for each size a graph-scan run timed (a decode-only batch at every capture size,
 sweep.graph_points), the median of its steps less the terms above; a size between two
 scanned ones takes the line between their offsets, one outside them none. The same scan
