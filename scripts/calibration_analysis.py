@@ -374,6 +374,18 @@ def graphs() -> None:
                      f"({(p['measured_s'] - p['linear_s']) * 1e3:+.2f})"
                      for p in scan["points"] if p["point"].endswith(f"-c{ctx}")]
             print(f"    context {ctx}: " + ", ".join(cells))
+        # each size timed at two contexts: its own decode-only KV-read rate (the profile
+        # keeps one rate for all sizes, graph_ctx_s; docs/validation.md says why)
+        by_size: dict[int, list[tuple[int, float]]] = {}
+        for p in scan["points"]:
+            ctx = int(p["point"].rsplit("-c", 1)[1])
+            by_size.setdefault(p["size"], []).append((ctx, p["measured_s"] - p["linear_s"]))
+        d_ctx = prof.step.decode_ctx_s
+        rates = [f"{b}: {(d_ctx + (hi[1] - lo[1]) / (b * (hi[0] - lo[0]))) * 1e9:.1f}"
+                 for b, pts in sorted(by_size.items()) if len(pts) > 1
+                 for lo, hi in [(min(pts), max(pts))]]
+        print(f"    KV read by size, ns a token: {', '.join(rates)}; kept "
+              f"{prof.step.graph_ctx_s * 1e9:.1f}")
         span = prof.step.graph_offset_s.values()
         print(f"    kept: {len(prof.step.graph_offset_s)} sizes, "
               f"{min(span) * 1e3:+.2f} to {max(span) * 1e3:+.2f} ms")

@@ -3,6 +3,7 @@ experiments on the H200, the noise of repeated runs, and the serving engine's tr
 against the simulator's.
 
     python scripts/validation_analysis.py [seeds|noise|steps|idle|graph|trial|gemma|prefix]
+    python scripts/validation_analysis.py before COMMIT [ENGINE...]
 
 With no argument it prints the first three. `gemma` predicts the seeds' Gemma 4 31B
 experiments (precision, MTP k = 4) from the measured H200 profiles: one replica, chat
@@ -11,13 +12,21 @@ experiments (precision, MTP k = 4) from the measured H200 profiles: one replica,
 (its Prometheus scrapes, validation/logs/s9-prefix-trace-metrics/), the first step after a
 wave arrives at concurrency 4, and each wave's first tokens at concurrency 64, measured and
 predicted.
+`before COMMIT` predicts today's stored rows with the code and profiles of COMMIT (a git
+worktree of it, given today's suite and measurements) beside today's: the rows within target
+of each, and each named engine's rows, ITL p50 and throughput error, then and now
+(docs/validation.md, "The tenth session"; e.g. `before 4ac8339 llama-3.1-8b-fp8-mid`).
 """
 
 from __future__ import annotations
 
 import gzip
+import os
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +36,7 @@ from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.profile import Profile, StepTimer
 from capplan.sim.run import simulate
 from capplan.tracefit import parse_metrics
-from capplan.validate.compare import Row, compare_all
+from capplan.validate.compare import Row, compare_all, to_frame
 from capplan.validate.store import stored_runs
 from capplan.validate.suite import load_suite
 
@@ -355,7 +364,45 @@ def prefix() -> None:
           f"{max(spacing) * 1e3:.2f} ms apart, median {np.median(spacing) * 1e3:.2f} ms")
 
 
+TARGETS = {"output_tok_s": 0.05, "ttft_p50_s": 0.05, "ttft_p99_s": 0.10, "itl_p50_s": 0.05,
+           "itl_p99_s": 0.10, "e2e_p99_s": 0.10}
+
+
+def before(commit: str, engines: list[str]) -> None:
+    """Today's rows predicted at `commit` and now (see the module docstring)."""
+    tree = Path(tempfile.mkdtemp(prefix="capplan-before-")) / commit
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree),
+                    commit], check=True)
+    try:
+        shutil.copy(ROOT / "validation/h200.yaml", tree / "validation/h200.yaml")
+        for run in stored_runs():
+            dest = tree / run.relative_to(ROOT)
+            shutil.rmtree(dest, ignore_errors=True)
+            shutil.copytree(run, dest)
+        out = tree / "rows.csv"
+        subprocess.run([sys.executable, "-m", "capplan.cli", "validate", "compare", "--format",
+                        "csv", "--out", str(out)], check=True, capture_output=True,
+                       env={**os.environ, "PYTHONPATH": str(tree / "src")}, cwd=tree)
+        then = pl.read_csv(out)
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                       check=True)
+    now = to_frame(compare_all())
+    both = then.join(now, on=["engine", "experiment", "run", "workload"], suffix="_now")
+    print(f"  rows within target, at {commit} -> now ({len(both)} rows):")
+    for m, t in TARGETS.items():
+        print(f"    {m}: {(both[f'{m}_error'].abs() <= t).sum()} -> "
+              f"{(both[f'{m}_error_now'].abs() <= t).sum()}")
+    for r in both.filter(pl.col("engine").is_in(engines)).iter_rows(named=True):
+        print(f"  {r['engine']} {r['run']}: ITL p50 {r['itl_p50_s_error']:+.1%} -> "
+              f"{r['itl_p50_s_error_now']:+.1%}, throughput {r['output_tok_s_error']:+.1%} -> "
+              f"{r['output_tok_s_error_now']:+.1%}")
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["before"]:
+        before(sys.argv[2], sys.argv[3:])
+        return
     what = sys.argv[1:] or ["seeds", "noise", "steps"]
     rows = _rows() if {"seeds", "noise"} & set(what) else {}
     for name in what:

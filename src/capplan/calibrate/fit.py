@@ -310,11 +310,11 @@ def graph_scan(s: Samples, step: StepModel, sizes: list[int],
     for name in dict.fromkeys(s["point"]):
         if not name.startswith("graphs-"):
             continue
+        if window and int(name.rsplit("-c", 1)[1]) > window:
+            continue
         b = int(name.split("-")[1][1:])
         k = ((s["point"] == name) & ~s["warmup"].astype(bool) & _decode_only(s)
              & (s["decode_seqs"] == b))
-        if window and int(name.rsplit("-c", 1)[1]) > window:
-            continue
         if k.sum() >= GRAPH_SCAN_MIN_STEPS:
             steady[name] = k
     if not steady:
