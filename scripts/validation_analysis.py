@@ -2,7 +2,7 @@
 experiments on the H200, the noise of repeated runs, and the serving engine's traced steps
 against the simulator's.
 
-    python scripts/validation_analysis.py [seeds|noise|steps|idle|graph|trial|gemma|prefix]
+    python scripts/validation_analysis.py [seeds|noise|steps|idle|graph|trial|gemma|prefix|waves]
     python scripts/validation_analysis.py before COMMIT [ENGINE...]
 
 With no argument it prints the first three. `gemma` predicts the seeds' Gemma 4 31B
@@ -11,7 +11,8 @@ experiments (precision, MTP k = 4) from the measured H200 profiles: one replica,
 `prefix` reads the shared-prefix rows: vLLM's own request timings of the traced engine
 (its Prometheus scrapes, validation/logs/s9-prefix-trace-metrics/), the first step after a
 wave arrives at concurrency 4, and each wave's first tokens at concurrency 64, measured and
-predicted.
+predicted. `waves` reads the closed-loop waves: the runner's send gaps, the idle engine's
+first step, and the groups each wave splits into, measured and predicted.
 `before COMMIT` predicts today's stored rows with the code and profiles of COMMIT (a git
 worktree of it, given today's suite and measurements) beside today's: the rows within target
 of each, and each named engine's rows, ITL p50 and throughput error, then and now
@@ -37,7 +38,8 @@ from capplan.profile import Profile, StepTimer
 from capplan.sim.run import simulate
 from capplan.tracefit import parse_metrics
 from capplan.validate.compare import Row, compare_all, to_frame
-from capplan.validate.store import stored_runs
+from capplan.traffic import ClosedLoop
+from capplan.validate.store import load_run, stored_runs
 from capplan.validate.suite import load_suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,19 +132,19 @@ def _simulated_steps(run_name: str) -> np.ndarray:
     run = suite.engine("llama-3.1-8b-bf16-trace")
     exp = next(e for e in run.experiments if e.name == run_name)
     log: list[tuple[float, float, float]] = []
-    timed = StepTimer.step_time_s
+    timed = StepTimer.step_times
 
     def spy(self: StepTimer, tokens: int, seqs: int, pa: float, *rest: int,
-            **kw: float | None) -> float:
-        dt = timed(self, tokens, seqs, pa, *rest, **kw)
-        log.append((tokens, pa, dt))
-        return dt
+            **kw: float | None) -> tuple[float, float]:
+        work, launch = timed(self, tokens, seqs, pa, *rest, **kw)
+        log.append((tokens, pa, max(work, launch)))
+        return work, launch
 
-    StepTimer.step_time_s = spy  # type: ignore[method-assign]
+    StepTimer.step_times = spy  # type: ignore[method-assign]
     try:
         simulate(run.mix(exp), "validate", 1)
     finally:
-        StepTimer.step_time_s = timed  # type: ignore[method-assign]
+        StepTimer.step_times = timed  # type: ignore[method-assign]
     return np.array(log)
 
 
@@ -399,6 +401,70 @@ def before(commit: str, engines: list[str]) -> None:
               f"{r['output_tok_s_error_now']:+.1%}")
 
 
+WAVE_ROWS = (("llama-3.1-8b-fp8-mid", "chat-c24"), ("llama-3.1-8b-fp8-mid", "chat-c32"),
+             ("llama-3.1-8b-fp8-mid", "chat-c48"), ("llama-3.1-8b-bf16", "chat-c16-r1"),
+             ("llama-3.1-8b-bf16", "chat-c16-r2"), ("llama-3.1-8b-bf16", "chat-c16-r3"),
+             ("qwen3-32b-fp8-mid", "chat-c32"))
+
+
+def _groups(first_token_s: np.ndarray) -> list[int]:
+    """Sizes of the groups of requests whose first tokens came within 3 ms of each other,
+    in time order."""
+    t = np.sort(first_token_s)
+    cuts = np.flatnonzero(np.diff(t) > 0.003) + 1
+    return np.diff(np.concatenate([[0], cuts, [len(t)]])).tolist()
+
+
+def waves() -> None:
+    """Closed-loop waves: how far apart the runner's client sends a wave's requests, which
+    of a first wave's requests the idle engine's first step takes, and the groups a wave
+    then splits into, wave after wave, measured and simulated (docs/validation.md, "The
+    eleventh session")."""
+    gaps: dict[int, list[float]] = {}
+    cut: list[tuple[float, float]] = []
+    loaded = {f.name: load_run(f) for f in stored_runs()}
+    for run, reqs, _ in loaded.values():
+        for exp in run.experiments:
+            w = exp.workloads[0]
+            if len(exp.workloads) != 1 or not isinstance(w.arrival, ClosedLoop):
+                continue
+            c = w.arrival.concurrency
+            if c < 4:
+                continue
+            for name in exp.runs():
+                r = reqs.filter(pl.col("run") == name).sort("send_s")
+                send = r["send_s"].to_numpy()
+                d = np.diff(send)
+                for x, n in zip(d[d < 2e-3], r["input_tokens"].to_numpy()[1:][d < 2e-3],
+                                strict=True):
+                    gaps.setdefault(int(n), []).append(float(x))
+                s0 = send[:c]
+                first = s0 + r["ttft_s"].to_numpy()[:c]
+                took = np.abs(first - first.min()) < 1e-3
+                if (~took).any():
+                    cut.append((s0[took].max() - s0[0], s0[~took].min() - s0[0]))
+    print("  the client's send gaps within a wave (ms), by prompt length:")
+    for n, xs in sorted(gaps.items()):
+        p10, p50, p90 = np.percentile(np.array(xs) * 1e3, [10, 50, 90])
+        print(f"    {n:5d} tokens: {len(xs):6d} gaps, p10 {p10:.2f}  p50 {p50:.2f}  p90 {p90:.2f}")
+    arr = np.array(cut)
+    print(f"  first waves ({len(arr)}): the idle engine's first step took the requests sent "
+          "up to W after the first; waves consistent with W =")
+    for w_ms in (0.25, 0.5, 0.75, 1.0, 1.25):
+        ok = ((arr[:, 0] <= w_ms / 1e3) & (arr[:, 1] > w_ms / 1e3)).sum()
+        print(f"    {w_ms:.2f} ms: {ok}")
+    print("  groups of a wave, first 12 (requests whose first tokens came together):")
+    for engine, name in WAVE_ROWS:
+        run, reqs, _ = loaded[engine]
+        exp = next(e for e in run.experiments if name in e.runs())
+        r = reqs.filter(pl.col("run") == name)
+        sim = simulate(run.mix(exp), "validate", 1, keep_requests=True).requests()
+        m = _groups((r["send_s"] + r["ttft_s"]).to_numpy())
+        p = _groups((sim["arrival_s"] + sim["ttft_s"]).to_numpy())
+        print(f"    {engine} {name}: measured {m[:12]} ... ({len(m)} groups)")
+        print(f"    {' ' * len(engine)} {' ' * len(name)}  predicted {p[:12]} ... ({len(p)} groups)")
+
+
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
         before(sys.argv[2], sys.argv[3:])
@@ -421,6 +487,8 @@ def main() -> None:
             gemma()
         elif name == "prefix":
             prefix()
+        elif name == "waves":
+            waves()
         else:
             steps()
 

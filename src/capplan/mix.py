@@ -46,6 +46,12 @@ class SimulationSettings(BaseModel):
         description="one-way latency between client and engine core, each way (1 ms: "
         "AsyncLLM in the client's host; add your network and HTTP time)",
     )
+    client_send_s: float = Field(
+        default=0.0, ge=0, le=0.1,
+        description="seconds one client spends sending a request: requests it sends at the "
+        "same moment leave one after another, this far apart (0: every user is its own "
+        "client; a single asyncio load generator such as vllm bench serve: about 0.4 ms)",
+    )
 
     @model_validator(mode="after")
     def _window(self) -> SimulationSettings:

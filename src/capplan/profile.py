@@ -462,11 +462,36 @@ class StepTimer:
         prefill_attn_window: float | None = None,
         shared_ctx: int = 0,
     ) -> float:
-        """Seconds for one engine step of this composition. With a term per attention kind
+        """Seconds for one engine step of this composition, one step after another: the
+        larger of `step_times`' two. With a term per attention kind
         (sliding-window models), `decode_seqs` (default: every sequence) takes the decode
         context's mean, and `prefill_attn_window` is the chunks' `window_pairs` (default: the
         pairs uncapped). `shared_ctx` is S of the module docstring: decode context tokens
         read in common with another running request (at most `decode_ctx` count)."""
+        gpu, launch = self.step_times(tokens, seqs, prefill_attn, decode_ctx, encoder_tokens,
+                                      decode_seqs=decode_seqs,
+                                      prefill_attn_window=prefill_attn_window,
+                                      shared_ctx=shared_ctx)
+        return gpu if gpu > launch else launch
+
+    def step_times(
+        self,
+        tokens: int,
+        seqs: int,
+        prefill_attn: float,
+        decode_ctx: int,
+        encoder_tokens: int = 0,
+        *,
+        decode_seqs: int | None = None,
+        prefill_attn_window: float | None = None,
+        shared_ctx: int = 0,
+    ) -> tuple[float, float]:
+        """(work, launch) seconds of one step (arguments as `step_time_s`'s). `launch` is
+        the CPU's time to launch a step past the largest CUDA graph (`eager_floor_s`, with
+        the drafter's and encoder's terms), during which the engine core can neither
+        schedule nor hand out outputs; 0 for a step that replays graphs. `work` is the
+        rest of the model: how long the step takes once launched. A run of such steps
+        takes the larger of the two a step (`step_time_s`)."""
         fixed, per_tok, knee, p_attn, d_ctx, per_seq = self._c
         max_tokens, max_seqs, max_context = self._box
         if tokens > max_tokens or seqs > max_seqs or (seqs and decode_ctx > max_context * seqs):
@@ -498,13 +523,14 @@ class StepTimer:
                 t += self._graph_offset[tokens]
         if self._stairs is not None:
             t += self._stairs[tokens] if 0 <= tokens <= self._graph_max else self.stairs(t_pad)
+        launch = 0.0
         if tokens > self._eager_above:
             t += self._eager
-            if t < self._eager_floor:
-                t = self._eager_floor
+            launch = self._eager_floor
+        extra = 0.0
         if self.k:
             passes, per_token, per_seq_later = self._draft
-            t += passes + per_token * t_pad + per_seq_later * seqs
+            extra = passes + per_token * t_pad + per_seq_later * seqs
         if encoder_tokens:
-            t += self._enc * encoder_tokens
-        return t
+            extra += self._enc * encoder_tokens
+        return t + extra, launch + extra if launch else 0.0

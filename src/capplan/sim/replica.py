@@ -1,14 +1,23 @@
 """One replica in simulated time: the engine-core loop of vLLM 0.26.0 around `EngineCore`.
 
 vllm/v1/engine/core.py (EngineCore.step_with_batch_queue): with async scheduling the core
-keeps two steps in flight: it schedules step n+1 while step n runs on the GPU, and
-processes step n's output when n ends, before scheduling n+2. So a request that arrives
-while step n runs joins step n+2, tokens stream out at the end of the step that made them,
-and the CPU's scheduling time hides under the GPU's. Without async scheduling (EngineCore.step)
-the core schedules, runs and processes one step at a time.
+keeps two steps in flight. It schedules a step and launches it, and while the batch queue
+has room it schedules the next one at once, without waiting for the GPU; with the queue
+full it waits for the oldest step, processes its output (the tokens stream out then) and
+schedules again. So a request that arrives while step n runs joins step n+2, and the CPU's
+scheduling time hides under the GPU's. Without async scheduling (EngineCore.step) the core
+schedules, runs and processes one step at a time.
+
+Launching is not free: a step past the largest CUDA graph runs without one, and the core
+spends `launch` seconds (the profile's eager floor: StepTimer.step_times) issuing its
+kernels. Meanwhile it can neither schedule nor hand out the output of the step before,
+and requests that arrive meanwhile wait for the next schedule. That is what keeps a
+closed-loop wave together: measured on the H200, a wave's requests, sent 0.2-0.6 ms apart,
+land in the steps the simulator puts them in, wave after wave (docs/validation.md).
 
 Step durations come from the profile's step-time model (`StepTimer`), which was fitted to
-completion-to-completion gaps of the real engine in exactly this mode.
+completion-to-completion gaps of the real engine in exactly this mode: a run of steps takes
+the larger of a step's work and its launch each.
 """
 
 from __future__ import annotations
@@ -23,6 +32,15 @@ from simpy.events import NORMAL, URGENT
 from capplan.profile import StepTimer
 from capplan.sim.core import EngineCore, SimRequest, StepPlan
 from capplan.sim.metrics import StepGaps, WorkloadRecorder
+
+
+ENGINE_WAKE_S = 0.75e-3
+"""From a request's arrival at an idle engine core to the schedule that takes it: the busy
+loop sleeps in its input queue's blocking get (vllm/v1/engine/core.py run_busy_loop,
+_process_input_queue), wakes when the input thread (process_input_sockets) has decoded the
+request, and drains whatever has arrived by then. Measured in the validation suite's first
+waves (closed-loop users sending a request every 0.2-0.6 ms to an idle engine): the first
+step takes the requests sent up to 0.5-1.1 ms after the first; 0.75 ms fits most of them."""
 
 
 class Window:
@@ -84,10 +102,12 @@ class Replica:
         self.kv_series: list[tuple[float, int, int]] = []  # (time, used blocks, running), 1/s
         self._next_sample_s = 0.0
         self._wake: simpy.Event | None = None
-        self._inflight: deque[StepPlan] = deque()
+        # steps in flight, oldest first: (plan, when it ends, its time on the GPU, KV blocks
+        # in use while it runs)
+        self._inflight: deque[tuple[StepPlan, float, float, int]] = deque()
         self._async = core.cfg.async_scheduling
-        self._dt = 0.0  # the step in flight: its duration and the KV blocks used during it
-        self._used = 0
+        self._gpu_free = 0.0  # when the GPU ends the last step launched
+        self._last_out = 0.0  # when the core last handed out a step's outputs
         self._ended = self._step_end
         # the engine loop starts when simpy would start a process made now (an URGENT event)
         env.schedule(_StepEnd(self._start), URGENT)  # type: ignore[arg-type]
@@ -95,60 +115,82 @@ class Replica:
     def add_request(self, r: SimRequest) -> None:
         self.outstanding += 1
         self.core.add_request(r)
-        if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed()
+        wake = self._wake
+        if wake is not None:  # the first arrival at an idle core: it schedules a bit later
+            self._wake = None
+            wake._ok, wake._value = True, None  # what Event.succeed does, with a delay
+            self.env.schedule(wake, NORMAL, ENGINE_WAKE_S)
 
-    # -- the engine loop, as callbacks: _advance up to a step's end, _step_end after it ------
+    # -- the engine loop, as callbacks: _advance while the core is free, _step_end after a
+    # -- step's outputs are processed --------------------------------------------------------
 
     def _start(self, _event: object) -> None:
         self._advance()
 
     def _woken(self, _event: object) -> None:
-        self._wake = None
         self._advance()
 
     def _advance(self) -> None:
-        """Schedule (with async scheduling, up to two steps in flight) and run the step first
-        in flight until its end; or, with nothing to do, wait for a request."""
+        """The core is free now: schedule and launch steps while the batch queue has room
+        (two with async scheduling, one without), then wait for the oldest step's output;
+        with nothing in flight and nothing to do, wait for a request.
+
+        vllm/v1/engine/core.py step_with_batch_queue: a step is launched as soon as it is
+        scheduled, and the core schedules the next one without waiting for the GPU while
+        the queue has room, but only once it has launched this one: a step past the largest
+        CUDA graph keeps the core `launch` seconds (StepTimer.step_times), and requests that
+        arrive meanwhile join the next step. The GPU runs the launched steps in order; the
+        core hands out a step's outputs when the step has ended and the core is free again.
+        """
         env, core = self.env, self.core
         inflight = self._inflight
-        while not inflight:
-            core.now = env.now
-            plan = core.schedule() if core.has_work else None
-            if plan is not None and plan.empty and plan.preempted:
-                continue  # a step that only preempted: vLLM's busy loop schedules again
-            if plan is None or plan.empty:
-                self._wake = env.event()
-                self._wake.callbacks.append(self._woken)
-                return
-            inflight.append(plan)
-        core.now = env.now
-        # (core.has_work, plan.empty and kv.num_used written out: this runs every step)
-        if self._async and len(inflight) < 2 and (core.running or core._fcfs or core._heap):
-            ahead = core.schedule()
-            if ahead.reqs or ahead.cohort_size:
-                inflight.append(ahead)
-        cur = inflight[0]
-        seqs = len(cur.reqs) + cur.cohort_size
-        self._dt = dt = self.timer.step_time_s(
-            cur.total_tokens,
-            seqs,
-            cur.prefill_attn,
-            cur.decode_ctx,
-            cur.encoder_tokens,
-            decode_seqs=seqs - cur.prefill_seqs,
-            prefill_attn_window=cur.prefill_attn_w,
-            shared_ctx=int(cur.shared_ctx),
-        )
-        kv = core.kv
-        self._used = kv.num_blocks - kv.free_unhashed - kv.free_cached
-        env.schedule(_StepEnd(self._ended), NORMAL, dt)  # type: ignore[arg-type]
+        now = env.now
+        limit = 2 if self._async else 1
+        while len(inflight) < limit and (core.running or core._fcfs or core._heap):
+            core.now = now
+            plan = core.schedule()
+            if plan.empty:
+                if plan.preempted:
+                    continue  # a step that only preempted: vLLM's busy loop schedules again
+                break
+            seqs = len(plan.reqs) + plan.cohort_size
+            work, launch = self.timer.step_times(
+                plan.total_tokens,
+                seqs,
+                plan.prefill_attn,
+                plan.decode_ctx,
+                plan.encoder_tokens,
+                decode_seqs=seqs - plan.prefill_seqs,
+                prefill_attn_window=plan.prefill_attn_w,
+                shared_ctx=int(plan.shared_ctx),
+            )
+            begin = self._gpu_free if self._gpu_free > now else now
+            end = begin + work
+            if end < now + launch:
+                end = now + launch
+            kv = core.kv
+            inflight.append((plan, end, end - begin,
+                             kv.num_blocks - kv.free_unhashed - kv.free_cached))
+            self._gpu_free = end
+            if launch:
+                now += launch
+                if len(inflight) < limit:  # the core schedules again once it has launched
+                    env.schedule(_StepEnd(self._woken), NORMAL, now - env.now)  # type: ignore[arg-type]
+                    return
+        if inflight:
+            at = inflight[0][1]
+            env.schedule(_StepEnd(self._ended), NORMAL,  # type: ignore[arg-type]
+                         (at if at > now else now) - env.now)
+            return
+        self._wake = env.event()
+        self._wake.callbacks.append(self._woken)
 
     def _step_end(self, _event: object) -> None:
-        """The step first in flight has ended: its outputs, then the next step."""
+        """The oldest step in flight has ended and the core is free: its outputs, then the
+        engine loop."""
         env, core = self.env, self.core
         now = env.now
-        dt, used = self._dt, self._used
+        cur, _end, dt, used = self._inflight.popleft()
         self.steps += 1
         self.busy_s += dt
         self.kv_used_block_s += used * dt
@@ -157,13 +199,13 @@ class Replica:
         if now >= self._next_sample_s:
             self.kv_series.append((now, used, len(core.running)))
             self._next_sample_s = now + 1.0
-        cur = self._inflight.popleft()
         core.now = now
         emitted = core.update_from_output(cur)
         if emitted:
             self._emit(emitted, now)
         if cur.cohort_size:
-            self._emit_cohort(cur, dt, now)
+            self._emit_cohort(cur, now - self._last_out, now)
+        self._last_out = now
         self._advance()
 
     def _emit_cohort(self, plan: StepPlan, dt: float, now: float) -> None:

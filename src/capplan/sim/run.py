@@ -246,6 +246,8 @@ class _Run:
     ) -> None:
         self.mix, self.st, self.workloads = mix, st, workloads
         self.latency = client_latency_s
+        self.send_s = mix.simulation.client_send_s
+        self._send_free = 0.0
         self.duration, self.warmup, self.drain, self.seed = duration, warmup, drain, seed
         self.rate_scale = rate_scale
         self.env = simpy.Environment()
@@ -388,11 +390,18 @@ class _Run:
 
     def _submit(self, r: SimRequest) -> None:
         """Send `r` (its arrival_s is when the client sends it); the engine sees it
-        `latency` later."""
-        if self.latency <= 0:
+        `latency` later. A single client (`client_send_s` > 0) sends one request at a time:
+        a request due while it is still sending the last waits, and its send time is when
+        it leaves (the validation harness stamps it so)."""
+        if self.send_s:
+            if r.arrival_s < self._send_free:
+                r.arrival_s = self._send_free
+            self._send_free = r.arrival_s + self.send_s
+        delay = r.arrival_s + self.latency - self.env.now
+        if delay <= 0:
             self.router.route(r).add_request(r)
             return
-        ev = self.env.timeout(r.arrival_s + self.latency - self.env.now)
+        ev = self.env.timeout(delay)
         ev.callbacks.append(lambda _: self.router.route(r).add_request(r))
 
     def _finished(self, r: SimRequest, replica: Replica) -> None:
