@@ -16,9 +16,10 @@ import pytest
 import simpy
 
 from capplan.mix import TrafficMix
-from capplan.profile import StepTimer
+from capplan.profile import Profile, StepTimer
 from capplan.sim.core import PREEMPTED, CoreConfig, EngineCore, SimRequest, StepPlan
 from capplan.sim.metrics import WorkloadRecorder
+from capplan.sim.replica import ENGINE_WAKE_S as W
 from capplan.sim.replica import Replica, Window
 from capplan.sim.run import simulate
 from helpers import constant_profile
@@ -457,12 +458,14 @@ def test_spec_decode_stops_exactly_at_max_tokens() -> None:
 
 
 def run_replica(
-    arrivals: list[tuple[float, SimRequest]], *, async_scheduling: bool, step_s: float = 1.0
+    arrivals: list[tuple[float, SimRequest]], *, async_scheduling: bool, step_s: float = 1.0,
+    profile: Profile | None = None,
 ) -> list[SimRequest]:
     """Run one replica over timed arrivals; return requests in finishing order."""
     env = simpy.Environment()
     core = engine(async_scheduling=async_scheduling)
-    timer = StepTimer(constant_profile(step_s), max_num_seqs=1024, max_num_batched_tokens=8192)
+    timer = StepTimer(profile or constant_profile(step_s), max_num_seqs=1024,
+                      max_num_batched_tokens=8192)
     done: list[SimRequest] = []
     rep = Replica(env, 0, core, timer, Window(0.0, 1e9, [WorkloadRecorder()]),
                   lambda r, _rep: done.append(r))
@@ -479,21 +482,22 @@ def run_replica(
 
 def test_async_first_token_at_end_of_admitting_step() -> None:
     """engine/core.py step_with_batch_queue: a request admitted in step n's schedule streams
-    its first token when step n ends, and one token per step after (no extra step)."""
+    its first token when step n ends, and one token per step after (no extra step). The idle
+    core schedules ENGINE_WAKE_S (W) after the request reaches it."""
     a = req(0, 16, 5, arrival_s=0.0)
     (done,) = run_replica([(0.0, a)], async_scheduling=True)
     assert done is a
-    assert a.first_token_s == 1.0
-    assert a.last_token_s == 5.0
+    assert a.first_token_s == pytest.approx(1.0 + W)
+    assert a.last_token_s == pytest.approx(5.0 + W)
 
 
 def test_async_arrival_during_a_step_joins_two_steps_later() -> None:
     """engine/core.py step_with_batch_queue: with two steps in flight, step n+1 is already
     scheduled while n runs, so a request arriving during step n joins step n+2."""
     a = req(0, 16, 20, arrival_s=0.0)
-    b = req(1, 16, 3, arrival_s=2.5)  # arrives while step 3 ([2, 3]) runs
+    b = req(1, 16, 3, arrival_s=2.5)  # arrives while step 3 ([2, 3] + W) runs
     run_replica([(0.0, a), (2.5, b)], async_scheduling=True)
-    assert b.first_token_s == 5.0  # joins step 5 ([4, 5])
+    assert b.first_token_s == pytest.approx(5.0 + W)  # joins step 5 ([4, 5] + W)
 
 
 def test_sync_arrival_during_a_step_joins_the_next_one() -> None:
@@ -502,7 +506,34 @@ def test_sync_arrival_during_a_step_joins_the_next_one() -> None:
     a = req(0, 16, 20, arrival_s=0.0)
     b = req(1, 16, 3, arrival_s=2.5)
     run_replica([(0.0, a), (2.5, b)], async_scheduling=False)
-    assert b.first_token_s == 4.0
+    assert b.first_token_s == pytest.approx(4.0 + W)
+
+
+def test_idle_core_takes_what_arrives_before_it_wakes() -> None:
+    """engine/core.py run_busy_loop: the idle core drains its input queue W after the first
+    request reaches it; a request that arrives later waits for the next schedule (with
+    async scheduling, when step 1 ends: step 2 went with step 1, so it joins step 3)."""
+    a, b, c = (req(i, 16, 3, arrival_s=t) for i, t in enumerate((0.0, W / 2, 1.5 * W)))
+    run_replica([(r.arrival_s, r) for r in (a, b, c)], async_scheduling=True)
+    assert a.first_token_s == b.first_token_s == pytest.approx(1.0 + W)
+    assert c.first_token_s == pytest.approx(3.0 + W)
+
+
+def test_graph_less_step_holds_the_core_while_it_launches() -> None:
+    """engine/core.py step_with_batch_queue: the core launches a step before it schedules
+    the next or hands out the outputs of the one before; a step past the largest CUDA graph
+    keeps it eager_floor_s (profile.py StepTimer.step_times: launch), while the GPU starts
+    on the kernels as they come. Steps of 1 s work, a 1,025-token step launching for 3 s:
+    b's prefill (step 5, scheduled when step 3 ends at 3 + W) keeps the core until 6 + W, so
+    step 4's token and step 5's come out together then, and the run is one second shorter
+    than with the eager step's 3 s in a row (a's last token at 22 + W)."""
+    base = constant_profile(1.0)
+    eager = base.model_copy(update={"step": base.step.model_copy(update={"eager_floor_s": 3.0})})
+    a = req(0, 16, 20, arrival_s=0.0)
+    b = req(1, 1024, 3, arrival_s=2.5)
+    run_replica([(0.0, a), (2.5, b)], async_scheduling=True, profile=eager)
+    assert b.first_token_s == pytest.approx(6.0 + W)
+    assert a.last_token_s == pytest.approx(21.0 + W)
 
 
 def test_async_does_not_schedule_past_max_tokens() -> None:
