@@ -37,8 +37,8 @@ from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.profile import Profile, StepTimer
 from capplan.sim.run import simulate
 from capplan.tracefit import parse_metrics
-from capplan.validate.compare import Row, compare_all, to_frame
 from capplan.traffic import ClosedLoop
+from capplan.validate.compare import Row, compare_all, to_frame
 from capplan.validate.store import load_run, stored_runs
 from capplan.validate.suite import load_suite
 
@@ -462,7 +462,8 @@ def waves() -> None:
         m = _groups((r["send_s"] + r["ttft_s"]).to_numpy())
         p = _groups((sim["arrival_s"] + sim["ttft_s"]).to_numpy())
         print(f"    {engine} {name}: measured {m[:12]} ... ({len(m)} groups)")
-        print(f"    {' ' * len(engine)} {' ' * len(name)}  predicted {p[:12]} ... ({len(p)} groups)")
+        pad = " " * (len(engine) + len(name) + 1)
+        print(f"    {pad}  predicted {p[:12]} ... ({len(p)} groups)")
 
 
 def main() -> None:

@@ -161,4 +161,6 @@ def test_client_latency_comes_from_the_traffic_file(latency: float) -> None:
     m = m.model_copy(update={"simulation": m.simulation.model_copy(
         update={"client_latency_s": latency})})
     res = simulate(m, "p", 1, seed=0, profile=constant_profile(C))
-    assert res.requests()["ttft_s"].to_numpy() == pytest.approx(C + 2 * latency + (W if latency else 0.0), rel=1e-9)
+    wake = W if latency else 0.0
+    assert res.requests()["ttft_s"].to_numpy() == pytest.approx(C + 2 * latency + wake,
+                                                                rel=1e-9)

@@ -33,7 +33,6 @@ from capplan.profile import StepTimer
 from capplan.sim.core import EngineCore, SimRequest, StepPlan
 from capplan.sim.metrics import StepGaps, WorkloadRecorder
 
-
 ENGINE_WAKE_S = 0.75e-3
 """From a request's arrival at an idle engine core to the schedule that takes it: the busy
 loop sleeps in its input queue's blocking get (vllm/v1/engine/core.py run_busy_loop,
