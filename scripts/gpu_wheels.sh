@@ -4,18 +4,20 @@
 # the vLLM bundle of ../shared/gpu leaves out. docs/calibration.md says why.
 #
 #   fetch    (here, with network) download the wheels into .whl/ (ignored by git): the small
-#            ones in .whl/b, the 88 MB CUDA 13 library cut into .whl/a/cu13_00 and cu13_01
-#            so that each call's carry stays under 64 MiB
-#   install  (on the GPU host, after the parts were carried and copied to /tmp/whl) put them
-#            together and install into /tmp/cdsl-site; then `source` this file's last line
-#            or let scripts/gpu_session.sh pick /tmp/cdsl-site up
+#            ones in .whl/b, the 88 MB CUDA 13 library cut into .whl/a/cu13_00, 01 and 02
+#            (30 MB each) so that each call's carry, the working tree's ~27 MB included,
+#            stays under 64 MiB
+#   install  (on the GPU host, after the parts were carried and copied to /tmp/whl, the
+#            last one perhaps only carried) put them together and install into
+#            /tmp/cdsl-site; then `source` this file's last line or let
+#            scripts/gpu_session.sh pick /tmp/cdsl-site up
 #
-# Carry plan, on a fresh host (the working tree is ~16 MB):
-#   call 1: .bundle/p01_00 + .bundle/vllm-bundle.sha256 + .bundle/vllm-install.sh + .whl/b
-#           cp the bundle files to /tmp/vllm-parts and .whl/b/*.whl to /tmp/whl
-#   call 2: .bundle/p01_01 + .bundle/vllm-bundle.part02 (rebuild part01, copy part02)
-#   call 3: .whl/a/cu13_00 (cp to /tmp/whl)
-#   call 4: .whl/a/cu13_01: bash scripts/gpu_wheels.sh install && ... gpu_session.sh
+# Carry plan, on a fresh host (the working tree is ~27 MB; 2026-11-30, eleventh session):
+#   call 1: .bundle/p01_00 + .bundle/vllm-bundle.sha256 + .bundle/vllm-install.sh
+#   call 2: .bundle/p01_01 (rebuild part01)
+#   call 3: .bundle/vllm-bundle.part02 + .whl/b (cp part02; cp .whl/b/*.whl to /tmp/whl)
+#   call 4, 5: .whl/a/cu13_00, then cu13_01 (cp to /tmp/whl)
+#   call 6: .whl/a/cu13_02: bash scripts/gpu_wheels.sh install && ... gpu_session.sh
 set -euo pipefail
 case ${1:?usage: gpu_wheels.sh fetch|install} in
 fetch)
@@ -28,13 +30,15 @@ fetch)
     nvidia-cutlass-dsl-libs-core==4.6.0 nvidia-cutlass-dsl-libs-cu13==4.6.0 \
     quack-kernels==0.6.0 cuda-python==13.4.4 nvidia-cuda-nvdisasm==13.5.37 protobuf==6.33.6
   mv .whl/b/nvidia_cutlass_dsl_libs_cu13-*.whl .whl/
-  (cd .whl && split -b 46000000 -d nvidia_cutlass_dsl_libs_cu13-*.whl a/cu13_ &&
+  (cd .whl && split -b 30000000 -d nvidia_cutlass_dsl_libs_cu13-*.whl a/cu13_ &&
    basename nvidia_cutlass_dsl_libs_cu13-*.whl > a/NAME && rm nvidia_cutlass_dsl_libs_cu13-*.whl)
   du -sh .whl/a .whl/b
   ;;
 install)
-  cat /tmp/whl/cu13_00 .whl/a/cu13_01 > "/tmp/whl/$(cat .whl/a/NAME)"
-  rm -f /tmp/whl/cu13_00
+  # the parts copied by earlier calls, and any carried by this one
+  for part in .whl/a/cu13_*; do [[ -e /tmp/whl/${part##*/} ]] || cp "$part" /tmp/whl/; done
+  cat /tmp/whl/cu13_* > "/tmp/whl/$(cat .whl/a/NAME)"
+  rm -f /tmp/whl/cu13_*
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
     --target /tmp/cdsl-site /tmp/whl/*.whl
   # the `cutlass` package sits under nvidia_cutlass_dsl/dsl_packages, which the wheel's .pth
