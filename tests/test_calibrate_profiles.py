@@ -100,7 +100,8 @@ def test_graph_terms_refit_from_their_graph_scan(d: Path) -> None:
     """graph_ctx_s and graph_offset_s come from the graph-scan run on top of the profile's
     linear terms, recomputed from the shipped raw run: every CUDA-graph size a decode-only
     batch can take up to 256 has its offset, and the decode-only KV read is no faster than
-    the HBM's peak bandwidth allows."""
+    the HBM's peak bandwidth allows (a sliding-window model's offsets from the points within
+    its window, its rate its fitted one)."""
     prof = Profile.load(d)
     prov = json.loads((d / "provenance.json").read_text())
     raw = store.runner_jsonl(CALIBRATION_DIR / "_raw", prov["graph_scan"]["run"])
@@ -108,7 +109,7 @@ def test_graph_terms_refit_from_their_graph_scan(d: Path) -> None:
     sizes = cudagraph_capture_sizes(256, 8192)
     scan = F.graph_scan(store.samples_of(store.read_runner_jsonl(raw)),
                         prof.step.model_copy(update={"graph_offset_s": {}}), sizes,
-                        prov["fit"]["floors"]["decode_ctx_s"])
+                        prov["fit"]["floors"]["decode_ctx_s"], prof.step.window_tokens)
     assert scan is not None
     assert scan.offsets == prof.step.graph_offset_s
     assert scan.ctx_s == prof.step.graph_ctx_s >= prov["fit"]["floors"]["decode_ctx_s"]
