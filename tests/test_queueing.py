@@ -164,3 +164,20 @@ def test_client_latency_comes_from_the_traffic_file(latency: float) -> None:
     wake = W if latency else 0.0
     assert res.requests()["ttft_s"].to_numpy() == pytest.approx(C + 2 * latency + wake,
                                                                 rel=1e-9)
+
+
+def test_one_client_sends_one_request_at_a_time() -> None:
+    """`simulation.client_send_s` S: users whose requests end together send their next ones
+    one after another, S apart, each stamped when it leaves (the validation runner's
+    client); with S = 0, the default, every user is its own client and a wave leaves at
+    once."""
+    m = mix({"kind": "closed", "concurrency": 4}, out=1)
+    sent = m.model_copy(update={"simulation": m.simulation.model_copy(
+        update={"client_send_s": C / 2})})
+    res = simulate(sent, "p", 1, seed=0, profile=constant_profile(C))
+    arrivals = res.requests()["arrival_s"].sort().to_numpy()
+    gaps = arrivals[1:] - arrivals[:-1]
+    assert gaps.min() >= C / 2 - 1e-9  # never two sends closer than S
+    together = simulate(m, "p", 1, seed=0, profile=constant_profile(C))
+    # without it the four users send at once, wave after wave
+    assert (together.requests()["arrival_s"].value_counts()["count"] == 4).all()
