@@ -57,7 +57,7 @@ def test_refit_from_samples_gives_same_coefficients(d: Path) -> None:
                            seed=prov["fit"]["seed"], floors=prov["fit"]["floors"],
                            window=window)
     for k, v in prof.step.model_dump(exclude={"shared_ctx_saving", "graph_ctx_s",
-                                              "graph_offset_s"}).items():
+                                              "graph_window_s", "graph_offset_s"}).items():
         assert getattr(res.step, k) == pytest.approx(v, rel=1e-6, abs=1e-15), k
     assert res.quality == prof.fit
 
@@ -101,7 +101,7 @@ def test_graph_terms_refit_from_their_graph_scan(d: Path) -> None:
     linear terms, recomputed from the shipped raw run: every CUDA-graph size a decode-only
     batch can take up to 256 has its offset, and the decode-only KV read is no faster than
     the HBM's peak bandwidth allows (a sliding-window model's offsets from the points within
-    its window, its rate its fitted one)."""
+    its window; its full-attention rate its fitted one, its sliding layers' from the scan)."""
     prof = Profile.load(d)
     prov = json.loads((d / "provenance.json").read_text())
     raw = store.runner_jsonl(CALIBRATION_DIR / "_raw", prov["graph_scan"]["run"])
@@ -109,10 +109,14 @@ def test_graph_terms_refit_from_their_graph_scan(d: Path) -> None:
     sizes = cudagraph_capture_sizes(256, 8192)
     scan = F.graph_scan(store.samples_of(store.read_runner_jsonl(raw)),
                         prof.step.model_copy(update={"graph_offset_s": {}}), sizes,
-                        prov["fit"]["floors"]["decode_ctx_s"], prof.step.window_tokens)
+                        prov["fit"]["floors"]["decode_ctx_s"], prof.step.window_tokens,
+                        prov["fit"]["floors"].get("decode_window_s", 0.0))
     assert scan is not None
     assert scan.offsets == prof.step.graph_offset_s
     assert scan.ctx_s == prof.step.graph_ctx_s >= prov["fit"]["floors"]["decode_ctx_s"]
+    assert scan.window_ctx_s == prof.step.graph_window_s
+    if prof.step.window_tokens:  # the sliding layers' decode-only rate, at the HBM's peak or under
+        assert prof.step.graph_window_s >= prov["fit"]["floors"]["decode_window_s"]
     assert scan.points == prov["graph_scan"]["points"]
     assert sorted(scan.offsets) == [s for s in sizes if s <= 256]
 

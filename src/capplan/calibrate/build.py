@@ -308,10 +308,12 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     if graph_path is not None and not k:
         scan = store.samples_of(store.read_runner_jsonl(graph_path))
         sizes = cudagraph_capture_sizes(eng["max_num_seqs"], eng["max_num_batched_tokens"])
-        fitted = F.graph_scan(scan, step, sizes, floors.get("decode_ctx_s", 0.0), window)
+        fitted = F.graph_scan(scan, step, sizes, floors.get("decode_ctx_s", 0.0), window,
+                              floors.get("decode_window_s", 0.0))
         if fitted is not None:
             step = step.model_copy(update={"graph_offset_s": fitted.offsets,
-                                           "graph_ctx_s": fitted.ctx_s})
+                                           "graph_ctx_s": fitted.ctx_s,
+                                           "graph_window_s": fitted.window_ctx_s})
             scan_meta = json.loads((raw / f"{graph_run}.meta.json").read_text())
             graphs = {"run": graph_run, "gpu_seconds": _rc_seconds(raw).get(graph_run),
                       "runner_commit": scan_meta.get("runner_commit"),
@@ -321,8 +323,11 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
             span = [v * 1e3 for v in fitted.offsets.values()]
             secs = graphs["gpu_seconds"]
             notes.append(f"graph_offset_s at {len(span)} CUDA-graph sizes "
-                         f"({min(span):+.2f} to {max(span):+.2f} ms) and graph_ctx_s "
-                         f"{fitted.ctx_s * 1e9:.1f} ns a token from {graph_run}"
+                         f"({min(span):+.2f} to {max(span):+.2f} ms) and "
+                         + (f"graph_window_s {fitted.window_ctx_s * 1e9:.1f} ns"
+                            if fitted.window_ctx_s else
+                            f"graph_ctx_s {fitted.ctx_s * 1e9:.1f} ns")
+                         + f" a token from {graph_run}"
                          + (f" ({secs / 60:.1f} GPU-minutes more, engine start included)"
                             if secs else ""))
     reserved = image_reservation(g.metas, g.image_metas)

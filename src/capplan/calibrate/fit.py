@@ -261,6 +261,9 @@ def predict_steps(s: Samples, step: StepModel, sizes: list[int], spec_k: int) ->
     if step.graph_offset_s:
         dec = _decode_only(s)
         out = out + np.where(dec, (step.graph_ctx_s - step.decode_ctx_s) * s["decode_ctx"], 0.0)
+        if step.graph_window_s and step.window_tokens and "decode_ctx_window" in s:
+            out = out + np.where(dec, (step.graph_window_s - step.decode_window_s)
+                                 * s["decode_ctx_window"], 0.0)
         t_pad = _pad(s["tokens"], sizes)
         dec &= s["tokens"] <= max(sizes, default=0)
         offsets = {int(p): graph_offset(step.graph_offset_s, int(p)) for p in set(t_pad[dec])}
@@ -282,16 +285,19 @@ GRAPH_SCAN_MIN_STEPS = 8
 
 @dataclass
 class GraphScan:
-    """What a graph-scan run gives a profile (StepModel.graph_ctx_s, graph_offset_s), and
-    each point's median step, measured and by the linear terms, for provenance."""
+    """What a graph-scan run gives a profile (StepModel.graph_ctx_s, graph_window_s,
+    graph_offset_s), and each point's median step, measured and by the linear terms, for
+    provenance."""
 
     ctx_s: float
     offsets: dict[int, float]
     points: list[dict[str, Any]]
+    window_ctx_s: float = 0.0  # a sliding-window model's StepModel.graph_window_s
 
 
 def graph_scan(s: Samples, step: StepModel, sizes: list[int],
-               ctx_floor_s: float = 0.0, window: int = 0) -> GraphScan | None:
+               ctx_floor_s: float = 0.0, window: int = 0,
+               window_floor_s: float = 0.0) -> GraphScan | None:
     """Fit a graph-scan run (sweep.graph_points) on top of the linear terms of `step`, over
     each point's steady steps (all B requests decoding, no prefill): the decode-only
     context rate from the sizes scanned at two contexts (their residuals' change summed
@@ -299,8 +305,10 @@ def graph_scan(s: Samples, step: StepModel, sizes: list[int],
     least `ctx_floor_s`, the KV read at the HBM's peak), then each size's offset, the
     median of its steps' residual once that rate replaces `decode_ctx_s`. None without a
     scan. A sliding-window model (`window` W > 0) reads its context in two kinds of layer,
-    which two contexts cannot tell apart: its rate stays `decode_ctx_s`, and its offsets come
-    from the points whose requests stay within the window."""
+    which two contexts cannot tell apart: it keeps its full-attention layers' rate
+    (`decode_ctx_s`) and takes the sliding layers' decode-only rate (`graph_window_s`, at
+    least `window_floor_s`) from the change, and its offsets from the points whose requests
+    stay within the window."""
     if window:
         s = attention_by_kind(s, window)
     linear = predict_steps(s, step.model_copy(update={"graph_offset_s": {}}), sizes, 0)
@@ -310,8 +318,6 @@ def graph_scan(s: Samples, step: StepModel, sizes: list[int],
     for name in dict.fromkeys(s["point"]):
         if not name.startswith("graphs-"):
             continue
-        if window and int(name.rsplit("-c", 1)[1]) > window:
-            continue
         b = int(name.split("-")[1][1:])
         k = ((s["point"] == name) & ~s["warmup"].astype(bool) & _decode_only(s)
              & (s["decode_seqs"] == b))
@@ -319,16 +325,26 @@ def graph_scan(s: Samples, step: StepModel, sizes: list[int],
             steady[name] = k
     if not steady:
         return None
-    by_size: dict[int, list[tuple[float, float]]] = {}  # size -> (context, median residual)
+    # the rate: per size, (context tokens, median residual) at each context scanned
+    ctx_col = "decode_ctx_window" if window else "decode_ctx"
+    by_size: dict[int, list[tuple[float, float]]] = {}
     for k in steady.values():
         by_size.setdefault(int(t_pad[k][0]), []).append(
-            (float(np.mean(s["decode_ctx"][k])), float(np.median(resid[k]))))
+            (float(np.mean(s[ctx_col][k])), float(np.median(resid[k]))))
     pairs = [(hi[0] - lo[0], hi[1] - lo[1]) for pts in by_size.values() if len(pts) > 1
              for lo, hi in [(min(pts), max(pts))] if hi[0] > lo[0]]
     d_ctx = sum(p[0] for p in pairs)
-    ctx_s = step.decode_ctx_s + (sum(p[1] for p in pairs) / d_ctx if d_ctx else 0.0)
-    ctx_s = max(ctx_s, ctx_floor_s)
-    resid = resid - (ctx_s - step.decode_ctx_s) * s["decode_ctx"]
+    change = sum(p[1] for p in pairs) / d_ctx if d_ctx else 0.0
+    window_s = 0.0
+    if window:
+        ctx_s = step.decode_ctx_s
+        window_s = max(step.decode_window_s + change, window_floor_s) if d_ctx else 0.0
+        if window_s:
+            resid = resid - (window_s - step.decode_window_s) * s["decode_ctx_window"]
+        steady = {n: k for n, k in steady.items() if int(n.rsplit("-c", 1)[1]) <= window}
+    else:
+        ctx_s = max(step.decode_ctx_s + change, ctx_floor_s)
+        resid = resid - (ctx_s - step.decode_ctx_s) * s["decode_ctx"]
     groups: dict[int, list[float]] = {}
     points = []
     for name, k in steady.items():
@@ -338,7 +354,8 @@ def graph_scan(s: Samples, step: StepModel, sizes: list[int],
                        "measured_s": round(float(np.median(s["step_s"][k])), 6),
                        "linear_s": round(float(np.median(linear[k])), 6)})
     offsets = {size: round(float(np.median(r)), 7) for size, r in sorted(groups.items())}
-    return GraphScan(ctx_s=round(ctx_s, 15), offsets=offsets, points=points)
+    return GraphScan(ctx_s=round(ctx_s, 15), offsets=offsets, points=points,
+                     window_ctx_s=round(window_s, 15))
 
 
 def window_ape(s: Samples, win: np.ndarray, step: StepModel, sizes: list[int],
