@@ -3,7 +3,7 @@ experiments on the H200, the noise of repeated runs, and the serving engine's tr
 against the simulator's.
 
     python scripts/validation_analysis.py [seeds|noise|steps|idle|graph|trial|gemma|prefix|
-                                           waves|band]
+                                           waves|band|rules]
     python scripts/validation_analysis.py before COMMIT [ENGINE...]
 
 With no argument it prints the first three. `gemma` predicts the seeds' Gemma 4 31B
@@ -14,10 +14,12 @@ experiments (precision, MTP k = 4) from the measured H200 profiles: one replica,
 wave arrives at concurrency 4, and each wave's first tokens at concurrency 64, measured and
 predicted. `waves` reads the closed-loop waves: the runner's send gaps, the idle engine's
 first step, and the groups each wave splits into, measured and predicted; `band` predicts
-every closed-loop row's TTFT p50 again over a range of first waves (the idle core's wake).
+every closed-loop row's TTFT p50 again over a range of first waves (the idle core's wake);
+`rules` counts the rows within target with each of the engine loop's new rules on or off.
 `before COMMIT` predicts today's stored rows with the code and profiles of COMMIT (a git
 worktree of it, given today's suite and measurements) beside today's: the rows within target
-of each, and each named engine's rows, ITL p50 and throughput error, then and now
+of each (and split into closed- and open-loop rows), and each named engine's rows, ITL p50,
+throughput, TTFT p50 and ITL p99 error, then and now
 (docs/validation.md, "The tenth session"; e.g. `before 4ac8339 llama-3.1-8b-fp8-mid`).
 """
 
@@ -397,10 +399,16 @@ def before(commit: str, engines: list[str]) -> None:
     for m, t in TARGETS.items():
         print(f"    {m}: {(both[f'{m}_error'].abs() <= t).sum()} -> "
               f"{(both[f'{m}_error_now'].abs() <= t).sum()}")
+    for kind, pat in (("closed loop", r"-c\d"), ("open loop", r"-p")):
+        sub = both.filter(pl.col("run").str.contains(pat))
+        print(f"  {kind} ({len(sub)} rows): " + ", ".join(
+            f"{m} {(sub[f'{m}_error'].abs() <= t).sum()} -> "
+            f"{(sub[f'{m}_error_now'].abs() <= t).sum()}" for m, t in TARGETS.items()))
     for r in both.filter(pl.col("engine").is_in(engines)).iter_rows(named=True):
-        print(f"  {r['engine']} {r['run']}: ITL p50 {r['itl_p50_s_error']:+.1%} -> "
-              f"{r['itl_p50_s_error_now']:+.1%}, throughput {r['output_tok_s_error']:+.1%} -> "
-              f"{r['output_tok_s_error_now']:+.1%}")
+        print(f"  {r['engine']} {r['run']}: " + ", ".join(
+            f"{label} {r[f'{m}_error']:+.1%} -> {r[f'{m}_error_now']:+.1%}"
+            for label, m in (("ITL p50", "itl_p50_s"), ("throughput", "output_tok_s"),
+                             ("TTFT p50", "ttft_p50_s"), ("ITL p99", "itl_p99_s"))))
 
 
 WAVE_ROWS = (("llama-3.1-8b-fp8-mid", "chat-c24"), ("llama-3.1-8b-fp8-mid", "chat-c32"),
@@ -520,6 +528,32 @@ def band() -> None:
           f"{reached}")
 
 
+NEW_S11 = ("llama-3.1-8b-bf16-waves", "qwen3-32b-fp8-waves", "gemma-4-31b-fp8-mid",
+           "gemma-4-31b-bf16")
+
+
+def rules() -> None:
+    """The eleventh session's engine-loop rules one at a time: rows within target on the rows
+    measured before that session, with the idle core's wake (ENGINE_WAKE_S) and the runner's
+    send gaps (HARNESS_SEND_S) each off (0) or on, the launch rule always on."""
+    import capplan.sim.replica as replica
+    import capplan.validate.suite as suite
+
+    targets = {"output_tok_s": .05, "ttft_p50_s": .05, "ttft_p99_s": .10, "itl_p50_s": .05,
+               "itl_p99_s": .10, "e2e_p99_s": .10}
+    folders = [f for f in stored_runs() if f.name not in NEW_S11]
+    kept = replica.ENGINE_WAKE_S, suite.HARNESS_SEND_S
+    try:
+        for label, wake, send in (("launch alone", 0.0, 0.0), ("launch, wake", kept[0], 0.0),
+                                  ("launch, sends", 0.0, kept[1]), ("all three", *kept)):
+            replica.ENGINE_WAKE_S, suite.HARNESS_SEND_S = wake, send
+            rows = compare_all(folders=folders)
+            within = {m: sum(abs(r.error(m)) <= t for r in rows) for m, t in targets.items()}
+            print(f"  {label} ({len(rows)} rows): {within}")
+    finally:
+        replica.ENGINE_WAKE_S, suite.HARNESS_SEND_S = kept
+
+
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
         before(sys.argv[2], sys.argv[3:])
@@ -546,6 +580,8 @@ def main() -> None:
             waves()
         elif name == "band":
             band()
+        elif name == "rules":
+            rules()
         else:
             steps()
 
