@@ -3,7 +3,7 @@ experiments on the H200, the noise of repeated runs, and the serving engine's tr
 against the simulator's.
 
     python scripts/validation_analysis.py [seeds|noise|steps|idle|graph|trial|gemma|prefix|
-                                           waves|band|rules]
+                                           waves|band|rules|gaps]
     python scripts/validation_analysis.py before COMMIT [ENGINE...]
 
 With no argument it prints the first three. `gemma` predicts the seeds' Gemma 4 31B
@@ -15,7 +15,8 @@ wave arrives at concurrency 4, and each wave's first tokens at concurrency 64, m
 predicted. `waves` reads the closed-loop waves: the runner's send gaps, the idle engine's
 first step, and the groups each wave splits into, measured and predicted; `band` predicts
 every closed-loop row's TTFT p50 again over a range of first waves (the idle core's wake);
-`rules` counts the rows within target with each of the engine loop's new rules on or off.
+`rules` counts the rows within target with each of the engine loop's new rules on or off;
+`gaps` prints a closed-loop and a Poisson row's inter-token gaps, measured and predicted.
 `before COMMIT` predicts today's stored rows with the code and profiles of COMMIT (a git
 worktree of it, given today's suite and measurements) beside today's: the rows within target
 of each (and split into closed- and open-loop rows), and each named engine's rows, ITL p50,
@@ -32,7 +33,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -414,7 +417,10 @@ def before(commit: str, engines: list[str]) -> None:
 WAVE_ROWS = (("llama-3.1-8b-fp8-mid", "chat-c24"), ("llama-3.1-8b-fp8-mid", "chat-c32"),
              ("llama-3.1-8b-fp8-mid", "chat-c48"), ("llama-3.1-8b-bf16", "chat-c16-r1"),
              ("llama-3.1-8b-bf16", "chat-c16-r2"), ("llama-3.1-8b-bf16", "chat-c16-r3"),
-             ("qwen3-32b-fp8-mid", "chat-c32"))
+             ("qwen3-32b-fp8-mid", "chat-c32"), ("llama-3.1-8b-bf16-waves", "chat-c32-r1"),
+             ("llama-3.1-8b-bf16-waves", "chat-c32-r2"), ("llama-3.1-8b-bf16-waves", "chat-c32-r3"),
+             ("qwen3-32b-fp8-waves", "chat-c40"), ("gemma-4-31b-fp8-mid", "chat-c24"),
+             ("gemma-4-31b-fp8-mid", "chat-c32"), ("gemma-4-31b-fp8-mid", "chat-c48"))
 
 
 def _groups(first_token_s: np.ndarray) -> list[int]:
@@ -554,6 +560,47 @@ def rules() -> None:
         replica.ENGINE_WAKE_S, suite.HARNESS_SEND_S = kept
 
 
+GAP_ROWS = (("llama-3.1-8b-bf16-waves", "chat-c32-r2"), ("llama-3.1-8b-fp8", "chat-p44"))
+GAP_QS = (10, 30, 50, 60, 70, 90, 95, 98, 99, 99.5)
+
+
+def _recorders(run_it: Callable[..., object], *args: Any, **kwargs: Any) -> list[Any]:
+    """The WorkloadRecorders that run_it(*args, **kwargs) makes (a simulation), kept for
+    their full ITL histograms."""
+    from capplan.sim.metrics import WorkloadRecorder
+
+    recs: list[WorkloadRecorder] = []
+    init = WorkloadRecorder.__init__
+
+    def keep(self: WorkloadRecorder, *a: object, **k: object) -> None:
+        init(self, *a, **k)  # type: ignore[arg-type]
+        recs.append(self)
+
+    WorkloadRecorder.__init__ = keep  # type: ignore[method-assign]
+    try:
+        run_it(*args, **kwargs)
+    finally:
+        WorkloadRecorder.__init__ = init  # type: ignore[method-assign]
+    return recs
+
+
+def gaps() -> None:
+    """Inter-token gaps at GAP_QS percentiles, measured and predicted, for GAP_ROWS: where a
+    closed-loop row's ITL p99 and a Poisson row's bimodal ITL p50 fall."""
+    loaded = {f.name: load_run(f) for f in stored_runs()}
+    for engine, name in GAP_ROWS:
+        run, reqs, _ = loaded[engine]
+        exp = next(e for e in run.experiments if name in e.runs())
+        r = reqs.filter(pl.col("run") == name)
+        g = np.concatenate([np.diff(np.array(c)) for c in r["chunk_t"].to_list()])
+        recs = _recorders(simulate, run.mix(exp), "validate", 1, decode_cohort=False)
+        m = np.percentile(g, GAP_QS) * 1e3
+        p = [recs[0].itl.percentile(q) * 1e3 for q in GAP_QS]
+        print(f"  {engine} {name}, ms at p{'/'.join(str(q) for q in GAP_QS)}:")
+        print(f"    measured  {' '.join(f'{x:.2f}' for x in m)}")
+        print(f"    predicted {' '.join(f'{x:.2f}' for x in p)}")
+
+
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
         before(sys.argv[2], sys.argv[3:])
@@ -582,6 +629,8 @@ def main() -> None:
             band()
         elif name == "rules":
             rules()
+        elif name == "gaps":
+            gaps()
         else:
             steps()
 
