@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from concurrent.futures import CancelledError
 from functools import cache
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from capplan.errors import InfeasibleError
 from capplan.mix import TrafficMix, load_mix
+from capplan.solve import jobs
 from capplan.solve.jobs import InOrder
 from capplan.solve.options import size_mix, with_pool
 from capplan.solve.search import SearchSettings, Sizer
@@ -123,3 +125,22 @@ def test_a_stopped_search_asks_for_no_more_simulations() -> None:
     with pytest.raises(CancelledError):
         sizer.search()
     assert sizer.simulations == 0
+
+
+def test_the_feeder_sleeps_once_its_holds_expire() -> None:
+    """A worker held for a search's next step (HOLD_S) is let go when the hold expires, even
+    with nothing queued, so that the feeder thread then waits for work. (It did not: with an
+    expired hold and an empty queue it woke at once, for ever, a busy thread in the caller's
+    process that made every later test of the suite several times slower.)"""
+    d = jobs._dispatcher(1)
+    with d._cond:
+        d._holds.append(time.monotonic() - 1.0)  # a hold that has expired
+        d._cond.notify()
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        with d._cond:
+            if not d._holds:
+                break
+        time.sleep(0.01)
+    with d._cond:
+        assert d._holds == [] and not d._queue

@@ -52,13 +52,11 @@ def _raw(tmp_path: Path) -> Path:
 
 
 def test_refit_from_raw_shows_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`calibrate --from-raw` names each profile as it fits it (BF16 base first) on a
-    terminal; under CliRunner (no terminal) its output is only the written folders."""
+    """`calibrate --from-raw` names each profile as it fits it (BF16 base first) on the
+    terminal its bar draws on, and writes only the folders to its output (one refit for
+    both: the bar's console is a terminal, CliRunner's output is not; test_quiet_off_a_terminal
+    shows a bar off a terminal writes nothing)."""
     raw = _raw(tmp_path)
-    res = CliRunner().invoke(main, ["calibrate", "--from-raw", str(raw), "--out",
-                                    str(tmp_path / "quiet")])
-    assert res.exit_code == 0, res.output
-    assert [Path(line).name for line in res.output.split()] == ["bf16", "fp8"]
     console, buf = _terminal()
 
     class OnTerminal(_cli.ProgressBar):
@@ -66,8 +64,10 @@ def test_refit_from_raw_shows_progress(tmp_path: Path, monkeypatch: pytest.Monke
             super().__init__(description, total, console=console)
 
     monkeypatch.setattr(ccli, "ProgressBar", OnTerminal)
-    written = ccli._refit(raw, tmp_path / "loud", "h200")
-    assert [d.name for d in written] == ["bf16", "fp8"]
+    res = CliRunner().invoke(main, ["calibrate", "--from-raw", str(raw), "--out",
+                                    str(tmp_path / "cal")])
+    assert res.exit_code == 0, res.output
+    assert [Path(line).name for line in res.output.split()] == ["bf16", "fp8"]
     out = buf.getvalue()
     assert "fitting qwen3-32b/bf16" in out and "fitting qwen3-32b/fp8" in out
     assert "1/2" in out and "ETA" in out

@@ -199,11 +199,11 @@ class _Dispatcher:
     def _where(self) -> str | None:
         """Where the first job in the queue runs now ("worker", taking it, or "here": this
         process), None while it must wait."""
-        if not self._queue:
-            return None
-        if self._holds:
+        if self._holds:  # expired holds go first: _feed's wait must not time out at once
             now = time.monotonic()
             self._holds = [t for t in self._holds if t > now]
+        if not self._queue:
+            return None
         chain = self._queue[0][0] <= CHAIN
         if self._free > (0 if chain else len(self._holds)):
             self._free -= 1
