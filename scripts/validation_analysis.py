@@ -607,32 +607,17 @@ def main() -> None:
         return
     what = sys.argv[1:] or ["seeds", "noise", "steps"]
     rows = _rows() if {"seeds", "noise"} & set(what) else {}
+    commands: dict[str, Callable[[], None]] = {
+        "seeds": lambda: seeds(rows), "noise": lambda: noise(rows), "steps": steps,
+        "trial": trial, "idle": idle, "graph": graph, "gemma": gemma, "prefix": prefix,
+        "waves": waves, "band": band, "rules": rules, "gaps": gaps,
+    }
     for name in what:
+        if name not in commands:
+            sys.exit(f"validation_analysis.py: no command {name!r}; the commands: "
+                     f"{', '.join(commands)}, before COMMIT [ENGINE...]")
         print(f"== {name}")
-        if name == "seeds":
-            seeds(rows)
-        elif name == "noise":
-            noise(rows)
-        elif name == "trial":
-            trial()
-        elif name == "idle":
-            idle()
-        elif name == "graph":
-            graph()
-        elif name == "gemma":
-            gemma()
-        elif name == "prefix":
-            prefix()
-        elif name == "waves":
-            waves()
-        elif name == "band":
-            band()
-        elif name == "rules":
-            rules()
-        elif name == "gaps":
-            gaps()
-        else:
-            steps()
+        commands[name]()
 
 
 if __name__ == "__main__":
