@@ -32,7 +32,9 @@ HARNESS_SEND_S = 0.4e-3
 """The validation runner's client (runner.py: one asyncio loop, AsyncLLM.generate per
 request) sends one request at a time: closed-loop users whose requests end together send
 their next ones 0.41 ms apart at the median for 512-token prompts (0.49 ms at 2,048, 0.53 ms
-at 4,096; p10-p90 0.24-0.94 ms), each stamped when it leaves."""
+at 4,096; p10-p90 0.24-0.94 ms), each stamped when it leaves. Measured over the suite's
+closed-loop runs before 2026-11-30's eleventh session, which chose this value; with that
+session's runs, 0.41 / 0.49 / 0.54 ms (`scripts/validation_analysis.py waves`)."""
 CLOSED_ROWS = 4096  # closed-loop request shapes sent to the runner (cycled if exceeded)
 
 
