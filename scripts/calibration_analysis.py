@@ -23,7 +23,7 @@ from capplan.calibrate import store
 from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.hardware import GPUS, Precision
 from capplan.modelspec import load_model_spec
-from capplan.profile import Profile, cudagraph_capture_sizes, eager_threshold
+from capplan.profile import Profile, StepTimer, cudagraph_capture_sizes, eager_threshold
 
 HBM_BYTES_PER_S = 4.8e12  # the H200 datasheet's, as the table's header says
 PROFILES = CALIBRATION_DIR / "h200" / "vllm-0.26.0"
@@ -389,6 +389,38 @@ def graphs() -> None:
         span = prof.step.graph_offset_s.values()
         print(f"    kept: {len(prof.step.graph_offset_s)} sizes, "
               f"{min(span) * 1e3:+.2f} to {max(span) * 1e3:+.2f} ms")
+        if prof.step.window_tokens:
+            _window_points(prof, scan["run"])
+
+
+def _window_points(prof: Profile, run: str) -> None:
+    """A sliding-window profile's scan points past its window (not among its offsets'):
+    each one's median step, measured and priced by the profile, with its sliding layers'
+    fitted rate (decode_window_s) and with the scanned one (graph_window_s)."""
+    raw = store.runner_jsonl(CALIBRATION_DIR / "_raw", run)
+    if raw is None:
+        return
+    df = store.read_runner_jsonl(raw).filter(
+        ~pl.col("warmup") & pl.col("point").str.starts_with("graphs-")
+        & (pl.col("prefill_tokens") == 0))
+    eng = prof.engine
+    timers = [StepTimer(q, max_num_seqs=int(eng["max_num_seqs"]),  # type: ignore[call-overload]
+                        max_num_batched_tokens=int(eng["max_num_batched_tokens"]))  # type: ignore[call-overload]
+              for q in (prof.model_copy(update={"step": prof.step.model_copy(
+                  update={"graph_window_s": 0.0})}), prof)]
+    cells = []
+    for name in sorted(set(df["point"]), key=lambda n: int(n.split("-")[1][1:])):
+        b, ctx = int(name.split("-")[1][1:]), int(name.rsplit("-c", 1)[1])
+        steps = df.filter((pl.col("point") == name) & (pl.col("decode_seqs") == b))
+        if ctx <= prof.step.window_tokens or len(steps) < F.GRAPH_SCAN_MIN_STEPS:
+            continue
+        measured = float(np.median(steps["step_s"]))
+        context = int(np.median(steps["decode_ctx"]))
+        fitted, scanned = (t.step_time_s(b, b, 0.0, context) / measured - 1 for t in timers)
+        cells.append(f"{b}: {measured * 1e3:.2f} ms ({fitted:+.1%} / {scanned:+.1%})")
+    print(f"    past the {prof.step.window_tokens}-token window, measured (priced with the "
+          f"fitted / the scanned sliding rate, {prof.step.decode_window_s * 1e9:.1f} / "
+          f"{prof.step.graph_window_s * 1e9:.1f} ns a token): " + ", ".join(cells))
 
 
 def main() -> None:

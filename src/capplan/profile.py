@@ -90,7 +90,7 @@ from __future__ import annotations
 import bisect
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -464,29 +464,10 @@ class StepTimer:
         switch, rows = self._gemm
         return switch + rows * (-(-t_pad // GEMM_ROW_TOKENS) - 1)
 
-    def step_time_s(
-        self,
-        tokens: int,
-        seqs: int,
-        prefill_attn: float,
-        decode_ctx: int,
-        encoder_tokens: int = 0,
-        *,
-        decode_seqs: int | None = None,
-        prefill_attn_window: float | None = None,
-        shared_ctx: int = 0,
-    ) -> float:
-        """Seconds for one engine step of this composition, one step after another: the
-        larger of `step_times`' two. With a term per attention kind
-        (sliding-window models), `decode_seqs` (default: every sequence) takes the decode
-        context's mean, and `prefill_attn_window` is the chunks' `window_pairs` (default: the
-        pairs uncapped). `shared_ctx` is S of the module docstring: decode context tokens
-        read in common with another running request (at most `decode_ctx` count)."""
-        gpu, launch = self.step_times(tokens, seqs, prefill_attn, decode_ctx, encoder_tokens,
-                                      decode_seqs=decode_seqs,
-                                      prefill_attn_window=prefill_attn_window,
-                                      shared_ctx=shared_ctx)
-        return gpu if gpu > launch else launch
+    def step_time_s(self, *args: Any, **kwargs: Any) -> float:
+        """Seconds for one engine step of this composition (arguments as `step_times`'),
+        one step after another: the larger of `step_times`' two."""
+        return max(self.step_times(*args, **kwargs))
 
     def step_times(
         self,
@@ -500,12 +481,16 @@ class StepTimer:
         prefill_attn_window: float | None = None,
         shared_ctx: int = 0,
     ) -> tuple[float, float]:
-        """(work, launch) seconds of one step (arguments as `step_time_s`'s). `launch` is
-        the CPU's time to launch a step past the largest CUDA graph (`eager_floor_s`, with
-        the drafter's and encoder's terms), during which the engine core can neither
-        schedule nor hand out outputs; 0 for a step that replays graphs. `work` is the
-        rest of the model: how long the step takes once launched. A run of such steps
-        takes the larger of the two a step (`step_time_s`)."""
+        """(work, launch) seconds of one engine step of this composition. `launch` is the
+        CPU's time to launch a step past the largest CUDA graph (`eager_floor_s`, with the
+        drafter's and encoder's terms), during which the engine core can neither schedule
+        nor hand out outputs; 0 for a step that replays graphs. `work` is the rest of the
+        model: how long the step takes once launched. A run of such steps takes the larger
+        of the two a step (`step_time_s`). With a term per attention kind (sliding-window
+        models), `decode_seqs` (default: every sequence) takes the decode context's mean,
+        and `prefill_attn_window` is the chunks' `window_pairs` (default: the pairs
+        uncapped). `shared_ctx` is S of the module docstring: decode context tokens read in
+        common with another running request (at most `decode_ctx` count)."""
         fixed, per_tok, knee, p_attn, d_ctx, per_seq = self._c
         max_tokens, max_seqs, max_context = self._box
         if tokens > max_tokens or seqs > max_seqs or (seqs and decode_ctx > max_context * seqs):

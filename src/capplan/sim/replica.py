@@ -103,7 +103,7 @@ class Replica:
         self.kv_peak_blocks = 0
         self.kv_series: list[tuple[float, int, int]] = []  # (time, used blocks, running), 1/s
         self._next_sample_s = 0.0
-        self._wake: simpy.Event | None = None
+        self._idle = False  # nothing in flight or to do: the core waits for a request
         # steps in flight, oldest first: (plan, when it ends, its time on the GPU, KV blocks
         # in use while it runs)
         self._inflight: deque[tuple[StepPlan, float, float, int]] = deque()
@@ -117,11 +117,9 @@ class Replica:
     def add_request(self, r: SimRequest) -> None:
         self.outstanding += 1
         self.core.add_request(r)
-        wake = self._wake
-        if wake is not None:  # the first arrival at an idle core: it schedules a bit later
-            self._wake = None
-            wake._ok, wake._value = True, None  # what Event.succeed does, with a delay
-            self.env.schedule(wake, NORMAL, ENGINE_WAKE_S)
+        if self._idle:  # the first arrival at an idle core: it schedules a bit later
+            self._idle = False
+            self.env.schedule(_StepEnd(self._woken), NORMAL, ENGINE_WAKE_S)  # type: ignore[arg-type]
 
     # -- the engine loop, as callbacks: _advance while the core is free, _step_end after a
     # -- step's outputs are processed --------------------------------------------------------
@@ -184,8 +182,7 @@ class Replica:
             env.schedule(_StepEnd(self._ended), NORMAL,  # type: ignore[arg-type]
                          (at if at > now else now) - env.now)
             return
-        self._wake = env.event()
-        self._wake.callbacks.append(self._woken)
+        self._idle = True
 
     def _step_end(self, _event: object) -> None:
         """The oldest step in flight has ended and the core is free: its outputs, then the
