@@ -181,3 +181,25 @@ def test_one_client_sends_one_request_at_a_time() -> None:
     together = simulate(m, "p", 1, seed=0, profile=constant_profile(C))
     # without it the four users send at once, wave after wave
     assert (together.requests()["arrival_s"].value_counts()["count"] == 4).all()
+
+
+def test_one_client_reads_after_its_sends() -> None:
+    """One client's event loop (sim/client.py) reads nothing while it sends: two users
+    whose requests end in the same step read their last tokens S apart, the first user's
+    next send between them, so the second one's last gap is C + S (one gap in 18: the ITL
+    p99) and every other gap C. Its request was sent S later, so both E2Es are equal."""
+    S = C / 20  # below W: the wave's two requests still share their first step
+    m = mix({"kind": "closed", "concurrency": 2}, out=10)
+    m = m.model_copy(update={"simulation": m.simulation.model_copy(
+        update={"client_send_s": S})})
+    res = simulate(m, "p", 1, seed=0, profile=constant_profile(C))
+    req = res.requests().sort("arrival_s")
+    end = (req["arrival_s"] + req["e2e_s"]).to_numpy()
+    assert end[1::2][:20] - end[0::2][:20] == pytest.approx(S, rel=1e-6)
+    w = res.workload("w")
+    assert w.itl_p50_s == pytest.approx(C, rel=2e-3)
+    assert w.itl_p99_s == pytest.approx(C + S, rel=2e-3)
+    assert req["e2e_s"].to_numpy()[2:-2] == pytest.approx(10 * C + 2 * L + W, rel=1e-9)
+    alone = simulate(mix({"kind": "closed", "concurrency": 2}, out=10), "p", 1, seed=0,
+                     profile=constant_profile(C))
+    assert alone.workload("w").itl_p99_s == pytest.approx(C, rel=2e-3)

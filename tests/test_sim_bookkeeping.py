@@ -31,6 +31,7 @@ def _reference_emit(
             rec.output_tokens_in_window += new
         if r.first_token_s < 0:
             r.first_token_s = now
+            r.first_seen_s = seen
             if in_window:
                 rec.input_tokens_in_window += r.prompt
         elif r.measured:

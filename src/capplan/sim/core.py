@@ -51,10 +51,13 @@ class SimRequest:
         "decoding",
         "encoded",
         "event",
+        "first_seen_s",
         "first_token_s",
         "hashes",
         "image_tokens",
         "inflight",
+        "lag",
+        "lag_at",
         "last_token_s",
         "lazy",
         "max_tokens",
@@ -130,8 +133,10 @@ class SimRequest:
         self.n_reg = 0  # leading blocks whose caching is settled (vLLM: num_cached_block)
         self.preemptions = 0
         self.cached_tokens = -1  # prefix-cache hit at first scheduling
-        self.first_token_s = -1.0
+        self.first_token_s = -1.0  # engine time of the first token's step end
+        self.first_seen_s = -1.0  # when the client read it (sim/replica.py)
         self.last_token_s = -1.0
+        self.lag = self.lag_at = 0.0  # a client loop's lag on the last token (sim/client.py)
         self.scheduled_s = -1.0
         self.lazy = False  # advanced implicitly by the decode cohort (sim/cohort.py)
         self.s0 = self.u0 = self.event = self.trail_from = self.trail_until = self.phase = 0

@@ -30,6 +30,7 @@ import simpy
 from simpy.events import NORMAL, URGENT
 
 from capplan.profile import StepTimer
+from capplan.sim.client import ClientLoop
 from capplan.sim.core import EngineCore, SimRequest, StepPlan
 from capplan.sim.metrics import StepGaps, WorkloadRecorder
 
@@ -86,11 +87,14 @@ class Replica:
         core: EngineCore,
         timer: StepTimer,
         window: Window,
-        on_finish: Callable[[SimRequest, Replica], None],
+        on_finish: Callable[[SimRequest, Replica, float], None],
         client_latency_s: float = 0.0,
+        client: ClientLoop | None = None,
     ) -> None:
         self.env = env
         self.latency = client_latency_s  # outputs reach the client this much later
+        self.client = client  # one load generator's event loop (sim/client.py), or none
+        self._cohort_lag = 0.0  # how late the client read the decode cohort's last tokens
         self.index = index
         self.core = core
         self.timer = timer
@@ -203,13 +207,19 @@ class Replica:
         if emitted:
             self._emit(emitted, now)
         if cur.cohort_size:
-            self._emit_cohort(cur, now - self._last_out, now)
+            dt = now - self._last_out
+            if self.client is not None:  # read after the sends of this step's finishers
+                lag = self.client.read(now + self.latency) - now - self.latency
+                dt += lag - self._cohort_lag
+                self._cohort_lag = lag
+            self._emit_cohort(cur, dt, now)
         self._last_out = now
         self._advance()
 
     def _emit_cohort(self, plan: StepPlan, dt: float, now: float) -> None:
         """Tokens of the decode cohort's implicit members: one each, all after a gap of
-        exactly this step (every member also received a token at the end of the last)."""
+        `dt`, this step (every member also received a token at the end of the last; with a
+        client loop, also how much later the client read this step's tokens than the last's)."""
         window = self.window
         steps = window.steps
         if window.start_s <= now < window.end_s:
@@ -225,7 +235,7 @@ class Replica:
         if r.measured:
             rec.add_request(
                 r.arrival_s,
-                r.first_token_s + self.latency - r.arrival_s,
+                r.first_seen_s - r.arrival_s,
                 seen - r.arrival_s,
                 max(r.scheduled_s, r.arrival_s) - r.arrival_s,
                 r.prompt,
@@ -234,11 +244,15 @@ class Replica:
                 r.preemptions,
                 self.index,
             )
-        self.on_finish(r, self)
+        self.on_finish(r, self, seen)
 
     def _emit(self, emitted: list[tuple[SimRequest, int, bool]], now: float) -> None:
         """Stream tokens to clients: TTFT, ITL and completion, as vllm bench sees them (the
-        client sees each token `latency` after the step that made it ends)."""
+        client sees each token `latency` after the step that made it ends, or when its loop
+        is free: sim/client.py)."""
+        if self.client is not None:
+            self._emit_read(emitted, now)
+            return
         window = self.window
         seen = now + self.latency
         in_window = window.start_s <= now < window.end_s
@@ -252,11 +266,48 @@ class Replica:
             tokens[wl] += new
             if r.first_token_s < 0:
                 r.first_token_s = now
+                r.first_seen_s = seen
                 if in_window:
                     recorders[wl].input_tokens_in_window += r.prompt
             elif r.measured:
                 gaps[wl].append(now - r.last_token_s)
             r.last_token_s = now
+            if done:
+                self._finish(r, recorders[wl], seen)
+        for rec, n, xs in zip(recorders, tokens, gaps, strict=True):
+            if in_window:
+                rec.output_tokens_in_window += n
+            if xs:
+                rec.itl.add_many(xs)
+
+    def _emit_read(self, emitted: list[tuple[SimRequest, int, bool]], now: float) -> None:
+        """`_emit` through one client loop (sim/client.py): the client reads the step's
+        tokens in output order, each when its loop is free, and a user whose request ends
+        sends its next one (Run._finished) before the loop reads on. A token's gap runs from
+        when the last one was read: that one's own lag (`lag`, at engine time `lag_at`), or,
+        had the decode cohort emitted it since, the cohort's."""
+        client, lat = self.client, self.latency
+        assert client is not None
+        window = self.window
+        arrive = now + lat
+        in_window = window.start_s <= now < window.end_s
+        recorders = window.recorders
+        tokens = [0] * len(recorders)
+        gaps: list[list[float]] = [[] for _ in recorders]
+        for r, new, done in emitted:
+            wl = r.wl
+            tokens[wl] += new
+            seen = client.read(arrive)
+            if r.first_token_s < 0:
+                r.first_token_s = now
+                r.first_seen_s = seen
+                if in_window:
+                    recorders[wl].input_tokens_in_window += r.prompt
+            elif r.measured:
+                lag = r.lag if r.lag_at == r.last_token_s else self._cohort_lag
+                gaps[wl].append(seen - (r.last_token_s + lat + lag))
+            r.last_token_s = now
+            r.lag, r.lag_at = seen - arrive, now
             if done:
                 self._finish(r, recorders[wl], seen)
         for rec, n, xs in zip(recorders, tokens, gaps, strict=True):

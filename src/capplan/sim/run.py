@@ -24,6 +24,7 @@ from capplan.mix import TrafficMix, max_model_len
 from capplan.modelspec import ModelSpec, load_model_spec
 from capplan.pool import Pool, refuse_open
 from capplan.profile import Profile, StepTimer
+from capplan.sim.client import ClientLoop
 from capplan.sim.core import CoreConfig, EngineCore, SimRequest
 from capplan.sim.metrics import WorkloadRecorder
 from capplan.sim.replica import Replica, Window
@@ -246,8 +247,8 @@ class _Run:
     ) -> None:
         self.mix, self.st, self.workloads = mix, st, workloads
         self.latency = client_latency_s
-        self.send_s = mix.simulation.client_send_s
-        self._send_free = 0.0
+        send_s = mix.simulation.client_send_s
+        self.client = ClientLoop(send_s) if send_s else None
         self.duration, self.warmup, self.drain, self.seed = duration, warmup, drain, seed
         self.rate_scale = rate_scale
         self.env = simpy.Environment()
@@ -312,7 +313,7 @@ class _Run:
             )
             self.timers.append(timer)
             self.replicas.append(Replica(self.env, i, core, timer, self.window, self._finished,
-                                         client_latency_s))
+                                         client_latency_s, self.client))
         self.router = Router(st.pool.router, self.replicas)
         self.samplers: dict[int, tuple[ClosedLoopSampler, np.random.Generator]] = {}
         self.watch = (
@@ -388,15 +389,13 @@ class _Run:
                 self.watch.add(r)
         return r
 
-    def _submit(self, r: SimRequest) -> None:
+    def _submit(self, r: SimRequest, sent: bool = False) -> None:
         """Send `r` (its arrival_s is when the client sends it); the engine sees it
-        `latency` later. A single client (`client_send_s` > 0) sends one request at a time:
-        a request due while it is still sending the last waits, and its send time is when
-        it leaves (the validation harness stamps it so)."""
-        if self.send_s:
-            if r.arrival_s < self._send_free:
-                r.arrival_s = self._send_free
-            self._send_free = r.arrival_s + self.send_s
+        `latency` later. A single client (`client_send_s` > 0, sim/client.py) sends one
+        request at a time: a request due while its loop is busy waits, and its send time is
+        when it leaves (the validation harness stamps it so); `sent`: that is settled."""
+        if self.client is not None and not sent:
+            r.arrival_s = self.client.send(r.arrival_s)
         delay = r.arrival_s + self.latency - self.env.now
         if delay <= 0:
             self.router.route(r).add_request(r)
@@ -404,34 +403,40 @@ class _Run:
         ev = self.env.timeout(delay)
         ev.callbacks.append(lambda _: self.router.route(r).add_request(r))
 
-    def _finished(self, r: SimRequest, replica: Replica) -> None:
+    def _finished(self, r: SimRequest, replica: Replica, seen: float) -> None:
+        """`r` ended; its client read the last token at `seen`."""
         self.router.finished(r, replica)
         if r.measured:
             self.pending -= 1
             self._check_done()
         if r.user >= 0:
-            # the user sees the last token `latency` after the engine made it
-            think = self.samplers[r.wl][0].think_time_s + self.latency
-            if think:
-                ev = self.env.timeout(think)
-                wl, user = r.wl, r.user
-                ev.callbacks.append(lambda _: self._next_closed(wl, user))
+            wl, user = r.wl, r.user
+            think = self.samplers[wl][0].think_time_s
+            at = seen + think  # the user sees the last token `latency` after the engine
+            if self.client is not None and not think and at < self.duration:
+                # it sends at once, before its client's loop reads on (sim/client.py)
+                at = self.client.send(at)
+                sent = True
             else:
-                self._next_closed(r.wl, r.user)
+                sent = False
+            if at > self.env.now:
+                ev = self.env.timeout(at - self.env.now)
+                ev.callbacks.append(lambda _: self._next_closed(wl, user, at, sent))
+            else:
+                self._next_closed(wl, user, at, sent)
 
     def _check_done(self) -> None:
         if self.arrivals_done and self.pending == 0 and not self.done.triggered:
             self.done.succeed()
 
-    def _next_closed(self, wl: int, user: int) -> None:
-        now = self.env.now
-        if now >= self.duration:
+    def _next_closed(self, wl: int, user: int, at: float, sent: bool = False) -> None:
+        if at >= self.duration:
             return  # the benchmark's last requests have been sent
         sampler, rng = self.samplers[wl]
         inp, out, group, ptoks, img = sampler.next(rng)
         self._submit(self._request(
-            wl, now, int(inp), int(out), int(group), int(ptoks), int(img), user
-        ))
+            wl, at, int(inp), int(out), int(group), int(ptoks), int(img), user
+        ), sent)
 
     # -- arrival processes ------------------------------------------------------------------
     def _open_loop(self) -> Generator[simpy.Event, Any, None]:
@@ -485,7 +490,7 @@ class _Run:
                 rng = np.random.default_rng([self.seed, 3, i])
                 self.samplers[i] = (ClosedLoopSampler(w, i), rng)
                 for _ in range(w.arrival.concurrency):
-                    self._next_closed(i, user)
+                    self._next_closed(i, user, env.now)
                     user += 1
         env.process(self._open_loop())
         ends = [self.done, env.timeout(self.duration + self.drain)]
