@@ -203,3 +203,23 @@ def test_one_client_reads_after_its_sends() -> None:
     alone = simulate(mix({"kind": "closed", "concurrency": 2}, out=10), "p", 1, seed=0,
                      profile=constant_profile(C))
     assert alone.workload("w").itl_p99_s == pytest.approx(C, rel=2e-3)
+
+
+def test_output_jitter_delays_each_steps_outputs_alike() -> None:
+    """`simulation.output_jitter_s` J: each step's outputs reach the client an exponential
+    delay of mean J late, drawn per step, so a lone request's gaps are C plus the difference
+    of two such delays (a Laplace distribution of scale J: median C, p99 C + J ln 50), and
+    its TTFT and E2E grow by one delay (J on average)."""
+    J = C / 10
+    m = mix(CLOSED1, out=50, duration_s=20.0)
+    jit = m.model_copy(update={"simulation": m.simulation.model_copy(
+        update={"output_jitter_s": J})})
+    res = simulate(jit, "p", 1, seed=0, profile=constant_profile(C))
+    w = res.workload("w")
+    assert w.itl_p50_s == pytest.approx(C, rel=5e-3)
+    assert w.itl_p99_s == pytest.approx(C + J * math.log(50), rel=0.02)
+    e2e = res.requests()["e2e_s"].to_numpy()
+    assert e2e.mean() - (50 * C + 2 * L + W) == pytest.approx(J, rel=0.25)
+    assert (e2e >= 50 * C + 2 * L + W - 1e-9).all()  # a delay, never early
+    again = simulate(jit, "p", 1, seed=0, profile=constant_profile(C))
+    assert again.workload("w").itl_p99_s == w.itl_p99_s  # seeded: the same run

@@ -25,6 +25,8 @@ The simulator keeps only the loop's busy time: `client_send_s` a send (Simulatio
 
 from __future__ import annotations
 
+import numpy as np
+
 
 class ClientLoop:
     """When the client's event loop is free again."""
@@ -47,4 +49,25 @@ class ClientLoop:
         return t if t >= self.free_s else self.free_s
 
 
-__all__ = ["ClientLoop"]
+class OutputJitter:
+    """The output path's delay: each step's outputs reach the client this much after
+    `client_latency_s`, drawn per step (one message carries them all) from an exponential
+    distribution of mean `mean_s` (`simulation.output_jitter_s`)."""
+
+    __slots__ = ("_at", "_buf", "_rng", "mean_s")
+
+    def __init__(self, mean_s: float, rng: np.random.Generator) -> None:
+        self.mean_s = mean_s
+        self._rng = rng
+        self._buf: list[float] = []
+        self._at = 0
+
+    def draw(self) -> float:
+        if self._at == len(self._buf):
+            self._buf = self._rng.exponential(self.mean_s, 4096).tolist()
+            self._at = 0
+        self._at += 1
+        return self._buf[self._at - 1]
+
+
+__all__ = ["ClientLoop", "OutputJitter"]

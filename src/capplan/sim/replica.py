@@ -30,7 +30,7 @@ import simpy
 from simpy.events import NORMAL, URGENT
 
 from capplan.profile import StepTimer
-from capplan.sim.client import ClientLoop
+from capplan.sim.client import ClientLoop, OutputJitter
 from capplan.sim.core import EngineCore, SimRequest, StepPlan
 from capplan.sim.metrics import StepGaps, WorkloadRecorder
 
@@ -90,10 +90,13 @@ class Replica:
         on_finish: Callable[[SimRequest, Replica, float], None],
         client_latency_s: float = 0.0,
         client: ClientLoop | None = None,
+        jitter: OutputJitter | None = None,
     ) -> None:
         self.env = env
         self.latency = client_latency_s  # outputs reach the client this much later
         self.client = client  # one load generator's event loop (sim/client.py), or none
+        self.jitter = jitter  # the output path's delay, a step at a time (sim/client.py)
+        self._read = client is not None or jitter is not None  # _emit_read, not _emit
         self._cohort_lag = 0.0  # how late the client read the decode cohort's last tokens
         self.index = index
         self.core = core
@@ -204,15 +207,24 @@ class Replica:
             self._next_sample_s = now + 1.0
         core.now = now
         emitted = core.update_from_output(cur)
-        if emitted:
-            self._emit(emitted, now)
-        if cur.cohort_size:
-            dt = now - self._last_out
-            if self.client is not None:  # read after the sends of this step's finishers
-                lag = self.client.read(now + self.latency) - now - self.latency
-                dt += lag - self._cohort_lag
+        if not self._read:
+            if emitted:
+                self._emit(emitted, now)
+            if cur.cohort_size:
+                self._emit_cohort(cur, now - self._last_out, now)
+        else:
+            # the step's outputs reach the client `latency` later, plus the output path's
+            # delay; the client reads them when its loop is free (sim/client.py)
+            arrive = now + self.latency
+            if self.jitter is not None:
+                arrive += self.jitter.draw()
+            if emitted:
+                self._emit_read(emitted, now, arrive)
+            if cur.cohort_size:
+                client = self.client
+                lag = (arrive if client is None else client.read(arrive)) - now - self.latency
+                self._emit_cohort(cur, now - self._last_out + lag - self._cohort_lag, now)
                 self._cohort_lag = lag
-            self._emit_cohort(cur, dt, now)
         self._last_out = now
         self._advance()
 
@@ -249,10 +261,7 @@ class Replica:
     def _emit(self, emitted: list[tuple[SimRequest, int, bool]], now: float) -> None:
         """Stream tokens to clients: TTFT, ITL and completion, as vllm bench sees them (the
         client sees each token `latency` after the step that made it ends, or when its loop
-        is free: sim/client.py)."""
-        if self.client is not None:
-            self._emit_read(emitted, now)
-            return
+        is free: sim/client.py, `_emit_read`)."""
         window = self.window
         seen = now + self.latency
         in_window = window.start_s <= now < window.end_s
@@ -280,16 +289,16 @@ class Replica:
             if xs:
                 rec.itl.add_many(xs)
 
-    def _emit_read(self, emitted: list[tuple[SimRequest, int, bool]], now: float) -> None:
-        """`_emit` through one client loop (sim/client.py): the client reads the step's
-        tokens in output order, each when its loop is free, and a user whose request ends
-        sends its next one (Run._finished) before the loop reads on. A token's gap runs from
-        when the last one was read: that one's own lag (`lag`, at engine time `lag_at`), or,
-        had the decode cohort emitted it since, the cohort's."""
+    def _emit_read(self, emitted: list[tuple[SimRequest, int, bool]], now: float,
+                   arrive: float) -> None:
+        """`_emit` for tokens that reach the client at `arrive` (the output path's delay
+        included) and are read through its event loop, if it has one (sim/client.py): in
+        output order, each when the loop is free, and a user whose request ends sends its
+        next one (Run._finished) before the loop reads on. A token's gap runs from when the
+        last one was read: that one's own lag (`lag`, at engine time `lag_at`), or, had the
+        decode cohort emitted it since, the cohort's."""
         client, lat = self.client, self.latency
-        assert client is not None
         window = self.window
-        arrive = now + lat
         in_window = window.start_s <= now < window.end_s
         recorders = window.recorders
         tokens = [0] * len(recorders)
@@ -297,7 +306,7 @@ class Replica:
         for r, new, done in emitted:
             wl = r.wl
             tokens[wl] += new
-            seen = client.read(arrive)
+            seen = arrive if client is None else client.read(arrive)
             if r.first_token_s < 0:
                 r.first_token_s = now
                 r.first_seen_s = seen
@@ -307,7 +316,7 @@ class Replica:
                 lag = r.lag if r.lag_at == r.last_token_s else self._cohort_lag
                 gaps[wl].append(seen - (r.last_token_s + lat + lag))
             r.last_token_s = now
-            r.lag, r.lag_at = seen - arrive, now
+            r.lag, r.lag_at = seen - now - lat, now
             if done:
                 self._finish(r, recorders[wl], seen)
         for rec, n, xs in zip(recorders, tokens, gaps, strict=True):

@@ -24,7 +24,7 @@ from capplan.mix import TrafficMix, max_model_len
 from capplan.modelspec import ModelSpec, load_model_spec
 from capplan.pool import Pool, refuse_open
 from capplan.profile import Profile, StepTimer
-from capplan.sim.client import ClientLoop
+from capplan.sim.client import ClientLoop, OutputJitter
 from capplan.sim.core import CoreConfig, EngineCore, SimRequest
 from capplan.sim.metrics import WorkloadRecorder
 from capplan.sim.replica import Replica, Window
@@ -312,8 +312,12 @@ class _Run:
                 max_num_batched_tokens=eng.max_num_batched_tokens,
             )
             self.timers.append(timer)
-            self.replicas.append(Replica(self.env, i, core, timer, self.window, self._finished,
-                                         client_latency_s, self.client))
+            jitter = mix.simulation.output_jitter_s
+            self.replicas.append(Replica(
+                self.env, i, core, timer, self.window, self._finished, client_latency_s,
+                self.client,
+                OutputJitter(jitter, np.random.default_rng([seed, 4, i])) if jitter else None,
+            ))
         self.router = Router(st.pool.router, self.replicas)
         self.samplers: dict[int, tuple[ClosedLoopSampler, np.random.Generator]] = {}
         self.watch = (

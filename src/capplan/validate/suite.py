@@ -35,6 +35,15 @@ their next ones 0.41 ms apart at the median for 512-token prompts (0.49 ms at 2,
 at 4,096; p10-p90 0.24-0.94 ms), each stamped when it leaves. Measured over the suite's
 closed-loop runs before 2026-11-30's eleventh session, which chose this value; with that
 session's runs, 0.41 / 0.49 / 0.54 ms (`scripts/validation_analysis.py waves`)."""
+HARNESS_JITTER_S = 0.14e-3
+"""The mean of the output path's delay (simulation.output_jitter_s) the validation runner
+sees: at concurrency 1, where every step is alike, the client's inter-token gaps spread
++-0.23 ms about their median at p10-p90 and -0.56 / +0.53 ms at p1 / p99, and a long gap is
+followed by a short one (lag-1 autocorrelation -0.50): the steps keep their pace, and each
+one's outputs reach the client a little late, independently. Two exponential delays of mean
+0.14 ms differ by that much (0.135-0.140 ms from the p90, p95 and p99). Measured on the traced
+Llama-3.1-8B BF16 engine's two concurrency-1 runs (llama-3.1-8b-bf16-prefix-trace,
+prefix90-on-c1 and -off-c1), 2026-11-30, twelfth session; every other row is out of sample."""
 CLOSED_ROWS = 4096  # closed-loop request shapes sent to the runner (cycled if exceeded)
 
 
@@ -112,7 +121,8 @@ class EngineRun(BaseModel):
             pools=[pool],
             workloads=[w.model_copy(update=upd) for w in exp.workloads],
             simulation=SimulationSettings(duration_s=exp.duration_s, warmup_s=0.0,
-                                          seed=exp.seed, client_send_s=HARNESS_SEND_S),
+                                          seed=exp.seed, client_send_s=HARNESS_SEND_S,
+                                          output_jitter_s=HARNESS_JITTER_S),
         )
 
 
