@@ -3,7 +3,7 @@ experiments on the H200, the noise of repeated runs, and the serving engine's tr
 against the simulator's.
 
     python scripts/validation_analysis.py [seeds|noise|steps|idle|graph|trial|gemma|prefix|
-                                           waves|band|rules|gaps]
+                                           waves|band|rules|gaps|loop]
     python scripts/validation_analysis.py before COMMIT [ENGINE...]
 
 With no argument it prints the first three. `gemma` predicts the seeds' Gemma 4 31B
@@ -16,7 +16,9 @@ predicted. `waves` reads the closed-loop waves: the runner's send gaps, the idle
 first step, and the groups each wave splits into, measured and predicted; `band` predicts
 every closed-loop row's TTFT p50 again over a range of first waves (the idle core's wake);
 `rules` counts the rows within target with each of the engine loop's new rules on or off;
-`gaps` prints a closed-loop and a Poisson row's inter-token gaps, measured and predicted.
+`gaps` prints a closed-loop and a Poisson row's inter-token gaps, measured and predicted;
+`loop` the client's event loop and the output path's delay (sim/client.py), from the traced
+rows.
 `before COMMIT` predicts today's stored rows with the code and profiles of COMMIT (a git
 worktree of it, given today's suite and measurements) beside today's: the rows within target
 of each (and split into closed- and open-loop rows), and each named engine's rows, ITL p50,
@@ -601,6 +603,81 @@ def gaps() -> None:
         print(f"    predicted {' '.join(f'{x:.2f}' for x in p)}")
 
 
+LOOP_TRACES = (("llama-3.1-8b-bf16-trace", "chat-c16"), ("llama-3.1-8b-fp8-loop", "chat-c8"),
+               ("llama-3.1-8b-fp8-loop", "chat-c20"), ("llama-3.1-8b-fp8-loop", "chat-c28"),
+               ("qwen3-32b-bf16-loop", "chat-c8"), ("qwen3-32b-bf16-loop", "chat-c20"),
+               ("qwen3-32b-bf16-loop", "chat-c28"))
+JITTER_FIT = (("llama-3.1-8b-bf16-prefix-trace", "prefix90-off-c1"),
+              ("llama-3.1-8b-bf16-prefix-trace", "prefix90-on-c1"))
+JITTER_NEW = (("llama-3.1-8b-fp8-loop", "chat-c2"), ("qwen3-32b-bf16-loop", "chat-c2"))
+
+
+def loop() -> None:
+    """The twelfth session's client-side rules (sim/client.py). For traced closed-loop rows:
+    the engine's decode-only step gaps (step records with no prefill in them or the one
+    before) against the client's inter-token gaps, p50 / p99, and of the client's gaps above
+    the engine's p99, the share that are a request's last two; a wave's last tokens, read a
+    send apart (median spacing within a group that finished in one step). Then the output
+    path's delay: at concurrency 1-2, each run's gaps about their median at p10 / p90 / p99,
+    their lag-1 autocorrelation, and the mean exponential delay each tail implies (the fit
+    rows, then rows measured after the fit). Last, rows within target with the delay off and
+    on (HARNESS_JITTER_S)."""
+    import capplan.validate.suite as suite
+
+    folders = {f.name: f for f in stored_runs()}
+    loaded = {name: load_run(f) for name, f in folders.items()}
+    for engine, name in LOOP_TRACES:
+        _, reqs, _ = loaded[engine]
+        steps = pl.read_parquet(folders[engine] / "steps.parquet")
+        s = steps.filter(pl.col("run") == name).sort("step")
+        t, pf = s["t"].to_numpy(), s["prefill_reqs"].to_numpy()
+        d = np.diff(t) * 1e3
+        ok = (pf[1:] == 0) & (pf[:-1] == 0) & (np.diff(s["step"].to_numpy()) == 1)
+        eng = d[ok]
+        r = reqs.filter(pl.col("run") == name)
+        chunks = [np.array(c) for c in r["chunk_t"].to_list() if len(c) > 2]
+        g = np.concatenate([np.diff(c) * 1e3 for c in chunks])
+        cut = np.percentile(eng, 99)
+        last = sum(int(np.sum(np.diff(c)[-2:] * 1e3 > cut)) for c in chunks)
+        ends = np.sort(np.array([st + c[-1] for st, c in zip(r["send_s"].to_list(),
+                                                            r["chunk_t"].to_list())]))
+        step = np.diff(ends) * 1e3
+        spacing = np.median(step[step < 1.5])  # reads of one group: under a step apart
+        print(f"  {engine} {name}: engine decode gaps p50 {np.median(eng):.2f} / p99 "
+              f"{cut:.2f} ms, client gaps {np.median(g):.2f} / {np.percentile(g, 99):.2f} ms; "
+              f"{np.sum(g > cut)} client gaps above the engine's p99, {last} of them a "
+              f"request's last two; a wave's last tokens read {spacing:.2f} ms apart")
+    for label, rows in (("fit", JITTER_FIT), ("after", JITTER_NEW)):
+        for engine, name in rows:
+            _, reqs, _ = loaded[engine]
+            r = reqs.filter(pl.col("run") == name)
+            res, pairs = [], []
+            for c in r["chunk_t"].to_list():
+                gg = np.diff(np.array(c))[2:-2] * 1e3
+                x = gg - np.median(gg)
+                res.extend(x)
+                pairs.extend(zip(x[:-1], x[1:], strict=True))
+            x = np.array(res)
+            a = np.array(pairs)
+            q = np.percentile(x, [10, 90, 99])
+            mu = [v / np.log(1 / (2 * (1 - p / 100))) for p, v in ((90, q[1]), (99, q[2]))]
+            print(f"  {label} {engine} {name}: gaps about the median p10 / p90 / p99 "
+                  f"{q[0]:+.3f} / {q[1]:+.3f} / {q[2]:+.3f} ms, lag-1 autocorrelation "
+                  f"{np.corrcoef(a[:, 0], a[:, 1])[0, 1]:+.2f}; mean delay from p90 "
+                  f"{mu[0]:.3f}, from p99 {mu[1]:.3f} ms")
+    targets = {"output_tok_s": .05, "ttft_p50_s": .05, "ttft_p99_s": .10, "itl_p50_s": .05,
+               "itl_p99_s": .10, "e2e_p99_s": .10}
+    kept = suite.HARNESS_JITTER_S
+    try:
+        for label, jitter in (("without the delay", 0.0), ("with it", kept)):
+            suite.HARNESS_JITTER_S = jitter
+            rows = compare_all()
+            within = {m: sum(abs(r.error(m)) <= t for r in rows) for m, t in targets.items()}
+            print(f"  {label} ({len(rows)} rows): {within}")
+    finally:
+        suite.HARNESS_JITTER_S = kept
+
+
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
         before(sys.argv[2], sys.argv[3:])
@@ -610,7 +687,7 @@ def main() -> None:
     commands: dict[str, Callable[[], None]] = {
         "seeds": lambda: seeds(rows), "noise": lambda: noise(rows), "steps": steps,
         "trial": trial, "idle": idle, "graph": graph, "gemma": gemma, "prefix": prefix,
-        "waves": waves, "band": band, "rules": rules, "gaps": gaps,
+        "waves": waves, "band": band, "rules": rules, "gaps": gaps, "loop": loop,
     }
     for name in what:
         if name not in commands:
