@@ -29,6 +29,7 @@ throughput, TTFT p50 and ITL p99 error, then and now
 from __future__ import annotations
 
 import gzip
+import itertools
 import os
 import re
 import shutil
@@ -639,8 +640,8 @@ def loop() -> None:
         g = np.concatenate([np.diff(c) * 1e3 for c in chunks])
         cut = np.percentile(eng, 99)
         last = sum(int(np.sum(np.diff(c)[-2:] * 1e3 > cut)) for c in chunks)
-        ends = np.sort(np.array([st + c[-1] for st, c in zip(r["send_s"].to_list(),
-                                                            r["chunk_t"].to_list())]))
+        ends = np.sort(np.array([st + c[-1] for st, c in zip(
+            r["send_s"].to_list(), r["chunk_t"].to_list(), strict=True)]))
         step = np.diff(ends) * 1e3
         spacing = np.median(step[step < 1.5])  # reads of one group: under a step apart
         print(f"  {engine} {name}: engine decode gaps p50 {np.median(eng):.2f} / p99 "
@@ -656,7 +657,7 @@ def loop() -> None:
                 gg = np.diff(np.array(c))[2:-2] * 1e3
                 x = gg - np.median(gg)
                 res.extend(x)
-                pairs.extend(zip(x[:-1], x[1:], strict=True))
+                pairs.extend(itertools.pairwise(x))
             x = np.array(res)
             a = np.array(pairs)
             q = np.percentile(x, [10, 90, 99])
