@@ -134,9 +134,10 @@ class SimRequest:
         self.preemptions = 0
         self.cached_tokens = -1  # prefix-cache hit at first scheduling
         self.first_token_s = -1.0  # engine time of the first token's step end
-        self.first_seen_s = -1.0  # when the client read it (sim/replica.py)
         self.last_token_s = -1.0
-        self.lag = self.lag_at = 0.0  # a client loop's lag on the last token (sim/client.py)
+        # set by the replica when it streams tokens, never read before: first_seen_s (when the
+        # client read the first token) and, through a client loop or the output path's delay,
+        # lag / lag_at (how late it read the last one, and that token's engine time)
         self.scheduled_s = -1.0
         self.lazy = False  # advanced implicitly by the decode cohort (sim/cohort.py)
         self.s0 = self.u0 = self.event = self.trail_from = self.trail_until = self.phase = 0
