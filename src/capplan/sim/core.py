@@ -42,6 +42,12 @@ _NEVER = 1 << 62  # sw_free_at of a request without sliding-window groups
 class SimRequest:
     """One request's state inside an engine; field names follow vllm/v1/request.py."""
 
+    # set when its tokens stream (sim/replica.py), never read before: when the client read
+    # the first token; how late it read the last one, and that token's engine time
+    first_seen_s: float
+    lag: float
+    lag_at: float
+
     __slots__ = (
         "arrival_s",
         "blocks",
@@ -135,9 +141,6 @@ class SimRequest:
         self.cached_tokens = -1  # prefix-cache hit at first scheduling
         self.first_token_s = -1.0  # engine time of the first token's step end
         self.last_token_s = -1.0
-        # set by the replica when it streams tokens, never read before: first_seen_s (when the
-        # client read the first token) and, through a client loop or the output path's delay,
-        # lag / lag_at (how late it read the last one, and that token's engine time)
         self.scheduled_s = -1.0
         self.lazy = False  # advanced implicitly by the decode cohort (sim/cohort.py)
         self.s0 = self.u0 = self.event = self.trail_from = self.trail_until = self.phase = 0
