@@ -468,7 +468,7 @@ def run_replica(
                       max_num_batched_tokens=8192)
     done: list[SimRequest] = []
     rep = Replica(env, 0, core, timer, Window(0.0, 1e9, [WorkloadRecorder()]),
-                  lambda r, _rep: done.append(r))
+                  lambda r, _rep, _seen: done.append(r))
 
     def feed() -> Generator[simpy.Event, Any, None]:
         for t, r in arrivals:
@@ -563,7 +563,7 @@ def _priority_self_preemption(async_scheduling: bool) -> list[SimRequest]:
     timer = StepTimer(constant_profile(1.0), max_num_seqs=1024, max_num_batched_tokens=8192)
     done: list[SimRequest] = []
     rep = Replica(env, 0, core, timer, Window(0.0, 1e9, [WorkloadRecorder()]),
-                  lambda r, _rep: done.append(r))
+                  lambda r, _rep, _seen: done.append(r))
     a = req(0, 16, 20, priority=1)
     b = req(1, 16, 40, priority=0)
 
