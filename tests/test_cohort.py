@@ -11,12 +11,13 @@ from capplan.mix import TrafficMix
 from capplan.sim.run import simulate
 
 
-def _mix(engine: dict[str, Any], workloads: list[dict[str, Any]], duration: float) -> TrafficMix:
+def _mix(engine: dict[str, Any], workloads: list[dict[str, Any]], duration: float,
+         **simulation: Any) -> TrafficMix:
     return TrafficMix.model_validate({
         "schema_version": 1,
         "pools": [{"name": "p", "model": "llama-3.1-8b", "engine": engine}],
         "workloads": [{"pool": "p", **w} for w in workloads],
-        "simulation": {"duration_s": duration, "warmup_s": 2.0, "drain_s": 60.0},
+        "simulation": {"duration_s": duration, "warmup_s": 2.0, "drain_s": 60.0, **simulation},
     })
 
 
@@ -56,22 +57,54 @@ CASES = {
     "sync scheduling, closed loop, two replicas": (
         {"max_model_len": 4096, "async_scheduling": False}, [USERS, RAG], 2, 15.0,
     ),
+    # one client's event loop and the output path's delay (sim/client.py): tokens read late,
+    # the cohort's by its own lag (APPROXIMATE below)
+    "one client loop, output delay, closed loop": (
+        {"max_model_len": 4096}, [USERS, CHAT], 1, 15.0,
+        {"client_send_s": 0.4e-3, "output_jitter_s": 0.14e-3},
+    ),
 }
+
+
+APPROXIMATE = {"one client loop, output delay, closed loop"}
+"""Cases where the cohort reads its members' tokens after the step's explicit requests: with
+one client loop the reading order moves a read by a send, and the request-by-request walk
+reads in scheduling order. Every request's row is the same; the ITL histograms may differ
+by a few bins."""
+
+
+def _close(a: Any, b: Any, path: str = "") -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            _close(a[k], b[k], f"{path}/{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and "itl" in path:
+        assert a == pytest.approx(b, rel=5e-3), path
+    else:
+        assert a == b, path
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_cohort_gives_the_reference_result(case: str) -> None:
-    """Same seed, same figures with the decode cohort and with the request-by-request walk."""
-    engine, workloads, replicas, duration = CASES[case]
-    mix = _mix(engine, workloads, duration)
+    """Same seed, same figures with the decode cohort and with the request-by-request walk
+    (ITL percentiles within 0.5 % where a client loop's reading order differs)."""
+    engine, workloads, replicas, duration, *simulation = CASES[case]
+    mix = _mix(engine, workloads, duration, **(simulation[0] if simulation else {}))
     fast = simulate(mix, "p", replicas, seed=3)
     ref = simulate(mix, "p", replicas, seed=3, decode_cohort=False)
-    assert fast.model_dump() == ref.model_dump()
+    if case in APPROXIMATE:
+        _close(fast.model_dump(), ref.model_dump())
+    else:
+        assert fast.model_dump() == ref.model_dump()
     assert fast.requests().equals(ref.requests())
 
 
 def test_kv_pressure_case_really_preempts() -> None:
     """The KV-pressure case above exercises preemption (else it would prove little)."""
-    engine, workloads, replicas, duration = CASES["KV pressure with preemption"]
+    engine, workloads, replicas, duration, *_ = CASES["KV pressure with preemption"]
     res = simulate(_mix(engine, workloads, duration), "p", replicas, seed=3)
     assert res.pool.preemptions > 0

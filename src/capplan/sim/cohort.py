@@ -17,7 +17,11 @@ request could have hit them earlier).
 This is an evaluation strategy, not a model: the engine takes the cohort's shortcut only in
 steps where vLLM's ordered walk over the running list would give every request what it asks
 for (budget and free blocks suffice for all), so the walk's order cannot matter, and the
-results equal the request-by-request path (tests/test_cohort.py holds them equal).
+results equal the request-by-request path (tests/test_cohort.py holds them equal). One
+exception: through one client's event loop (sim/client.py), the client reads a step's
+cohort tokens after its explicit ones, where the walk reads them in scheduling order; a
+read can move by a send, and the ITL percentiles by a few histogram bins (every request's
+row stays the same).
 
 A hybrid model's member (sliding-window groups, sim/core.py) also takes a block in every
 sliding group each `sw_block_size` steps and frees one that left its window each
