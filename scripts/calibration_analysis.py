@@ -3,7 +3,7 @@ of its GPU, the steps just past the largest CUDA graph, the floor under them, th
 drafter's cost and the stairs of its verify steps.
 
     python scripts/calibration_analysis.py [table|sanity|graph|floor|drafter|stairs|...]
-    (also: repeats, cached, decode, firstuse, finishes, graphs)
+    (also: repeats, cached, decode, firstuse, finishes, graphs, idle)
     python scripts/calibration_analysis.py points MODEL/KEY   # e.g. gemma-4-31b/fp8
 
 With no argument it prints sanity and graph.
@@ -423,6 +423,24 @@ def _window_points(prof: Profile, run: str) -> None:
           f"{prof.step.graph_window_s * 1e9:.1f} ns a token): " + ", ".join(cells))
 
 
+def idle() -> None:
+    """Each shipped profile's fit on its measured steps (warm-up points left out), split into
+    the steps that queued behind another (pipelined) and those that began on an idle GPU, a
+    point's first: median and p95 absolute error of each, and of the steps the fit misses by
+    more than 8 %, the share that began on an idle GPU (docs/calibration.md)."""
+    for d in sorted(PROFILES.glob("*/*/samples.parquet")):
+        prof, s, sizes = _fit_inputs(d.parent)
+        ape = np.abs(_predicted(prof, s, sizes) / s["step_s"] - 1)
+        keep = ~s["warmup"]
+        piped = pl.read_parquet(d)["pipelined"].to_numpy().astype(bool)
+        a, b = ape[keep & piped], ape[keep & ~piped]
+        over = keep & (ape > 0.08)
+        print(f"  {prof.model}/{prof.key}: pipelined {len(a)} steps, median {np.median(a):.1%}, "
+              f"p95 {np.percentile(a, 95):.1%}; from idle {len(b)}, median {np.median(b):.1%}, "
+              f"p95 {np.percentile(b, 95):.1%}; over 8 %: {over.sum()} steps, "
+              f"{(over & ~piped).sum() / max(over.sum(), 1):.0%} of them from idle")
+
+
 def main() -> None:
     what = sys.argv[1:] or ["sanity", "graph"]
     if what[0] == "points":
@@ -432,7 +450,8 @@ def main() -> None:
         print(f"== {name}")
         {"table": table, "sanity": sanity, "graph": graph, "finishes": finishes,
          "repeats": repeats, "cached": cached, "decode": decode, "firstuse": firstuse,
-         "floor": floor, "drafter": drafter, "stairs": stairs, "graphs": graphs}[name]()
+         "floor": floor, "drafter": drafter, "stairs": stairs, "graphs": graphs,
+         "idle": idle}[name]()
 
 
 if __name__ == "__main__":
