@@ -283,11 +283,7 @@ class Replica:
             r.last_token_s = now
             if done:
                 self._finish(r, recorders[wl], seen)
-        for rec, n, xs in zip(recorders, tokens, gaps, strict=True):
-            if in_window:
-                rec.output_tokens_in_window += n
-            if xs:
-                rec.itl.add_many(xs)
+        _hand_over(recorders, tokens, gaps, in_window)
 
     def _emit_read(self, emitted: list[tuple[SimRequest, int, bool]], now: float,
                    arrive: float) -> None:
@@ -319,8 +315,15 @@ class Replica:
             r.lag, r.lag_at = seen - now - lat, now
             if done:
                 self._finish(r, recorders[wl], seen)
-        for rec, n, xs in zip(recorders, tokens, gaps, strict=True):
-            if in_window:
-                rec.output_tokens_in_window += n
-            if xs:
-                rec.itl.add_many(xs)
+        _hand_over(recorders, tokens, gaps, in_window)
+
+
+def _hand_over(recorders: list[WorkloadRecorder], tokens: list[int], gaps: list[list[float]],
+               in_window: bool) -> None:
+    """One step's tokens and ITL gaps, per workload, to its recorder (after the step's loop:
+    the bookkeeping stays out of it)."""
+    for rec, n, xs in zip(recorders, tokens, gaps, strict=True):
+        if in_window:
+            rec.output_tokens_in_window += n
+        if xs:
+            rec.itl.add_many(xs)
