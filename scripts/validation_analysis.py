@@ -3,7 +3,7 @@ experiments on the H200, the noise of repeated runs, and the serving engine's tr
 against the simulator's.
 
     python scripts/validation_analysis.py [seeds|noise|steps|idle|graph|trial|gemma|prefix|
-                                           waves|band|rules|gaps|loop]
+                                           waves|band|rules|gaps|loop|tried]
     python scripts/validation_analysis.py before COMMIT [ENGINE...]
 
 With no argument it prints the first three. `gemma` predicts the seeds' Gemma 4 31B
@@ -18,7 +18,7 @@ every closed-loop row's TTFT p50 again over a range of first waves (the idle cor
 `rules` counts the rows within target with each of the engine loop's new rules on or off;
 `gaps` prints a closed-loop and a Poisson row's inter-token gaps, measured and predicted;
 `loop` the client's event loop and the output path's delay (sim/client.py), from the traced
-rows.
+rows; `tried` the twelfth session's rules tried and left.
 `before COMMIT` predicts today's stored rows with the code and profiles of COMMIT (a git
 worktree of it, given today's suite and measurements) beside today's: the rows within target
 of each (and split into closed- and open-loop rows), and each named engine's rows, ITL p50,
@@ -423,7 +423,10 @@ WAVE_ROWS = (("llama-3.1-8b-fp8-mid", "chat-c24"), ("llama-3.1-8b-fp8-mid", "cha
              ("qwen3-32b-fp8-mid", "chat-c32"), ("llama-3.1-8b-bf16-waves", "chat-c32-r1"),
              ("llama-3.1-8b-bf16-waves", "chat-c32-r2"), ("llama-3.1-8b-bf16-waves", "chat-c32-r3"),
              ("qwen3-32b-fp8-waves", "chat-c40"), ("gemma-4-31b-fp8-mid", "chat-c24"),
-             ("gemma-4-31b-fp8-mid", "chat-c32"), ("gemma-4-31b-fp8-mid", "chat-c48"))
+             ("gemma-4-31b-fp8-mid", "chat-c32"), ("gemma-4-31b-fp8-mid", "chat-c48"),
+             ("llama-3.1-8b-fp8-loop", "chat-c20"), ("llama-3.1-8b-fp8-loop", "chat-c28"),
+             ("llama-3.1-8b-bf16-loop", "chat-c28"), ("llama-3.1-8b-fp8-loop", "prefix90-on-c32"),
+             ("qwen3-32b-fp8-loop", "chat-c36"), ("qwen3-32b-fp8-loop", "chat-c28"))
 
 
 def _groups(first_token_s: np.ndarray) -> list[int]:
@@ -563,7 +566,11 @@ def rules() -> None:
         replica.ENGINE_WAKE_S, suite.HARNESS_SEND_S = kept
 
 
-GAP_ROWS = (("llama-3.1-8b-bf16-waves", "chat-c32-r2"), ("llama-3.1-8b-fp8", "chat-p44"))
+GAP_ROWS = (("llama-3.1-8b-bf16-waves", "chat-c32-r2"), ("llama-3.1-8b-fp8", "chat-p44"),
+            ("llama-3.1-8b-fp8-loop", "prefix90-on-c32"),
+            ("llama-3.1-8b-bf16-loop", "prefix90-on-c32"),
+            ("llama-3.1-8b-fp8-loop", "chat-c20"), ("llama-3.1-8b-fp8-loop", "chat-c28"),
+            ("llama-3.1-8b-fp8-loop", "prefix90-on-c48"), ("llama-3.1-8b-bf16-loop", "chat-c28"))
 GAP_QS = (10, 30, 50, 60, 70, 90, 95, 98, 99, 99.5)
 
 
@@ -679,6 +686,132 @@ def loop() -> None:
         suite.HARNESS_JITTER_S = kept
 
 
+def _within(rows: list[Row]) -> dict[str, int]:
+    targets = {"output_tok_s": .05, "ttft_p50_s": .05, "ttft_p99_s": .10, "itl_p50_s": .05,
+               "itl_p99_s": .10, "e2e_p99_s": .10}
+    return {m: sum(abs(r.error(m)) <= t for r in rows) for m, t in targets.items()}
+
+
+def _idle_leads() -> dict[tuple[str, str], float]:
+    """Per profile (model, key): the median over its 128-512-token prefill points of the
+    first step (on an idle GPU) less the median of the next three (calibration samples)."""
+    leads = {}
+    for f in sorted((CALIBRATION_DIR / "h200" / "vllm-0.26.0").glob("*/*/samples.parquet")):
+        s = pl.read_parquet(f).filter(~pl.col("warmup"))
+        d = []
+        for (pt, _run), g in s.group_by(["point", "run"]):
+            m = re.match(r"prefill-p(\d+)-x(\d+)$", str(pt))
+            if not m or int(m.group(1)) > 512:
+                continue
+            g = g.sort("step")
+            if len(g) < 3 or g["pipelined"][0]:
+                continue
+            y = g["step_s"].to_numpy()
+            d.append(y[0] - np.median(y[1:4]))
+        leads[(f.parent.parent.name, f.parent.name)] = float(np.median(d)) if d else 0.0
+    return leads
+
+
+def tried() -> None:
+    """The twelfth session's three rules tried and left (docs/validation.md): each run
+    predicted with its own client's send gap (the median gap between sends under 1.5 ms
+    apart, where a run has 20 of them); a launch time of `prefill_step_s` for every step that
+    carries a prefill within the largest CUDA graph; and, for such a step begun on an idle
+    GPU, the calibration's idle lead (`_idle_leads`). Rows within target, and each trial's
+    rows whose TTFT p50 error moved by more than 4 points."""
+    import capplan.profile as profile
+    import capplan.sim.replica as replica
+    import capplan.validate.compare as cmp
+    import capplan.validate.suite as suite
+
+    base = compare_all()
+    print(f"  today ({len(base)} rows): {_within(base)}")
+    before = {(r.engine, r.run, r.workload): r for r in base}
+
+    def moved(rows: list[Row]) -> None:
+        for r in rows:
+            o = before[(r.engine, r.run, r.workload)]
+            if abs(o.error("ttft_p50_s") - r.error("ttft_p50_s")) > 0.04:
+                print(f"    {r.engine} {r.run}: TTFT p50 {o.error('ttft_p50_s'):+.1%} -> "
+                      f"{r.error('ttft_p50_s'):+.1%}")
+
+    # 1. each run's own send gap
+    kept = suite.HARNESS_SEND_S
+    rows: list[Row] = []
+    try:
+        for f in stored_runs():
+            run, reqs, measured = load_run(f)
+            for exp in run.experiments:
+                for name in exp.runs():
+                    r = reqs.filter(pl.col("run") == name)
+                    if not len(r):
+                        continue
+                    d = np.diff(np.sort(r["send_s"].to_numpy()))
+                    d = d[d < 1.5e-3]
+                    suite.HARNESS_SEND_S = float(np.median(d)) if len(d) >= 20 else kept
+                    spec = measured["runs"].get(name, {}).get("spec")
+                    acc = None
+                    if run.pool.engine.speculative is not None:
+                        acc = round(spec["first_position_acceptance"], 4) if spec else 0.0
+                    pred = cmp.predict(run, exp.name, acc)
+                    for w in exp.workloads:
+                        wr = r.filter(pl.col("workload") == w.name)
+                        if len(wr):
+                            rows.append(Row(run.name, run.pool.model, str(run.pool.precision),
+                                            exp.name, name, w.name, tuple(exp.tags),
+                                            cmp.measured_metrics(wr), pred[w.name], ""))
+    finally:
+        suite.HARNESS_SEND_S = kept
+    closer = sum(abs(r.error("itl_p99_s")) < abs(before[(r.engine, r.run, r.workload)]
+                                                 .error("itl_p99_s")) - .01 for r in rows)
+    further = sum(abs(r.error("itl_p99_s")) > abs(before[(r.engine, r.run, r.workload)]
+                                                  .error("itl_p99_s")) + .01 for r in rows)
+    print(f"  each run's own send gap: {_within(rows)}; ITL p99 {closer} rows closer, "
+          f"{further} further")
+
+    # 2 and 3: a launch for piecewise prefill steps; an idle lead for them
+    leads = _idle_leads()
+    step_times, init, advance = (profile.StepTimer.step_times, profile.StepTimer.__init__,
+                                 replica.Replica._advance)
+    key: dict[int, tuple[str, str]] = {}
+    current: list[Any] = [None]
+
+    def init_(self: Any, prof: Profile, *a: Any, **k: Any) -> None:
+        init(self, prof, *a, **k)
+        key[id(self)] = (prof.model, prof.key)
+
+    def advance_(self: Any) -> None:
+        current[0] = self
+        advance(self)
+
+    for label in ("a launch of prefill_step_s", "the idle lead"):
+        def times(self: Any, tokens: int, seqs: int, prefill_attn: float, decode_ctx: int,
+                  encoder_tokens: int = 0, _label: str = label, **kw: Any) -> tuple[float, float]:
+            work, launch = step_times(self, tokens, seqs, prefill_attn, decode_ctx,
+                                      encoder_tokens, **kw)
+            if not prefill_attn or launch:
+                return work, launch
+            if _label == "the idle lead":
+                rep = current[0]
+                if rep is not None and not rep._inflight and rep._gpu_free <= rep.env.now:
+                    work += leads.get(key[id(self)], 0.0)
+                return work, launch
+            launch = self._prefill_step
+            return max(work, launch), launch
+
+        profile.StepTimer.__init__ = init_  # type: ignore[method-assign]
+        profile.StepTimer.step_times = times  # type: ignore[method-assign]
+        replica.Replica._advance = advance_  # type: ignore[method-assign]
+        try:
+            rows = compare_all()
+        finally:
+            profile.StepTimer.__init__ = init  # type: ignore[method-assign]
+            profile.StepTimer.step_times = step_times  # type: ignore[method-assign]
+            replica.Replica._advance = advance  # type: ignore[method-assign]
+        print(f"  {label}: {_within(rows)}")
+        moved(rows)
+
+
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
         before(sys.argv[2], sys.argv[3:])
@@ -689,6 +822,7 @@ def main() -> None:
         "seeds": lambda: seeds(rows), "noise": lambda: noise(rows), "steps": steps,
         "trial": trial, "idle": idle, "graph": graph, "gemma": gemma, "prefix": prefix,
         "waves": waves, "band": band, "rules": rules, "gaps": gaps, "loop": loop,
+        "tried": tried,
     }
     for name in what:
         if name not in commands:
