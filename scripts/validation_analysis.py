@@ -771,6 +771,8 @@ def tried() -> None:
 
     # 2 and 3: a launch for piecewise prefill steps; an idle lead for them
     leads = _idle_leads()
+    print("  idle leads, ms: " + ", ".join(f"{m}/{k} {v * 1e3:.1f}"
+                                           for (m, k), v in sorted(leads.items())))
     step_times, init, advance = (profile.StepTimer.step_times, profile.StepTimer.__init__,
                                  replica.Replica._advance)
     key: dict[int, tuple[str, str]] = {}
