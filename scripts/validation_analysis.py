@@ -618,6 +618,8 @@ LOOP_TRACES = (("llama-3.1-8b-bf16-trace", "chat-c16"), ("llama-3.1-8b-fp8-loop"
 JITTER_FIT = (("llama-3.1-8b-bf16-prefix-trace", "prefix90-off-c1"),
               ("llama-3.1-8b-bf16-prefix-trace", "prefix90-on-c1"))
 JITTER_NEW = (("llama-3.1-8b-fp8-loop", "chat-c2"), ("qwen3-32b-bf16-loop", "chat-c2"))
+PREFILL_TRACES = (("llama-3.1-8b-fp8-loop", "chat-c2"), ("llama-3.1-8b-fp8-c2", "chat-c1"),
+                  ("llama-3.1-8b-fp8-loop", "prefix90-on-c32"))
 
 
 def loop() -> None:
@@ -628,8 +630,11 @@ def loop() -> None:
     send apart (median spacing within a group that finished in one step). Then the output
     path's delay: at concurrency 1-2, each run's gaps about their median at p10 / p90 / p99,
     their lag-1 autocorrelation, and the mean exponential delay each tail implies (the fit
-    rows, then rows measured after the fit). Last, rows within target with the delay off and
-    on (HARNESS_JITTER_S)."""
+    rows, then rows measured after the fit). Then the prefill steps of PREFILL_TRACES, as the
+    engine recorded them, and Llama-3.1-8B FP8 at concurrency 2 predicted with the idle
+    core's wake at 0.75 and 0.3 ms. Last, rows within target with the delay off and on
+    (HARNESS_JITTER_S)."""
+    import capplan.sim.replica as replica
     import capplan.validate.suite as suite
 
     folders = {f.name: f for f in stored_runs()}
@@ -673,6 +678,31 @@ def loop() -> None:
                   f"{q[0]:+.3f} / {q[1]:+.3f} / {q[2]:+.3f} ms, lag-1 autocorrelation "
                   f"{np.corrcoef(a[:, 0], a[:, 1])[0, 1]:+.2f}; mean delay from p90 "
                   f"{mu[0]:.3f}, from p99 {mu[1]:.3f} ms")
+    for engine, name in PREFILL_TRACES:
+        steps = pl.read_parquet(folders[engine] / "steps.parquet")
+        s = (steps.filter(pl.col("run") == name).sort("step")
+             .with_columns((pl.col("t").diff() * 1e3).alias("dt"), pl.col("step").diff()
+                           .alias("ds")))
+        g = (s.filter((pl.col("prefill_reqs") > 0) & (pl.col("ds") == 1))
+             .group_by("prefill_reqs", "prefill_tokens", "decode_reqs")
+             .agg(pl.len().alias("n"), pl.col("dt").median(), pl.col("wait_ms").median())
+             .filter(pl.col("n") >= 3).sort("prefill_reqs"))
+        print(f"  {engine} {name}, steps with a prefill (requests x new tokens + decodes): "
+              "record gap / the core's wait for the GPU, ms, medians: " + "; ".join(
+                  f"{r['prefill_reqs']} x {r['prefill_tokens']} + {r['decode_reqs']}: "
+                  f"{r['dt']:.1f} / {r['wait_ms']:.2f} ({r['n']})"
+                  for r in g.iter_rows(named=True)))
+    run, _, _ = loaded["llama-3.1-8b-fp8-loop"]
+    exp = next(e for e in run.experiments if e.name == "chat-c2")
+    wake = replica.ENGINE_WAKE_S
+    try:
+        for w in (wake, 0.3e-3):
+            replica.ENGINE_WAKE_S = w
+            res = simulate(run.mix(exp), "validate", 1, seed=exp.seed)
+            print(f"  llama-3.1-8b-fp8-loop chat-c2 predicted with the idle core's wake at "
+                  f"{w * 1e3:.2f} ms: TTFT p50 {res.workloads[0].ttft_p50_s * 1e3:.1f} ms")
+    finally:
+        replica.ENGINE_WAKE_S = wake
     targets = {"output_tok_s": .05, "ttft_p50_s": .05, "ttft_p99_s": .10, "itl_p50_s": .05,
                "itl_p99_s": .10, "e2e_p99_s": .10}
     kept = suite.HARNESS_JITTER_S
