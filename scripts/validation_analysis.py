@@ -743,12 +743,12 @@ def _idle_leads() -> dict[tuple[str, str], float]:
 
 
 def tried() -> None:
-    """The twelfth session's three rules tried and left (docs/validation.md): each run
-    predicted with its own client's send gap (the median gap between sends under 1.5 ms
-    apart, where a run has 20 of them); a launch time of `prefill_step_s` for every step that
-    carries a prefill within the largest CUDA graph; and, for such a step begun on an idle
-    GPU, the calibration's idle lead (`_idle_leads`). Rows within target, and each trial's
-    rows whose TTFT p50 error moved by more than 4 points."""
+    """The twelfth session's three rules tried and left (docs/validation.md): each
+    experiment predicted with its own client's send gap (the median gap between sends under
+    1.5 ms apart, over its runs, where it has 20 of them); a launch time of `prefill_step_s`
+    for every step that carries a prefill within the largest CUDA graph; and, for such a
+    step begun on an idle GPU, the calibration's idle lead (`_idle_leads`). Rows within
+    target, and each trial's rows whose TTFT p50 error moved by more than 4 points."""
     import capplan.profile as profile
     import capplan.sim.replica as replica
     import capplan.validate.compare as cmp
@@ -765,38 +765,33 @@ def tried() -> None:
                 print(f"    {r.engine} {r.run}: TTFT p50 {o.error('ttft_p50_s'):+.1%} -> "
                       f"{r.error('ttft_p50_s'):+.1%}")
 
-    # 1. each run's own send gap
-    kept = suite.HARNESS_SEND_S
-    rows: list[Row] = []
+    # 1. each experiment's own send gap (the median gap between sends under 1.5 ms apart,
+    # over its runs, where it has 20 of them), through compare_all's own predictions
+    gaps: dict[tuple[str, str], float] = {}
+    for f in stored_runs():
+        run, reqs, _ = load_run(f)
+        for exp in run.experiments:
+            sends = [reqs.filter(pl.col("run") == n)["send_s"].to_numpy() for n in exp.runs()]
+            d = np.concatenate([np.diff(np.sort(x)) for x in sends if len(x)] or [np.empty(0)])
+            d = d[d < 1.5e-3]
+            if len(d) >= 20:
+                gaps[(run.name, exp.name)] = float(np.median(d))
+    kept, predict = suite.HARNESS_SEND_S, cmp.predict
+
+    def predict_(run: Any, exp_name: str, acceptance: float | None) -> Any:
+        suite.HARNESS_SEND_S = gaps.get((run.name, exp_name), kept)
+        return predict(run, exp_name, acceptance)
+
+    cmp.predict = predict_  # type: ignore[assignment]
     try:
-        for f in stored_runs():
-            run, reqs, measured = load_run(f)
-            for exp in run.experiments:
-                for name in exp.runs():
-                    r = reqs.filter(pl.col("run") == name)
-                    if not len(r):
-                        continue
-                    d = np.diff(np.sort(r["send_s"].to_numpy()))
-                    d = d[d < 1.5e-3]
-                    suite.HARNESS_SEND_S = float(np.median(d)) if len(d) >= 20 else kept
-                    spec = measured["runs"].get(name, {}).get("spec")
-                    acc = None
-                    if run.pool.engine.speculative is not None:
-                        acc = round(spec["first_position_acceptance"], 4) if spec else 0.0
-                    pred = cmp.predict(run, exp.name, acc)
-                    for w in exp.workloads:
-                        wr = r.filter(pl.col("workload") == w.name)
-                        if len(wr):
-                            rows.append(Row(run.name, run.pool.model, str(run.pool.precision),
-                                            exp.name, name, w.name, tuple(exp.tags),
-                                            cmp.measured_metrics(wr), pred[w.name], ""))
+        rows = compare_all()
     finally:
-        suite.HARNESS_SEND_S = kept
+        cmp.predict, suite.HARNESS_SEND_S = predict, kept
     closer = sum(abs(r.error("itl_p99_s")) < abs(before[(r.engine, r.run, r.workload)]
                                                  .error("itl_p99_s")) - .01 for r in rows)
     further = sum(abs(r.error("itl_p99_s")) > abs(before[(r.engine, r.run, r.workload)]
                                                   .error("itl_p99_s")) + .01 for r in rows)
-    print(f"  each run's own send gap: {_within(rows)}; ITL p99 {closer} rows closer, "
+    print(f"  each experiment's own send gap: {_within(rows)}; ITL p99 {closer} rows closer, "
           f"{further} further")
 
     # 2 and 3: a launch for piecewise prefill steps; an idle lead for them
