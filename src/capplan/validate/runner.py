@@ -21,7 +21,9 @@ token ids. Prefix caching "off" is a unique `cache_salt` per request.
 Writes DIR/<experiment>.jsonl (one line per measured request), DIR/<experiment>.metrics-{0,1}.txt
 (the engine's Prometheus exposition before and after, as `/metrics` serves it),
 DIR/<experiment>.steps.jsonl with job option `trace_steps` (every engine step as the serving
-engine reports it) and DIR/engine.json (engine settings, KV capacity, versions, errors).
+engine reports it), DIR/coretrace/core-<pid>.jsonl with job option `trace_core` (coretrace.py:
+where each process's time goes) and DIR/engine.json (engine settings, KV capacity, versions,
+errors; each experiment's start `t0_perf` on the clock the traces use).
 """
 
 import argparse
@@ -405,6 +407,13 @@ async def amain(args):
     # script imports nothing of capplan)
     runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
                                 "vllm_patches.py"))["apply_all"]()
+    if job.get("trace_core"):  # where the engine core's time goes (coretrace.py)
+        try:
+            meta["trace_core"] = runpy.run_path(os.path.join(
+                os.path.dirname(os.path.abspath(__file__)), "coretrace.py"))["install"](
+                    os.path.join(args.out, "coretrace"))
+        except Exception as e:  # a diagnosis aid: never fail the run for it
+            meta["trace_error"] = f"{type(e).__name__}: {e}"[:300]
     t = time.perf_counter()
     try:
         engine = AsyncLLM.from_engine_args(
@@ -467,7 +476,7 @@ async def amain(args):
                     f.write(before)
                 with open(os.path.join(args.out, f"{name}.metrics-1.txt"), "w") as f:
                     f.write(scrape())
-            meta["experiments"][name] = {"wall_s": round(wall, 3), **summ}
+            meta["experiments"][name] = {"wall_s": round(wall, 3), "t0_perf": x.t0, **summ}
             write_json(meta_path, meta)
             print("EXP", name, f"{wall:.1f}s", json.dumps(summ), flush=True)
     finally:

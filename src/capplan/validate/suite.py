@@ -91,6 +91,10 @@ class EngineRun(BaseModel):
     trace_steps: bool = Field(
         default=False, description="also record every engine step's composition (diagnosis)"
     )
+    trace_core: bool = Field(
+        default=False,
+        description="also record where the engine core's time goes (validate/coretrace.py)",
+    )
     experiments: list[Experiment] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -280,4 +284,4 @@ def emit_job(run: EngineRun, models_root: Path, work: Path, *, seed: int = 0,
             if name not in skip:
                 exps.append(experiment_job(run, e, name))
     return {"name": run.name, "seed": seed, "engine": engine_kwargs(run, models_root, work),
-            "trace_steps": run.trace_steps, "experiments": exps}
+            "trace_steps": run.trace_steps, "trace_core": run.trace_core, "experiments": exps}

@@ -1,0 +1,160 @@
+"""Where a serving engine core's time goes: wall-clock spans of its scheduler, model runner
+and I/O threads, and the GPU's span of each step (job option `trace_core`).
+
+Plain Python with no capplan imports: the validation runner reads this file by path
+(`runpy.run_path`) and calls `install(folder)` before it starts the engine. vLLM 0.26.0 forks
+the engine core from the runner (vllm/utils/system_utils.py: get_mp_context, "fork" unless
+CUDA is already initialised), so the child inherits the wrapped methods; each process then
+writes its own `folder/core-<pid>.jsonl`.
+
+One line per span: `[name, thread, t0, t1]`, times in `time.perf_counter()` seconds, the
+clock the runner stamps requests with (CLOCK_MONOTONIC, shared by every process on the
+host). A model-runner call also gives a `gpu:<name>` span: CUDA events recorded on the
+engine's stream (vllm/v1/worker/gpu/model_runner.py: main_stream is the current stream)
+just before and after the call, placed on the same clock through one synchronised event.
+The GPU span starts when the stream reaches the call's first kernel and ends when its last
+launched kernel finishes, so the gap from a step's CPU start to its GPU start is the GPU
+still busy with earlier work, and a GPU span longer than its kernels is launch-bound.
+
+Lines are written by a background thread whenever the core has been quiet for 0.5 s (between
+experiments), so writing never delays a step.
+"""
+
+import functools
+import importlib
+import json
+import os
+import threading
+import time
+
+# (module, class, method): what each span times (vLLM 0.26.0; the V2 model runner is the
+# default there, vllm/v1/worker/gpu/model_runner.py)
+TARGETS = [
+    ("vllm.v1.engine.core", "EngineCore", "add_request"),
+    ("vllm.v1.engine.core", "EngineCore", "preprocess_add_request"),
+    ("vllm.v1.engine.core", "EngineCore", "step_with_batch_queue"),
+    ("vllm.v1.engine.core", "EngineCoreProc", "_process_input_queue"),
+    ("vllm.v1.core.sched.scheduler", "Scheduler", "schedule"),
+    ("vllm.v1.core.sched.scheduler", "Scheduler", "update_from_output"),
+    ("vllm.v1.core.sched.scheduler", "Scheduler", "add_request"),
+    ("vllm.v1.executor.uniproc_executor", "AsyncOutputFuture", "result"),
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "execute_model"),
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "sample_tokens"),
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "add_requests"),
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "update_requests"),
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "prepare_inputs"),
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "prepare_attn"),
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "sample"),
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "postprocess_sampled"),
+    ("vllm.v1.serial_utils", "MsgpackEncoder", "encode_into"),
+    ("vllm.v1.serial_utils", "MsgpackDecoder", "decode"),
+]
+GPU_TIMED = {"execute_model", "sample_tokens"}
+
+
+class _Trace:
+    def __init__(self, folder):
+        self.folder = folder
+        self.pid = None
+        self.lines = []
+        self.pending = []  # (name, start event, end event) not yet resolved
+        self.base = None  # (event, perf_counter when it completed)
+        self.last = 0.0
+
+    def _ensure(self):
+        """First use in a process: a fresh buffer and writer (a forked child inherits the
+        parent's lists but not its threads)."""
+        if self.pid == os.getpid():
+            return
+        self.pid, self.lines, self.pending, self.base = os.getpid(), [], [], None
+        self.lines.append(["process", threading.current_thread().name, time.perf_counter(),
+                           time.perf_counter()])
+        threading.Thread(target=self._writer, name="coretrace", daemon=True).start()
+
+    def span(self, name, t0, t1):
+        self.lines.append([name, threading.current_thread().name[:12], t0, t1])
+        self.last = t1
+
+    def gpu_events(self, torch):
+        if self.base is None:
+            torch.cuda.synchronize()
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            ev.synchronize()
+            self.base = (ev, time.perf_counter())
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def resolve(self, everything=False):
+        base, t_base = self.base
+        keep = []
+        for name, e0, e1 in self.pending:
+            if everything or e1.query():
+                e1.synchronize()
+                self.lines.append([f"gpu:{name}", "gpu", t_base + base.elapsed_time(e0) / 1e3,
+                                   t_base + base.elapsed_time(e1) / 1e3])
+            else:
+                keep.append((name, e0, e1))
+        self.pending = keep
+
+    def _writer(self):
+        path = os.path.join(self.folder, f"core-{os.getpid()}.jsonl")
+        while True:
+            time.sleep(0.5)
+            if self.lines and time.perf_counter() - self.last > 0.5:
+                out, self.lines = self.lines, []
+                with open(path, "a") as f:
+                    f.writelines(json.dumps(x) + "\n" for x in out)
+
+
+def _wrap(trace, fn, name):
+    @functools.wraps(fn)
+    def timed(*args, **kwargs):
+        trace._ensure()
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            trace.span(name, t0, time.perf_counter())
+    return timed
+
+
+def _wrap_gpu(trace, fn, name):
+    import torch
+
+    @functools.wraps(fn)
+    def timed(*args, **kwargs):
+        # warm-up and CUDA-graph capture run the model too (model_runner.py: _dummy_run);
+        # an event query or synchronize inside a capture would break it
+        if kwargs.get("dummy_run") or torch.cuda.is_current_stream_capturing():
+            return fn(*args, **kwargs)
+        trace._ensure()
+        if trace.pending:
+            trace.resolve()
+        e0 = trace.gpu_events(torch)
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            t1 = time.perf_counter()
+            trace.pending.append((name, e0, trace.gpu_events(torch)))
+            trace.span(name, t0, t1)
+    return timed
+
+
+def install(folder):
+    """Wrap the TARGETS that exist in this vLLM; returns the names wrapped."""
+    os.makedirs(folder, exist_ok=True)
+    trace = _Trace(folder)
+    wrapped = []
+    for mod, cls, meth in TARGETS:
+        try:
+            owner = getattr(importlib.import_module(mod), cls)
+            fn = getattr(owner, meth)
+        except (ImportError, AttributeError):
+            continue
+        wrap = _wrap_gpu if meth in GPU_TIMED else _wrap
+        setattr(owner, meth, wrap(trace, fn, meth))
+        wrapped.append(f"{cls}.{meth}")
+    return wrapped
