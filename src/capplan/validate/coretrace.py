@@ -2,10 +2,13 @@
 and I/O threads, and the GPU's span of each step (job option `trace_core`).
 
 Plain Python with no capplan imports: the validation runner reads this file by path
-(`runpy.run_path`) and calls `install(folder)` before it starts the engine. vLLM 0.26.0 forks
-the engine core from the runner (vllm/utils/system_utils.py: get_mp_context, "fork" unless
-CUDA is already initialised), so the child inherits the wrapped methods; each process then
-writes its own `folder/core-<pid>.jsonl`.
+(`runpy.run_path`) and calls `plugin(folder)` before it starts the engine. The runner has
+initialised CUDA by then, so vLLM 0.26.0 spawns the engine core (vllm/utils/system_utils.py:
+_maybe_force_spawn) and the child inherits no wrapped method. It loads vLLM's general
+plugins instead (vllm/plugins/__init__.py, called from EngineCore.__init__ before the core
+binds its step function), so `plugin` makes this file one: a module and its entry point in
+a folder on the path, which wraps the methods in every process. Each process writes its own
+`folder/core-<pid>.jsonl`.
 
 One line per span: `[name, thread, t0, t1]`, times in `time.perf_counter()` seconds, the
 clock the runner stamps requests with (CLOCK_MONOTONIC, shared by every process on the
@@ -144,7 +147,7 @@ def _wrap_gpu(trace, fn, name):
 
 
 def install(folder):
-    """Wrap the TARGETS that exist in this vLLM; returns the names wrapped."""
+    """Wrap the TARGETS that exist in this vLLM and are not wrapped yet; returns their names."""
     os.makedirs(folder, exist_ok=True)
     trace = _Trace(folder)
     wrapped = []
@@ -154,7 +157,42 @@ def install(folder):
             fn = getattr(owner, meth)
         except (ImportError, AttributeError):
             continue
-        wrap = _wrap_gpu if meth in GPU_TIMED else _wrap
-        setattr(owner, meth, wrap(trace, fn, meth))
+        if getattr(fn, "_coretrace", False):
+            continue
+        timed = (_wrap_gpu if meth in GPU_TIMED else _wrap)(trace, fn, meth)
+        timed._coretrace = True
+        setattr(owner, meth, timed)
         wrapped.append(f"{cls}.{meth}")
     return wrapped
+
+
+PLUGIN = """import os, runpy
+
+
+def register():
+    runpy.run_path(os.environ["CAPPLAN_CORE_TRACE_PY"])["install"](os.environ["CAPPLAN_CORE_TRACE"])
+"""
+
+
+def plugin(folder):
+    """Trace every process vLLM starts from here on: this file as a `vllm.general_plugins`
+    entry point (a module and its dist-info in `folder/site`, put on sys.path, which a
+    spawned child inherits, and on PYTHONPATH), then `install` in this process."""
+    import sys
+
+    site = os.path.join(folder, "site")
+    info = os.path.join(site, "capplan_coretrace-0.dist-info")
+    os.makedirs(info, exist_ok=True)
+    with open(os.path.join(site, "capplan_coretrace.py"), "w") as f:
+        f.write(PLUGIN)
+    with open(os.path.join(info, "METADATA"), "w") as f:
+        f.write("Metadata-Version: 2.1\nName: capplan-coretrace\nVersion: 0\n")
+    with open(os.path.join(info, "entry_points.txt"), "w") as f:
+        f.write("[vllm.general_plugins]\ncoretrace = capplan_coretrace:register\n")
+    os.environ["CAPPLAN_CORE_TRACE"] = folder
+    os.environ["CAPPLAN_CORE_TRACE_PY"] = os.path.abspath(__file__)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        x for x in (site, os.environ.get("PYTHONPATH")) if x)
+    sys.path.insert(0, site)
+    importlib.invalidate_caches()
+    return install(folder)

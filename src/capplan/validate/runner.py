@@ -410,7 +410,7 @@ async def amain(args):
     if job.get("trace_core"):  # where the engine core's time goes (coretrace.py)
         try:
             meta["trace_core"] = runpy.run_path(os.path.join(
-                os.path.dirname(os.path.abspath(__file__)), "coretrace.py"))["install"](
+                os.path.dirname(os.path.abspath(__file__)), "coretrace.py"))["plugin"](
                     os.path.join(args.out, "coretrace"))
         except Exception as e:  # a diagnosis aid: never fail the run for it
             meta["trace_error"] = f"{type(e).__name__}: {e}"[:300]
