@@ -253,8 +253,33 @@ def summary(records, duration):
     }
 
 
+def host():
+    """The host's CPU, which sets how long the engine core takes to launch a step that is
+    not one CUDA graph: its model, its clock, and a pure-Python loop's time on it (two
+    leases of the same H200 kind differed 1.7x in such steps, docs/validation.md)."""
+    out = {"cpus": os.cpu_count()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = f.read().splitlines()
+        out["cpu_model"] = next((x.split(":", 1)[1].strip() for x in lines
+                                 if x.startswith("model name")), None)
+        mhz = [float(x.split(":", 1)[1]) for x in lines if x.startswith("cpu MHz")]
+        if mhz:
+            out["cpu_mhz_mean"] = round(sum(mhz) / len(mhz))
+    except (OSError, ValueError) as e:
+        out["cpu_error"] = repr(e)
+    best = float("inf")
+    for _ in range(3):
+        t, acc = time.perf_counter(), 0
+        for i in range(1_000_000):
+            acc += i
+        best = min(best, time.perf_counter() - t)
+    out["py_loop_1m_ms"] = round(best * 1e3, 2)
+    return out
+
+
 def versions():  # as calibrate/runner.py's: each GPU script stands alone (stdlib + vllm)
-    out = {"python": sys.version.split()[0]}
+    out = {"python": sys.version.split()[0], "host": host()}
     try:
         import torch
         import vllm

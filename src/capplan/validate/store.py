@@ -207,7 +207,9 @@ def ingest(raws: Path | list[Path], run: EngineRun, root: Path = CALIBRATION_DIR
         "starts": old_starts + [
             {"date": _iso(m.get("started_unix")), "finished": _iso(m.get("finished_unix")),
              "engine_start_s": m.get("engine_start_s"),
-             "kv_tokens": m["engine"].get("kv_tokens")} for m in metas],
+             "kv_tokens": m["engine"].get("kv_tokens"),
+             **({"host": m["versions"]["host"]} if "host" in m.get("versions", {}) else {})}
+            for m in metas],
         "command": command or " ".join(metas[0].get("argv", [])),
         "git_commit": _git_commit(), "engine_kwargs": metas[0].get("engine_kwargs"),
     }
