@@ -28,7 +28,13 @@ where a step past the largest capture size costs at least `eager_floor_s` before
 and encoder's terms: without a graph the CPU launches every kernel, and a small such step
 waits for those launches, not for the GPU (measured: Llama-3.1-8B FP8 takes 31.2 ms for 512
 prefill tokens beside 16 decodes, where the other terms give 18.9 ms;
-scripts/calibration_analysis.py floor).
+scripts/calibration_analysis.py floor). Every other step holds the engine core for its own
+time too, `core_graph_s` for a decode-only step and `core_piecewise_s` for one with a prefill
+chunk: scheduling, preparing inputs, launching (a piecewise step launches its attention layer
+by layer), sampling. They are measured on a serving engine of the model by the validation
+runner's core trace (validate/corelaunch.py; Llama-3.1-8B on an H200 host: 3.0 and 12.7 ms),
+not by the calibration sweep, whose in-process engine has neither the serving engine's input
+and output threads nor its host; a profile without them charges none.
 
 The GEMM stairs follow the kernel vLLM picks by the token count M
 (scaled_mm_sm90_fp8_dispatch.cuh in vLLM's CUDA sources: past M = 128 the FP8
@@ -214,6 +220,19 @@ class StepModel(BaseModel):
         description="least time of a step past the largest CUDA graph, drafter aside: the "
         "CPU's launches of its kernels (0: no floor fitted)",
     )
+    core_graph_s: float = Field(
+        default=0.0, ge=0,
+        description="the serving engine core's own time for a decode-only step (one full "
+        "CUDA graph): scheduling, launching, sampling, processing the step before; measured "
+        "by a core trace of a serving engine of the model, validate/corelaunch.py (0: not "
+        "measured)",
+    )
+    core_piecewise_s: float = Field(
+        default=0.0, ge=0,
+        description="the same for a step with a prefill chunk within the largest CUDA graph, "
+        "which runs piecewise graphs and launches its attention layer by layer (0: not "
+        "measured)",
+    )
     eager_step_s: float = Field(
         default=0.0, ge=0,
         description="per step of more tokens than the largest CUDA graph: vLLM runs it "
@@ -387,6 +406,7 @@ class StepTimer:
     __slots__ = (
         "_box",
         "_c",
+        "_core",
         "_draft",
         "_eager",
         "_eager_above",
@@ -429,6 +449,7 @@ class StepTimer:
         self._prefill_step = s.prefill_step_s
         self._eager = s.eager_step_s
         self._eager_floor = s.eager_floor_s
+        self._core = (s.core_graph_s, s.core_piecewise_s)
         self._window = ((float(s.window_tokens), s.decode_window_s, s.prefill_window_s)
                         if s.window_tokens else None)
         self._graphs = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens, self.k)
@@ -482,11 +503,13 @@ class StepTimer:
         shared_ctx: int = 0,
     ) -> tuple[float, float]:
         """(work, launch) seconds of one engine step of this composition. `launch` is the
-        CPU's time to launch a step past the largest CUDA graph (`eager_floor_s`, with the
-        drafter's and encoder's terms), during which the engine core can neither schedule
-        nor hand out outputs; 0 for a step that replays graphs. `work` is the rest of the
-        model: how long the step takes once launched. A run of such steps takes the larger
-        of the two a step (`step_time_s`). With a term per attention kind (sliding-window
+        engine core's own time for the step, during which it can neither schedule nor hand
+        out outputs, and before which the GPU cannot finish it: for a step past the largest
+        CUDA graph the CPU's launches of every kernel (`eager_floor_s`, with the drafter's
+        and encoder's terms), else the measured core time of a decode-only or a piecewise
+        step (`core_graph_s`, `core_piecewise_s`; 0 where a profile has none). `work` is
+        the rest of the model: how long the step takes once launched. A run of such steps
+        takes the larger of the two a step (`step_time_s`). With a term per attention kind (sliding-window
         models), `decode_seqs` (default: every sequence) takes the decode context's mean,
         and `prefill_attn_window` is the chunks' `window_pairs` (default: the pairs
         uncapped). `shared_ctx` is S of the module docstring: decode context tokens read in
@@ -536,4 +559,6 @@ class StepTimer:
             extra = passes + per_token * t_pad + per_seq_later * seqs
         if encoder_tokens:
             extra += self._enc * encoder_tokens
-        return t + extra, launch + extra if launch else 0.0
+        if launch:
+            return t + extra, launch + extra
+        return t + extra, self._core[1] if prefill_attn else self._core[0]

@@ -212,6 +212,19 @@ def _context_kv_bytes(model: str, kv_meta: dict[str, Any], kv_dtype: str) -> tup
             float(spec.sliding_window_layers * spec.num_kv_heads * spec.head_dim * per))
 
 
+def core_launch(raw: Path, model: str) -> dict[str, Any] | None:
+    """The serving engine core's measured time a step for `model`
+    (`raw/core-launch/<model>.json`, written by scripts/core_launch.py from a validation
+    engine's core trace, validate/corelaunch.py): every profile of the model takes it, as
+    the host's and vLLM's, not the precision's (Llama-3.1-8B's BF16 and FP8 engines on one
+    host: 2.28 and 2.02 ms a decode step, 8.3 and 8.1 ms a piecewise one). None if absent."""
+    path = raw / "core-launch" / f"{model}.json"
+    if not path.exists():
+        return None
+    out: dict[str, Any] = json.loads(path.read_text())
+    return out
+
+
 def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                   gpu: str, git_commit: str, seed: int = 0) -> tuple[Profile, dict[str, Any],
                                                                       pl.DataFrame]:
@@ -330,6 +343,14 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                          + f" a token from {graph_run}"
                          + (f" ({secs / 60:.1f} GPU-minutes more, engine start included)"
                             if secs else ""))
+    core = core_launch(raw, g.model)
+    if core is not None:
+        step = step.model_copy(update={"core_graph_s": core["core_graph_s"],
+                                       "core_piecewise_s": core["core_piecewise_s"]})
+        notes.append(f"core_graph_s {core['core_graph_s'] * 1e3:.2f} ms and core_piecewise_s "
+                     f"{core['core_piecewise_s'] * 1e3:.2f} ms: the serving engine core's own "
+                     f"time a step, from the core trace of {core['engine']} "
+                     f"(core-launch/{g.model}.json)")
     reserved = image_reservation(g.metas, g.image_metas)
     if reserved is not None:
         kv = kv.model_copy(update={"image_reservation_tokens": reserved})
@@ -366,6 +387,8 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     }
     if shared is not None:
         extra["shared_ctx"] = shared
+    if core is not None:
+        extra["core_launch"] = core
     if graphs is not None:
         extra["graph_scan"] = graphs
     if g.repeats:

@@ -1,0 +1,60 @@
+"""Write calibration/_raw/core-launch/<model>.json: the serving engine core's own time a
+step, measured from the validation engines whose core was traced (validate/corelaunch.py;
+traces in validation/logs/s13-coretrace). `capplan calibrate --from-raw` puts the figures in
+every profile of the model (calibrate/build.py: core_launch).
+
+    python scripts/core_launch.py          # write the files, print what they hold
+
+Each model takes the engine measured on the host whose small prefills took what most of the
+suite's hosts took (docs/validation.md, "Where the engine core's time goes"): Llama-3.1-8B
+BF16 on the thirteenth session's third lease (cache-hit TTFT p50 18.9 ms there, 18.0-22.0 ms on
+four of the five leases that ran the experiment, 13.3 ms on the other), and Qwen3-32B BF16 on
+the same host. The other traced engines are kept beside it as `also_measured`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from capplan.validate.corelaunch import measure
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT / "validation" / "logs" / "s13-coretrace"
+VALIDATION = ROOT / "calibration" / "h200" / "vllm-0.26.0"
+OUT = ROOT / "calibration" / "_raw" / "core-launch"
+CHOSEN = {
+    "llama-3.1-8b": ("llama-3.1-8b-bf16-hostb",
+                     ["llama-3.1-8b-bf16-core2", "llama-3.1-8b-fp8-core2"]),
+    "qwen3-32b": ("qwen3-32b-bf16-core", []),
+}
+
+
+def model_figures(model: str) -> dict[str, object]:
+    engine, others = CHOSEN[model]
+
+    def one(name: str) -> dict[str, object]:
+        return measure(TRACES, name, VALIDATION / model / "validation" / name)
+
+    out = one(engine)
+    out["trace"] = str((TRACES / f"{engine}.parquet").relative_to(ROOT))
+    out["command"] = "python scripts/core_launch.py"
+    out["also_measured"] = [one(o) for o in others]
+    return out
+
+
+def main() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    for model in CHOSEN:
+        fig = model_figures(model)
+        (OUT / f"{model}.json").write_text(json.dumps(fig, indent=1) + "\n")
+        rows = [fig, *fig["also_measured"]]  # type: ignore[list-item]
+        for r in rows:
+            print(f"{model:14s} {r['engine']:26s} decode-only {r['core_graph_s'] * 1e3:5.2f} ms "
+                  f"({r['graph_steps']} steps), piecewise {r['core_piecewise_s'] * 1e3:5.2f} ms "
+                  f"({r['piecewise_steps']} steps)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The serving engine core's own time per step, from a core trace (validate/coretrace.py).
+
+vLLM 0.26.0's engine core runs one loop (vllm/v1/engine/core.py step_with_batch_queue): it
+schedules a step, launches it (`execute_model`, `sample_tokens`: the CPU prepares the inputs
+and launches the kernels), and, with the batch queue full, waits for the oldest step and
+processes its output. The loop's time less its wait is what the core spends on a step, and
+while it spends it, it can neither schedule the next step nor hand out the last one's tokens.
+A decode-only step replays one full CUDA graph and costs the core 2-4 ms; a step with a
+prefill chunk within the largest CUDA graph runs piecewise graphs, its attention launched
+layer by layer, and costs 7-14 ms on the H200 hosts measured (docs/validation.md, "Where the
+engine core's time goes"). The GPU cannot finish a step before the core has launched it.
+
+This module pairs each launched step with its composition (the runner's `trace_steps`) and
+measures those two times; `capplan.calibrate.build` puts them in every profile of the model
+(`StepModel.core_graph_s`, `core_piecewise_s`), and the simulator charges them
+(`StepTimer.step_times`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+IDLE_US = 20_000
+"""A wait on the input queue this long means nothing was in flight (the batch queue is
+empty): the pairing of launched and processed steps restarts there."""
+
+
+def _spans(trace: pl.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray]:
+    x = trace.filter(pl.col("name") == name).sort("t0_us")
+    t0 = x["t0_us"].to_numpy()
+    return t0, t0 + x["dur_us"].to_numpy()
+
+
+def step_core_times(trace: pl.DataFrame, meta: dict[str, Any], steps: pl.DataFrame,
+                    piecewise_max_tokens: int = 512) -> pl.DataFrame:
+    """One row per launched step that the runner's step trace saw: its composition, the
+    core's time in the loop iteration that launched it (`core_s`: the iteration's span less
+    its wait for the GPU) and its `kind` ("graph": decode only; "piecewise": a prefill within
+    `piecewise_max_tokens`, the largest CUDA graph; "eager": past it).
+
+    `trace` is the engine core process's spans (the traced file's busiest process), `meta`
+    its json (each experiment's `t0_perf`, `clock_base_s`), `steps` the stored steps.parquet
+    (`t` from the experiment's start, when the client received the step's stats)."""
+    pid = trace.group_by("pid").len().sort("len")["pid"][-1]
+    trace = trace.filter(pl.col("pid") == pid)
+    ex0, ex1 = _spans(trace, "execute_model")
+    up0, up1 = _spans(trace, "update_from_output")
+    it0, it1 = _spans(trace, "step_with_batch_queue")
+    wt0, wt1 = _spans(trace, "result")
+    ip0, ip1 = _spans(trace, "_process_input_queue")
+    # each update_from_output takes the oldest step launched and not yet taken (the batch
+    # queue is first in, first out); an idle wait empties the queue
+    events = sorted([(t, 0, j) for j, t in enumerate(ex0)]
+                    + [(t, 1, j) for j, t in enumerate(up0)]
+                    + [(t, 2, 0) for t in ip0[(ip1 - ip0) > IDLE_US]])
+    queue: deque[int] = deque()
+    taken: dict[int, int] = {}
+    for _, kind, j in events:
+        if kind == 0:
+            queue.append(j)
+        elif kind == 2:
+            queue.clear()
+        elif queue:
+            taken[j] = queue.popleft()
+    # the iteration that launched each step, and its wait
+    it_of = np.searchsorted(it0, ex0, side="right") - 1
+    waits = np.zeros(len(it0))
+    np.add.at(waits, np.searchsorted(it0, wt0, side="right") - 1, wt1 - wt0)
+    base = meta["clock_base_s"]
+    rows = []
+    for run, info in meta["experiments"].items():
+        mine = steps.filter(pl.col("run") == run)
+        if mine.is_empty():
+            continue
+        at = (info["t0_perf"] + mine["t"].to_numpy() - base) * 1e6
+        u = np.searchsorted(up1, at) - 1  # the last output processed before the client had it
+        for r, k in zip(mine.iter_rows(named=True), u, strict=True):
+            i = taken.get(int(k)) if k >= 0 else None
+            if i is None or it_of[i] < 0:
+                continue
+            n = it_of[i]
+            tokens = r["prefill_tokens"] + r["decode_tokens"]
+            kind = ("graph" if r["prefill_reqs"] == 0 else
+                    "piecewise" if tokens <= piecewise_max_tokens else "eager")
+            rows.append({"run": run, "step": r["step"], "kind": kind, "tokens": tokens,
+                         "prefill_reqs": r["prefill_reqs"], "decode_reqs": r["decode_reqs"],
+                         "core_s": (it1[n] - it0[n] - waits[n]) / 1e6,
+                         "execute_s": (ex1[i] - ex0[i]) / 1e6})
+    return pl.DataFrame(rows)
+
+
+def summary(times: pl.DataFrame) -> dict[str, Any]:
+    """The two figures a profile takes (medians), with their spread and counts."""
+    out: dict[str, Any] = {}
+    for kind, key in (("graph", "core_graph_s"), ("piecewise", "core_piecewise_s")):
+        x = times.filter(pl.col("kind") == kind)["core_s"].to_numpy()
+        if len(x) == 0:
+            continue
+        out[key] = round(float(np.median(x)), 6)
+        out[f"{kind}_steps"] = len(x)
+        out[f"{kind}_p10_p90_s"] = [round(float(v), 6) for v in np.percentile(x, [10, 90])]
+    return out
+
+
+def measure(trace_dir: Path, engine: str, validation_dir: Path) -> dict[str, Any]:
+    """summary() of one traced engine: `trace_dir/<engine>.parquet` and `.json` (as the
+    thirteenth session stored them under validation/logs/s13-coretrace), its steps from the
+    stored validation run in `validation_dir`."""
+    trace = pl.read_parquet(trace_dir / f"{engine}.parquet")
+    meta = json.loads((trace_dir / f"{engine}.json").read_text())
+    steps = pl.read_parquet(validation_dir / "steps.parquet")
+    out = summary(step_core_times(trace, meta, steps))
+    out["engine"] = engine
+    out["host"] = meta.get("host")
+    return out
