@@ -3,7 +3,7 @@ experiments on the H200, the noise of repeated runs, and the serving engine's tr
 against the simulator's.
 
     python scripts/validation_analysis.py [seeds|noise|steps|idle|graph|trial|gemma|prefix|
-                                           waves|band|rules|gaps|loop|tried]
+                                           waves|band|rules|gaps|loop|tried|core]
     python scripts/validation_analysis.py before COMMIT [ENGINE...]
 
 With no argument it prints the first three. `gemma` predicts the seeds' Gemma 4 31B
@@ -18,7 +18,8 @@ every closed-loop row's TTFT p50 again over a range of first waves (the idle cor
 `rules` counts the rows within target with each of the engine loop's new rules on or off;
 `gaps` prints a closed-loop and a Poisson row's inter-token gaps, measured and predicted;
 `loop` the client's event loop and the output path's delay (sim/client.py), from the traced
-rows; `tried` the twelfth session's rules tried and left.
+rows; `tried` the twelfth session's rules tried and left; `core` the thirteenth session's
+core traces: the engine core's time a step and where a lone request's TTFT goes.
 `before COMMIT` predicts today's stored rows with the code and profiles of COMMIT (a git
 worktree of it, given today's suite and measurements) beside today's: the rows within target
 of each (and split into closed- and open-loop rows), and each named engine's rows, ITL p50,
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import gzip
 import itertools
+import json
 import os
 import re
 import shutil
@@ -374,6 +376,79 @@ def prefix() -> None:
                 spacing.append((sent[-1] - sent[0]) / (n - 1))
     print(f"closed-loop first waves ({len(spacing)} runs): sends {min(spacing) * 1e3:.2f}–"
           f"{max(spacing) * 1e3:.2f} ms apart, median {np.median(spacing) * 1e3:.2f} ms")
+
+
+TRACED = ROOT / "validation" / "logs" / "s13-coretrace"
+
+
+def core() -> None:
+    """The thirteenth session's core traces (validate/coretrace.py, corelaunch.py): each
+    traced engine's core time a step by kind, a lone request's TTFT taken apart at
+    concurrency 1 (send to the input thread, its decoding, the schedule, the core's steps,
+    the output back), and the same Llama-3.1-8B BF16 cache-hit experiment on every lease
+    that ran it, with the core times the profiles now carry."""
+    from capplan.validate.corelaunch import step_core_times
+
+    for meta_path in sorted(TRACED.glob("*.json")):
+        eng = meta_path.stem
+        folder = next((p for p in stored_runs() if p.name == eng), None)
+        if folder is None:
+            continue
+        meta = json.loads(meta_path.read_text())
+        trace = pl.read_parquet(TRACED / f"{eng}.parquet")
+        steps_df = pl.read_parquet(folder / "steps.parquet")
+        t = step_core_times(trace, meta, steps_df)
+        parts = [f"{k} {len(x)} steps, p10/p50/p90 "
+                 + "/".join(f"{v * 1e3:.2f}" for v in np.percentile(x, [10, 50, 90])) + " ms"
+                 for k in ("graph", "piecewise", "eager")
+                 if len(x := t.filter(pl.col("kind") == k)["core_s"].to_numpy())]
+        print(f"{eng}: core time a step: " + "; ".join(parts))
+        # a lone request, concurrency 1: where its TTFT goes
+        pid = trace.group_by("pid").len().sort("len")["pid"][-1]
+        tr = trace.filter(pl.col("pid") == pid)
+
+        def starts(tr: pl.DataFrame, name: str, end: bool = False) -> np.ndarray:
+            x = tr.filter(pl.col("name") == name).sort("t0_us")
+            return (x["t0_us"] + (x["dur_us"] if end else 0)).to_numpy()
+
+        dec0, pre1 = starts(tr, "decode"), starts(tr, "preprocess_add_request", True)
+        sch0, upd1 = starts(tr, "schedule"), starts(tr, "update_from_output", True)
+        reqs = pl.read_parquet(folder / "requests.parquet")
+        for run in ("prefix90-on-c1", "chat-c1"):
+            if run not in meta["experiments"]:
+                continue
+            info, rows = meta["experiments"][run], reqs.filter(pl.col("run") == run)
+            pieces = []
+            for send, ttft in zip(rows["send_s"].to_list(), rows["ttft_s"].to_list(), strict=True):
+                a = (info["t0_perf"] + send - meta["clock_base_s"]) * 1e6
+                i = int(np.searchsorted(dec0, a))
+                j = int(np.searchsorted(pre1, dec0[min(i, len(dec0) - 1)]))
+                k = int(np.searchsorted(sch0, pre1[min(j, len(pre1) - 1)]))
+                f = a + ttft * 1e6
+                m = int(np.searchsorted(upd1, f)) - 1
+                if i < len(dec0) and j < len(pre1) and k < len(sch0) and m >= 0:
+                    pieces.append((dec0[i] - a, pre1[j] - dec0[i], sch0[k] - pre1[j],
+                                   upd1[m] - sch0[k], f - upd1[m], ttft * 1e6))
+            med = np.median(np.array(pieces[1:]), axis=0) / 1e3  # the first had no cache
+            print(f"  {run}: TTFT p50 {med[5]:.2f} ms = send to input thread {med[0]:.2f} + "
+                  f"its decoding {med[1]:.2f} + to the schedule {med[2]:.2f} + the core's "
+                  f"steps to the output {med[3]:.2f} + the output to the client {med[4]:.2f} "
+                  "(medians of each)")
+    print("Llama-3.1-8B BF16 prefix90-on-c1 on each lease, TTFT p50 (ms):")
+    for folder in stored_runs():
+        if not folder.name.startswith("llama-3.1-8b-bf16"):
+            continue
+        r = pl.read_parquet(folder / "requests.parquet").filter(pl.col("run") == "prefix90-on-c1")
+        if len(r):
+            prov = json.loads((folder / "provenance.json").read_text())
+            host = prov["starts"][-1].get("host", {})
+            print(f"  {folder.name:32s} {np.median(r['ttft_s'].to_numpy()) * 1e3:6.2f}  "
+                  f"(started {prov['starts'][-1]['date'][:16]}"
+                  + (f", {host.get('cpu_model')}" if host else "") + ")")
+    for f in sorted((ROOT / "calibration" / "_raw" / "core-launch").glob("*.json")):
+        c = json.loads(f.read_text())
+        print(f"profiles of {f.stem}: core_graph_s {c['core_graph_s'] * 1e3:.2f} ms, "
+              f"core_piecewise_s {c['core_piecewise_s'] * 1e3:.2f} ms (from {c['engine']})")
 
 
 TARGETS = {"output_tok_s": 0.05, "ttft_p50_s": 0.05, "ttft_p99_s": 0.10, "itl_p50_s": 0.05,
@@ -849,7 +924,7 @@ def main() -> None:
         "seeds": lambda: seeds(rows), "noise": lambda: noise(rows), "steps": steps,
         "trial": trial, "idle": idle, "graph": graph, "gemma": gemma, "prefix": prefix,
         "waves": waves, "band": band, "rules": rules, "gaps": gaps, "loop": loop,
-        "tried": tried,
+        "tried": tried, "core": core,
     }
     for name in what:
         if name not in commands:

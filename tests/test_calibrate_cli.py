@@ -97,13 +97,16 @@ def test_incomplete_point_is_dropped_complete_ones_kept(tmp_path: Path) -> None:
 def test_refit_from_raw_reproduces_shipped(tmp_path: Path) -> None:
     """`--from-raw` rebuilds a shipped profile from the raw runner output, coefficient for
     coefficient: its main run and its second (`--r2`), fitted together, its prefix-cache
-    engine's run (`--cache`), which gives the shared-prefix saving, and its graph scan
-    (`--graphs`), which gives the decode-only steps' own terms."""
+    engine's run (`--cache`), which gives the shared-prefix saving, its graph scan
+    (`--graphs`), which gives the decode-only steps' own terms, and the model's core times
+    (`core-launch/`, from a serving engine's core trace)."""
     raw = tmp_path / "raw"
     raw.mkdir()
     for f in [*RAW.glob("qwen3-32b--bf16.*"), *RAW.glob("qwen3-32b--bf16--r2.*"),
               *RAW.glob("qwen3-32b--bf16--cache.*"), *RAW.glob("qwen3-32b--bf16--graphs.*")]:
         shutil.copy(f, raw)
+    (raw / "core-launch").mkdir()
+    shutil.copy(RAW / "core-launch" / "qwen3-32b.json", raw / "core-launch")
     (raw / "rc.txt").write_text("qwen3-32b--bf16 rc=0 s=171\n")
     code, out = _run("--from-raw", str(raw), "--out", str(tmp_path / "cal"))
     assert code == 0, out
@@ -117,7 +120,7 @@ def test_refit_from_raw_reproduces_shipped(tmp_path: Path) -> None:
     assert new["step"] == pytest.approx(old["step"], rel=1e-9)
     assert offsets[0] == pytest.approx(offsets[1], rel=1e-9, abs=1e-9)
     assert len(offsets[0]) == 35 and new["step"]["graph_ctx_s"] > 0
-    assert new["step"]["shared_ctx_saving"] > 0
+    assert new["step"]["shared_ctx_saving"] > 0 and new["step"]["core_piecewise_s"] > 0
     assert new["fit"] == old["fit"]
 
 

@@ -223,3 +223,20 @@ def test_output_jitter_delays_each_steps_outputs_alike() -> None:
     assert (e2e >= 50 * C + 2 * L + W - 1e-9).all()  # a delay, never early
     again = simulate(jit, "p", 1, seed=0, profile=constant_profile(C))
     assert again.workload("w").itl_p99_s == w.itl_p99_s  # seeded: the same run
+
+
+def test_core_time_delays_the_first_token_by_the_next_launch() -> None:
+    """With the engine core's own time a step (core_piecewise_s P > C, core_graph_s G < C),
+    a lone request's prefill holds the core P; the core then launches the first decode step
+    (G) before it takes the prefill's output (vllm/v1/engine/core.py step_with_batch_queue),
+    so TTFT = 2L + W + P + G; the GPU then runs one decode step after another, so the last
+    token comes at 2L + W + P + (n - 1) C and the steady ITL is C."""
+    n, p, g = 10, 0.015, 0.004
+    prof = constant_profile(C)
+    prof = prof.model_copy(update={"step": prof.step.model_copy(
+        update={"core_piecewise_s": p, "core_graph_s": g})})
+    res = simulate(mix(CLOSED1, out=n), "p", 1, seed=0, profile=prof)
+    req = res.requests()
+    assert req["ttft_s"].to_numpy() == pytest.approx(2 * L + W + p + g, rel=1e-9)
+    assert req["e2e_s"].to_numpy() == pytest.approx(2 * L + W + p + (n - 1) * C, rel=1e-9)
+    assert res.workload("w").itl_p50_s == pytest.approx(C, rel=2e-3)

@@ -507,13 +507,13 @@ class StepTimer:
         out outputs, and before which the GPU cannot finish it: for a step past the largest
         CUDA graph the CPU's launches of every kernel (`eager_floor_s`, with the drafter's
         and encoder's terms), else the measured core time of a decode-only or a piecewise
-        step (`core_graph_s`, `core_piecewise_s`; 0 where a profile has none). `work` is
-        the rest of the model: how long the step takes once launched. A run of such steps
-        takes the larger of the two a step (`step_time_s`). With a term per attention kind (sliding-window
-        models), `decode_seqs` (default: every sequence) takes the decode context's mean,
-        and `prefill_attn_window` is the chunks' `window_pairs` (default: the pairs
-        uncapped). `shared_ctx` is S of the module docstring: decode context tokens read in
-        common with another running request (at most `decode_ctx` count)."""
+        step (`core_graph_s`, `core_piecewise_s`; 0 where a profile has none). `work` is the
+        rest of the model: how long the step takes once launched. A run of such steps takes
+        the larger of the two a step (`step_time_s`). With a term per attention kind
+        (sliding-window models), `decode_seqs` (default: every sequence) takes the decode
+        context's mean, and `prefill_attn_window` is the chunks' `window_pairs` (default:
+        the pairs uncapped). `shared_ctx` is S of the module docstring: decode context
+        tokens read in common with another running request (at most `decode_ctx` count)."""
         fixed, per_tok, knee, p_attn, d_ctx, per_seq = self._c
         max_tokens, max_seqs, max_context = self._box
         if tokens > max_tokens or seqs > max_seqs or (seqs and decode_ctx > max_context * seqs):

@@ -8,12 +8,20 @@ schedules again. So a request that arrives while step n runs joins step n+2, and
 scheduling time hides under the GPU's. Without async scheduling (EngineCore.step) the core
 schedules, runs and processes one step at a time.
 
-Launching is not free: a step past the largest CUDA graph runs without one, and the core
-spends `launch` seconds (the profile's eager floor: StepTimer.step_times) issuing its
-kernels. Meanwhile it can neither schedule nor hand out the output of the step before,
-and requests that arrive meanwhile wait for the next schedule. That is what keeps a
-closed-loop wave together: measured on the H200, a wave's requests, sent 0.2-0.6 ms apart,
-land in the steps the simulator puts them in, wave after wave (docs/validation.md).
+Launching is not free: the core spends `launch` seconds on every step (StepTimer.step_times)
+scheduling it, preparing its inputs, launching its kernels and sampling
+(vllm/v1/worker/gpu/model_runner.py execute_model, sample_tokens): a decode-only step
+replays one full CUDA graph (the profile's `core_graph_s`, 3.0 ms for Llama-3.1-8B on the
+H200 host measured), a step with a prefill chunk runs piecewise graphs and launches its
+attention layer by layer (`core_piecewise_s`, 12.7 ms), and a step past the largest CUDA
+graph runs without one (`eager_floor_s`). Meanwhile the core can neither schedule nor hand
+out the output of the step before, requests that arrive meanwhile wait for the next
+schedule, and the GPU cannot finish the step before its launch has. So a request that
+arrives at an idle engine gets its first token only after the core has also launched the
+step after its prefill (docs/validation.md, "Where the engine core's time goes"). That is
+what keeps a closed-loop wave together: measured on the H200, a wave's requests, sent
+0.2-0.6 ms apart, land in the steps the simulator puts them in, wave after wave
+(docs/validation.md).
 
 Step durations come from the profile's step-time model (`StepTimer`), which was fitted to
 completion-to-completion gaps of the real engine in exactly this mode: a run of steps takes
@@ -44,6 +52,19 @@ step takes the requests sent up to 0.5-1.1 ms after the first; 0.75 ms fits more
 than any other value (36 of 86 when it was chosen, 42 of 107 with the runs measured since;
 scripts/validation_analysis.py waves). The engine's own first step varies from run to run
 (1 to 16 requests across the suite): `band` there shows what that does to a row."""
+
+INPUT_S = 0.15e-3
+INPUT_TOKEN_S = 0.3e-6
+"""The engine core process's input thread (vllm/v1/engine/core.py process_input_sockets)
+decodes each arriving request and builds it (EngineCore.preprocess_add_request: the
+Request and its prompt's block hashes) in about INPUT_S + INPUT_TOKEN_S per prompt token,
+holding the GIL: measured by the core traces of the thirteenth session, 0.21-0.30 ms for a
+512-token prompt and 0.46-0.76 ms for a 2,048-token one (scripts/validation_analysis.py
+core). While the core's own loop is busy launching a step, it loses that time to the
+thread: a wave of 46 such requests arriving during a cache-hit prefill's launch kept the
+core 35 ms longer, and the wave's rest joined one step instead of two (docs/validation.md,
+"Where the engine core's time goes"). While the core waits for the GPU, the GIL is free and
+arrivals cost it nothing."""
 
 
 class Window:
@@ -116,6 +137,7 @@ class Replica:
         self._inflight: deque[tuple[StepPlan, float, float, int]] = deque()
         self._async = core.cfg.async_scheduling
         self._gpu_free = 0.0  # when the GPU ends the last step launched
+        self._core_free = 0.0  # when the core ends launching the last step (INPUT_S)
         self._last_out = 0.0  # when the core last handed out a step's outputs
         self._ended = self._step_end
         # the engine loop starts when simpy would start a process made now (an URGENT event)
@@ -124,6 +146,14 @@ class Replica:
     def add_request(self, r: SimRequest) -> None:
         self.outstanding += 1
         self.core.add_request(r)
+        if self._core_free > self.env.now:  # the input thread takes the GIL from a launch
+            self._core_free += INPUT_S + INPUT_TOKEN_S * r.prompt
+            inflight = self._inflight
+            if inflight and inflight[-1][1] < self._core_free:  # its GPU waits for it
+                plan, _end, _dt, used = inflight[-1]
+                begin = _end - _dt
+                inflight[-1] = (plan, self._core_free, self._core_free - begin, used)
+                self._gpu_free = self._core_free
         if self._idle:  # the first arrival at an idle core: it schedules a bit later
             self._idle = False
             self.env.schedule(_StepEnd(self._woken), NORMAL, ENGINE_WAKE_S)  # type: ignore[arg-type]
@@ -135,6 +165,10 @@ class Replica:
         self._advance()
 
     def _woken(self, _event: object) -> None:
+        if self._core_free > self.env.now:  # arrivals lengthened the launch (INPUT_S)
+            self.env.schedule(_StepEnd(self._woken), NORMAL,  # type: ignore[arg-type]
+                              self._core_free - self.env.now)
+            return
         self._advance()
 
     def _advance(self) -> None:
@@ -144,9 +178,9 @@ class Replica:
 
         vllm/v1/engine/core.py step_with_batch_queue: a step is launched as soon as it is
         scheduled, and the core schedules the next one without waiting for the GPU while
-        the queue has room, but only once it has launched this one: a step past the largest
-        CUDA graph keeps the core `launch` seconds (StepTimer.step_times), and requests that
-        arrive meanwhile join the next step. The GPU runs the launched steps in order; the
+        the queue has room, but only once it has launched this one: every step keeps the
+        core `launch` seconds (StepTimer.step_times), and requests that arrive meanwhile
+        join the next step. The GPU runs the launched steps in order; the
         core hands out a step's outputs when the step has ended and the core is free again.
         """
         env, core = self.env, self.core
@@ -181,6 +215,7 @@ class Replica:
             self._gpu_free = end
             if launch:
                 now += launch
+                self._core_free = now
                 if len(inflight) < limit:  # the core schedules again once it has launched
                     env.schedule(_StepEnd(self._woken), NORMAL, now - env.now)  # type: ignore[arg-type]
                     return
@@ -196,6 +231,9 @@ class Replica:
         engine loop."""
         env, core = self.env, self.core
         now = env.now
+        if self._core_free > now:  # arrivals lengthened the launch (INPUT_S)
+            env.schedule(_StepEnd(self._ended), NORMAL, self._core_free - now)  # type: ignore[arg-type]
+            return
         cur, _end, dt, used = self._inflight.popleft()
         self.steps += 1
         self.busy_s += dt

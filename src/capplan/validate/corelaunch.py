@@ -61,10 +61,10 @@ def step_core_times(trace: pl.DataFrame, meta: dict[str, Any], steps: pl.DataFra
                     + [(t, 2, 0) for t in ip0[(ip1 - ip0) > IDLE_US]])
     queue: deque[int] = deque()
     taken: dict[int, int] = {}
-    for _, kind, j in events:
-        if kind == 0:
+    for _, event, j in events:
+        if event == 0:
             queue.append(j)
-        elif kind == 2:
+        elif event == 2:
             queue.clear()
         elif queue:
             taken[j] = queue.popleft()
