@@ -3,7 +3,7 @@ experiments on the H200, the noise of repeated runs, and the serving engine's tr
 against the simulator's.
 
     python scripts/validation_analysis.py [seeds|noise|steps|idle|graph|trial|gemma|prefix|
-                                           waves|band|rules|gaps|loop|tried|core]
+                                           waves|band|rules|gaps|loop|tried|core|wake]
     python scripts/validation_analysis.py before COMMIT [ENGINE...]
 
 With no argument it prints the first three. `gemma` predicts the seeds' Gemma 4 31B
@@ -19,7 +19,8 @@ every closed-loop row's TTFT p50 again over a range of first waves (the idle cor
 `gaps` prints a closed-loop and a Poisson row's inter-token gaps, measured and predicted;
 `loop` the client's event loop and the output path's delay (sim/client.py), from the traced
 rows; `tried` the twelfth session's rules tried and left; `core` the thirteenth session's
-core traces: the engine core's time a step and where a lone request's TTFT goes.
+core traces: the engine core's time a step and where a lone request's TTFT goes; `wake` the
+idle core woken by its input thread, tried and left.
 `before COMMIT` predicts today's stored rows with the code and profiles of COMMIT (a git
 worktree of it, given today's suite and measurements) beside today's: the rows within target
 of each (and split into closed- and open-loop rows), and each named engine's rows, ITL p50,
@@ -823,7 +824,10 @@ def tried() -> None:
     1.5 ms apart, over its runs, where it has 20 of them); a launch time of `prefill_step_s`
     for every step that carries a prefill within the largest CUDA graph; and, for such a
     step begun on an idle GPU, the calibration's idle lead (`_idle_leads`). Rows within
-    target, and each trial's rows whose TTFT p50 error moved by more than 4 points."""
+    target, and each trial's rows whose TTFT p50 error moved by more than 4 points. (The
+    figures docs/validation.md quotes are from d577d39's 218 rows; since the thirteenth
+    session every piecewise step has a launch, the profile's core_piecewise_s, so the second
+    trial changes nothing.)"""
     import capplan.profile as profile
     import capplan.sim.replica as replica
     import capplan.validate.compare as cmp
@@ -914,6 +918,53 @@ def tried() -> None:
         moved(rows)
 
 
+def wake() -> None:
+    """The thirteenth session's rule tried and left (docs/validation.md): the idle core wakes
+    when its input thread has decoded every request that arrived while it was busy, 0.15 ms
+    later (the core traces: a burst sent closer together than the thread decodes it is
+    taken whole), in place of the fixed ENGINE_WAKE_S. Rows within target, and the mean
+    and p90 absolute error per metric, today and with the rule."""
+    import capplan.sim.replica as replica
+    from capplan.sim.replica import _StepEnd
+
+    wake_s = 0.15e-3
+    add, woken = replica.Replica.add_request, replica.Replica._woken
+
+    def add_(self: Any, r: Any) -> None:
+        now = self.env.now
+        busy = getattr(self, "_input_busy", 0.0)
+        self._input_busy = max(busy, now) + replica.INPUT_S + replica.INPUT_TOKEN_S * r.prompt
+        was_idle = self._idle
+        self._idle = False  # the wake is this rule's
+        add(self, r)
+        if was_idle:
+            self._waking = True
+            self.env.schedule(_StepEnd(self._woken), 1, self._input_busy + wake_s - now)
+
+    def woken_(self: Any, ev: Any) -> None:
+        if getattr(self, "_waking", False):
+            at = self._input_busy + wake_s
+            if at > self.env.now + 1e-12:
+                self.env.schedule(_StepEnd(self._woken), 1, at - self.env.now)
+                return
+            self._waking = False
+        woken(self, ev)
+
+    def errors(rows: list[Row]) -> str:
+        return ", ".join(f"{m} {np.mean(e) * 100:.1f} / {np.percentile(e, 90) * 100:.1f} %"
+                         for m in TARGETS
+                         for e in [np.abs([r.error(m) for r in rows])])
+
+    base = compare_all()
+    print(f"  today ({len(base)} rows): {_within(base)}; mean / p90 abs. error {errors(base)}")
+    replica.Replica.add_request, replica.Replica._woken = add_, woken_  # type: ignore[method-assign]
+    try:
+        rows = compare_all()
+    finally:
+        replica.Replica.add_request, replica.Replica._woken = add, woken  # type: ignore[method-assign]
+    print(f"  woken by the input thread: {_within(rows)}; mean / p90 abs. error {errors(rows)}")
+
+
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
         before(sys.argv[2], sys.argv[3:])
@@ -924,7 +975,7 @@ def main() -> None:
         "seeds": lambda: seeds(rows), "noise": lambda: noise(rows), "steps": steps,
         "trial": trial, "idle": idle, "graph": graph, "gemma": gemma, "prefix": prefix,
         "waves": waves, "band": band, "rules": rules, "gaps": gaps, "loop": loop,
-        "tried": tried, "core": core,
+        "tried": tried, "core": core, "wake": wake,
     }
     for name in what:
         if name not in commands:
