@@ -1,0 +1,85 @@
+"""The serving engine core's tracer (validate/coretrace.py), on the CPU: what it wraps, what
+it writes, and that a spawned child (as vLLM spawns its engine core) loads it as a plugin."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import runpy
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+CORETRACE = Path(__file__).resolve().parents[1] / "src" / "capplan" / "validate" / "coretrace.py"
+
+
+class Sched:
+    def schedule(self, x: int) -> int:
+        time.sleep(0.002)
+        return x
+
+
+def _fake_module() -> None:
+    mod = types.ModuleType("fake_vllm_core")
+    mod.Sched = Sched  # type: ignore[attr-defined]
+    sys.modules["fake_vllm_core"] = mod
+
+
+def _lines(folder: Path) -> list[list[object]]:
+    deadline = time.time() + 5
+    while time.time() < deadline:  # the writer flushes once the process is quiet for 0.5 s
+        files = list(folder.glob("core-*.jsonl"))
+        if files:
+            return [json.loads(x) for f in files for x in f.read_text().splitlines()]
+        time.sleep(0.1)
+    return []
+
+
+def test_wrapped_calls_are_timed_and_written(tmp_path: Path) -> None:
+    _fake_module()
+    ns = runpy.run_path(str(CORETRACE))
+    ns["TARGETS"][:] = [("fake_vllm_core", "Sched", "schedule"), ("not_a_module", "X", "y")]
+    assert ns["install"](str(tmp_path)) == ["Sched.schedule"]
+    assert ns["install"](str(tmp_path)) == []  # wrapped once, however often installed
+    assert Sched().schedule(7) == 7
+    spans = [x for x in _lines(tmp_path) if x[0] == "schedule"]
+    assert len(spans) == 1
+    _, thread, t0, t1 = spans[0]
+    assert thread == "MainThread" and 0.002 <= t1 - t0 < 1.0  # type: ignore[operator]
+
+
+def _child(path: str) -> None:
+    """A spawned process, as vLLM's engine core: it loads vLLM's general plugins."""
+    from importlib.metadata import entry_points
+
+    _fake_module()
+    plugins = entry_points(group="vllm.general_plugins")
+    for plugin in plugins:
+        if plugin.name == "coretrace":
+            plugin.load()()
+    Sched().schedule(1)
+    time.sleep(1.5)
+
+
+def test_a_spawned_child_traces_itself_through_the_plugin(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("CAPPLAN_CORE_TRACE", "CAPPLAN_CORE_TRACE_PY", "PYTHONPATH"):
+        monkeypatch.setenv(var, "")  # plugin() sets them; the test restores them
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    src = CORETRACE.read_text().replace(
+        "TARGETS = [", 'TARGETS = [("fake_vllm_core", "Sched", "schedule"),', 1)
+    module = tmp_path / "coretrace.py"
+    module.write_text(src)
+    folder = tmp_path / "trace"
+    ns = runpy.run_path(str(module))
+    ns["plugin"](str(folder))
+    p = mp.get_context("spawn").Process(target=_child, args=(str(folder),))
+    p.start()
+    p.join(30)
+    assert p.exitcode == 0
+    pids = {x[0] for x in _lines(folder) if x[0] == "process"}
+    spans = [x for x in _lines(folder) if x[0] == "schedule"]
+    assert pids and spans, "the child wrote no span"
