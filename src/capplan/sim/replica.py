@@ -61,10 +61,10 @@ Request and its prompt's block hashes) in about INPUT_S + INPUT_TOKEN_S per prom
 holding the GIL: measured by the core traces of the thirteenth session, 0.21-0.30 ms for a
 512-token prompt and 0.46-0.76 ms for a 2,048-token one (scripts/validation_analysis.py
 core). While the core's own loop is busy launching a step, it loses that time to the
-thread: a wave of 46 such requests arriving during a cache-hit prefill's launch kept the
-core 35 ms longer, and the wave's rest joined one step instead of two (docs/validation.md,
-"Where the engine core's time goes"). While the core waits for the GPU, the GIL is free and
-arrivals cost it nothing."""
+thread, so a wave that arrives during the launch of its first requests' step holds that
+launch until the wave is decoded, and the rest of the wave joins one step, as the engine's
+waves do (docs/validation.md, "Where the engine core's time goes"). While the core waits
+for the GPU, the GIL is free and arrivals cost it nothing."""
 
 
 class Window:

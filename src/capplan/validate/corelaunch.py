@@ -46,7 +46,9 @@ def step_core_times(trace: pl.DataFrame, meta: dict[str, Any], steps: pl.DataFra
 
     `trace` is the engine core process's spans (the traced file's busiest process), `meta`
     its json (each experiment's `t0_perf`, `clock_base_s`), `steps` the stored steps.parquet
-    (`t` from the experiment's start, when the client received the step's stats)."""
+    (`t` from the experiment's start, when the client received the step's stats).
+    `gpu_after_s` is how long after the core's `execute_model` returned the GPU ended the
+    step's forward: near 0 where the launch binds."""
     pid = trace.group_by("pid").len().sort("len")["pid"][-1]
     trace = trace.filter(pl.col("pid") == pid)
     ex0, ex1 = _spans(trace, "execute_model")
@@ -54,6 +56,7 @@ def step_core_times(trace: pl.DataFrame, meta: dict[str, Any], steps: pl.DataFra
     it0, it1 = _spans(trace, "step_with_batch_queue")
     wt0, wt1 = _spans(trace, "result")
     ip0, ip1 = _spans(trace, "_process_input_queue")
+    gp0, gp1 = _spans(trace, "gpu:execute_model")
     # each update_from_output takes the oldest step launched and not yet taken (the batch
     # queue is first in, first out); an idle wait empties the queue
     events = sorted([(t, 0, j) for j, t in enumerate(ex0)]
@@ -73,6 +76,15 @@ def step_core_times(trace: pl.DataFrame, meta: dict[str, Any], steps: pl.DataFra
     waits = np.zeros(len(it0))
     np.add.at(waits, np.searchsorted(it0, wt0, side="right") - 1, wt1 - wt0)
     base = meta["clock_base_s"]
+
+    def gpu_after(i: int) -> float:
+        """How long after the core's launch of step i the GPU ended it (its events are
+        recorded on entry to execute_model and on its return)."""
+        g = int(np.searchsorted(gp0, ex0[i] - 200))
+        if g >= len(gp0) or gp0[g] > ex1[i]:
+            return float("nan")
+        return float(gp1[g] - ex1[i]) / 1e6
+
     rows = []
     for run, info in meta["experiments"].items():
         mine = steps.filter(pl.col("run") == run)
@@ -91,7 +103,8 @@ def step_core_times(trace: pl.DataFrame, meta: dict[str, Any], steps: pl.DataFra
             rows.append({"run": run, "step": r["step"], "kind": kind, "tokens": tokens,
                          "prefill_reqs": r["prefill_reqs"], "decode_reqs": r["decode_reqs"],
                          "core_s": (it1[n] - it0[n] - waits[n]) / 1e6,
-                         "execute_s": (ex1[i] - ex0[i]) / 1e6})
+                         "execute_s": (ex1[i] - ex0[i]) / 1e6,
+                         "gpu_after_s": gpu_after(i)})
     return pl.DataFrame(rows)
 
 
