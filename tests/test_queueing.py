@@ -240,3 +240,25 @@ def test_core_time_delays_the_first_token_by_the_next_launch() -> None:
     assert req["ttft_s"].to_numpy() == pytest.approx(2 * L + W + p + g, rel=1e-9)
     assert req["e2e_s"].to_numpy() == pytest.approx(2 * L + W + p + (n - 1) * C, rel=1e-9)
     assert res.workload("w").itl_p50_s == pytest.approx(C, rel=2e-3)
+
+
+def test_an_arrival_during_a_launch_lengthens_it(tmp_path: Any) -> None:
+    """The core's input thread decodes each arriving request holding the GIL (replica.py
+    INPUT_S): a request that arrives while the core launches the first one's prefill (P)
+    lengthens that launch by INPUT_S + INPUT_TOKEN_S * its prompt. The first token waits for
+    the launch of the step after, which holds the second request's prefill beside the first
+    one's decode, so it is piecewise too (P again). Replayed arrivals at 0 and 5 ms, P = 15 ms:
+    TTFT = 2L + W + P + input + P."""
+    from capplan.sim.replica import INPUT_S, INPUT_TOKEN_S
+
+    p, g, prompt = 0.015, 0.004, 16
+    trace = tmp_path / "arrivals.csv"
+    trace.write_text(f"arrival_s,input_tokens,output_tokens\n0.0,{prompt},10\n0.005,{prompt},10\n")
+    prof = constant_profile(C)
+    prof = prof.model_copy(update={"step": prof.step.model_copy(
+        update={"core_piecewise_s": p, "core_graph_s": g})})
+    res = simulate(mix({"kind": "replay", "path": str(trace)}, prompt=prompt, duration_s=1.0),
+                   "p", 1, seed=0, profile=prof, warmup_s=0.0)
+    first = res.requests().sort("arrival_s")["ttft_s"].to_numpy()[0]
+    assert first == pytest.approx(2 * L + W + 2 * p + INPUT_S + INPUT_TOKEN_S * prompt,
+                                  rel=1e-9)
