@@ -557,6 +557,12 @@ class _Run:
 def _source(profile: Profile, *, text_only: bool) -> str:
     """`measured`, `analytic`, or `measured (<terms>: analytic)` for a measured profile with
     terms its calibration did not measure (profiles.py: _with_encoder) that this pool uses:
-    a text-only pool uses neither the vision encoder nor its KV reservation."""
+    a text-only pool uses neither the vision encoder nor its KV reservation. A measured
+    profile without the serving engine core's time a step (StepModel.core_graph_s,
+    core_piecewise_s: no core trace of its model yet) says so too: its steps charge none."""
     terms = () if text_only else profile.provenance.analytic_terms
-    return f"{profile.source} ({', '.join(terms)}: analytic)" if terms else profile.source
+    parts = [f"{', '.join(terms)}: analytic"] if terms else []
+    step = profile.step
+    if profile.source == "measured" and not (step.core_graph_s or step.core_piecewise_s):
+        parts.append("engine core's time: not measured")
+    return f"{profile.source} ({'; '.join(parts)})" if parts else profile.source
