@@ -462,30 +462,34 @@ def core() -> None:
             prov = json.loads((folder / "provenance.json").read_text())
             print(f"  {folder.name:32s} {np.median(r['ttft_s'].to_numpy()) * 1e3:6.2f}  "
                   f"(started {prov['starts'][-1]['date'][:16]})")
-    # a burst at the input thread: Llama-3.1-8B BF16's shared prefix at concurrency 32, the
-    # first wave after an idle core
-    eng = "llama-3.1-8b-bf16-core2"
-    meta = json.loads((TRACED / f"{eng}.json").read_text())
-    tr = pl.read_parquet(TRACED / f"{eng}.parquet")
-    tr = tr.filter(pl.col("pid") == tr.group_by("pid").len().sort("len")["pid"][-1])
+    # bursts at the input thread: the first wave after an idle core of Llama-3.1-8B's shared
+    # prefix at concurrency 32 and 4 (2,048-token prompts)
+    for eng, run_name in (("llama-3.1-8b-bf16-core2", "prefix90-on-c32"),
+                          ("llama-3.1-8b-bf16-core2", "prefix90-on-c4"),
+                          ("llama-3.1-8b-fp8-core2", "prefix90-on-c4"),
+                          ("llama-3.1-8b-fp8-hostc", "prefix90-on-c4")):
+        meta = json.loads((TRACED / f"{eng}.json").read_text())
+        tr = pl.read_parquet(TRACED / f"{eng}.parquet")
+        tr = tr.filter(pl.col("pid") == tr.group_by("pid").len().sort("len")["pid"][-1])
 
-    def ms(name: str) -> tuple[np.ndarray, np.ndarray]:
-        x = tr.filter(pl.col("name") == name).sort("t0_us")
-        return x["t0_us"].to_numpy() / 1e3, (x["t0_us"] + x["dur_us"]).to_numpy() / 1e3
+        def ms(tr: pl.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray]:
+            x = tr.filter(pl.col("name") == name).sort("t0_us")
+            return x["t0_us"].to_numpy() / 1e3, (x["t0_us"] + x["dur_us"]).to_numpy() / 1e3
 
-    (d0, _), (_, p1), (q0, q1) = ms("decode"), ms("preprocess_add_request"), ms(
-        "_process_input_queue")
-    info = meta["experiments"]["prefix90-on-c32"]
-    start = (info["t0_perf"] - meta["clock_base_s"]) * 1e3
-    idle = next((a, b) for a, b in zip(q0, q1, strict=True) if b - a > 2.0 and a > start)
-    first = d0[d0 > idle[0]][0]
-    got = d0[(d0 >= first) & (d0 < idle[1])]
-    done = p1[(p1 > first) & (p1 <= idle[1])]
-    print(f"{eng} prefix90-on-c32, a wave at an idle core: the input thread starts decoding "
-          f"requests at +" + ", ".join(f"{x - first:.2f}" for x in got) + " ms, each next one "
-          f"{np.min(got[1:] - done[:len(got) - 1]):.2f}-{np.max(got[1:] - done[:len(got) - 1]):.2f}"
-          f" ms after the last one's end; the core wakes at +{idle[1] - first:.2f} ms, "
-          f"{idle[1] - done[-1]:.2f} ms after the thread's last")
+        (d0, _), (_, p1) = ms(tr, "decode"), ms(tr, "preprocess_add_request")
+        q0, q1 = ms(tr, "_process_input_queue")
+        info = meta["experiments"][run_name]
+        start = (info["t0_perf"] - meta["clock_base_s"]) * 1e3
+        idle = next((a, b) for a, b in zip(q0, q1, strict=True) if b - a > 2.0 and a > start)
+        first = d0[d0 > idle[0]][0]
+        got = d0[(d0 >= first) & (d0 < idle[1])]
+        done = p1[(p1 > first) & (p1 <= idle[1])]
+        gaps = got[1:] - done[:len(got) - 1]
+        print(f"{eng} {run_name}, a wave at an idle core: the input thread starts decoding "
+              f"{len(got)} requests at +" + ", ".join(f"{x - first:.2f}" for x in got)
+              + f" ms, each next one {np.min(gaps):.2f}-{np.max(gaps):.2f} ms after the last "
+              f"one's end; the core wakes at +{idle[1] - first:.2f} ms, "
+              f"{idle[1] - done[-1]:.2f} ms after the thread's last")
     _wave_steps("llama-3.1-8b-bf16-loop", "prefix90-on-c48", 3.7)
     for f in sorted((ROOT / "calibration" / "_raw" / "core-launch").glob("*.json")):
         c = json.loads(f.read_text())
