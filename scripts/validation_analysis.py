@@ -664,10 +664,11 @@ WAKES_MS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
 
 def band() -> None:
     """How far a closed-loop row's TTFT p50 moves with the first wave alone: each row at
-    concurrency 8 or more predicted again with the idle core's wake (ENGINE_WAKE_S) at each
-    of WAKES_MS, so that its first step takes 1 to ~8 requests, as the engine's first steps
-    did from run to run; how many rows the band of predictions reaches (within the target
-    of its nearest edge) that the 0.75 ms prediction misses."""
+    concurrency 8 or more predicted again with the idle core's wake (ENGINE_WAKE_S, after
+    the input thread's time on the first request since the thirteenth session; a fixed 0.75
+    ms before) at each of WAKES_MS, so that its first step takes 1 to ~8 requests, as the
+    engine's first steps did from run to run; how many rows the band of predictions reaches
+    (within the target of its nearest edge) that today's prediction misses."""
     import capplan.sim.replica as replica
 
     rows = [r for r in compare_all() if "-c" in r.experiment]
@@ -1017,8 +1018,9 @@ def wake() -> None:
     """The thirteenth session's rule tried and left (docs/validation.md): the idle core wakes
     when its input thread has decoded every request that arrived while it was busy, 0.15 ms
     later (the core traces: a burst sent closer together than the thread decodes it is
-    taken whole), in place of the fixed ENGINE_WAKE_S. Rows within target, and the mean
-    and p90 absolute error per metric, today and with the rule."""
+    taken whole), in place of today's wake after the first request's decoding
+    (sim/replica.py idle_wake_s). Rows within target, and the mean and p90 absolute error
+    per metric, today and with the rule."""
     import capplan.sim.replica as replica
     from capplan.sim.replica import _StepEnd
 

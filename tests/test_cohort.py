@@ -83,9 +83,10 @@ def _close(a: Any, b: Any, path: str = "") -> None:
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
             _close(x, y, f"{path}[{i}]")
     elif isinstance(a, float) and "itl" in path:
-        # a bin or two of the 0.1 % histogram: the engine core's launches (core_graph_s) move
-        # a step's output past a client read more often than the steps alone did
-        assert a == pytest.approx(b, rel=1e-2), path
+        # a few bins of the 0.1 % histogram: the engine core's launches (core_graph_s) and
+        # its wake (idle_wake_s) move a step's output past a client read more often than the
+        # steps alone did
+        assert a == pytest.approx(b, rel=2e-2), path
     else:
         assert a == b, path
 
@@ -93,7 +94,7 @@ def _close(a: Any, b: Any, path: str = "") -> None:
 @pytest.mark.parametrize("case", list(CASES))
 def test_cohort_gives_the_reference_result(case: str) -> None:
     """Same seed, same figures with the decode cohort and with the request-by-request walk
-    (ITL percentiles within 1 % where a client loop's reading order differs)."""
+    (ITL percentiles within 2 % where a client loop's reading order differs)."""
     engine, workloads, replicas, duration, *simulation = CASES[case]
     mix = _mix(engine, workloads, duration, **(simulation[0] if simulation else {}))
     fast = simulate(mix, "p", replicas, seed=3)

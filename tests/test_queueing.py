@@ -7,7 +7,8 @@ k runs, but a request whose in-flight steps already reach max_tokens is skipped
 with a one-block prompt gets its first token after one step and its n-th after n steps.
 The client sees each request L later than it sends it, and each token L after its step
 (L = simulation.client_latency_s each way, capplan/mix.py); an idle core schedules W after
-a request reaches it (W = ENGINE_WAKE_S, capplan/sim/replica.py).
+a request reaches it (W = idle_wake_s of its prompt, capplan/sim/replica.py: the input
+thread's time on it and the core's wake; `wake(p)` below).
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import pytest
 from capplan.errors import ConfigError
 from capplan.mix import CLIENT_LATENCY_S as L
 from capplan.mix import TrafficMix
-from capplan.sim.replica import ENGINE_WAKE_S as W
+from capplan.sim.replica import idle_wake_s as wake
 from capplan.sim.run import simulate
 from helpers import constant_profile
 
 C = 0.01  # seconds per engine step
+W = wake(16)  # the idle core's wake for the default 16-token prompt
 
 
 def mix(arrival: dict[str, Any], *, prompt: Any = 16, out: Any = 10,
@@ -71,8 +73,9 @@ def test_chunked_prompt_costs_one_step_per_chunk() -> None:
                    profile=constant_profile(C))
     req = res.requests()
     chunks = math.ceil(p / b)
-    assert req["ttft_s"].to_numpy() == pytest.approx(chunks * C + 2 * L + W, rel=1e-9)
-    assert req["e2e_s"].to_numpy() == pytest.approx((chunks + n - 1) * C + 2 * L + W, rel=1e-9)
+    assert req["ttft_s"].to_numpy() == pytest.approx(chunks * C + 2 * L + wake(p), rel=1e-9)
+    assert req["e2e_s"].to_numpy() == pytest.approx((chunks + n - 1) * C + 2 * L + wake(p),
+                                                    rel=1e-9)
 
 
 @pytest.mark.parametrize(("method", "chunks"), [(None, 2), ("mtp", 2), ("draft_model", 3)])
@@ -85,7 +88,8 @@ def test_draft_model_keeps_a_slot_per_sequence(method: str | None, chunks: int) 
     res = simulate(mix(CLOSED1, prompt=1000, out=2, max_num_seqs=64,
                        max_num_batched_tokens=512, **spec), "p", 1, seed=0,
                    profile=constant_profile(C))
-    assert res.requests()["ttft_s"].to_numpy() == pytest.approx(chunks * C + 2 * L + W, rel=1e-9)
+    assert res.requests()["ttft_s"].to_numpy() == pytest.approx(chunks * C + 2 * L + wake(1000),
+                                                                rel=1e-9)
 
 
 def test_draft_model_without_budget_left_is_a_config_error() -> None:
@@ -188,7 +192,7 @@ def test_one_client_reads_after_its_sends() -> None:
     whose requests end in the same step read their last tokens S apart, the first user's
     next send between them, so the second one's last gap is C + S (one gap in 18: the ITL
     p99) and every other gap C. Its request was sent S later, so both E2Es are equal."""
-    S = C / 20  # below W: the wave's two requests still share their first step
+    S = W / 2  # below W: the wave's two requests still share their first step
     m = mix({"kind": "closed", "concurrency": 2}, out=10)
     m = m.model_copy(update={"simulation": m.simulation.model_copy(
         update={"client_send_s": S})})

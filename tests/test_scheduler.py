@@ -19,12 +19,12 @@ from capplan.mix import TrafficMix
 from capplan.profile import Profile, StepTimer
 from capplan.sim.core import PREEMPTED, CoreConfig, EngineCore, SimRequest, StepPlan
 from capplan.sim.metrics import WorkloadRecorder
-from capplan.sim.replica import ENGINE_WAKE_S as W
-from capplan.sim.replica import Replica, Window
+from capplan.sim.replica import Replica, Window, idle_wake_s
 from capplan.sim.run import simulate
 from helpers import constant_profile
 
 BS = 16
+W = idle_wake_s(16)  # the idle core's wake for these tests' 16-token prompts
 
 
 def engine(num_blocks: int = 256, *, acceptance: float = 0.0, **cfg: Any) -> EngineCore:
@@ -483,7 +483,8 @@ def run_replica(
 def test_async_first_token_at_end_of_admitting_step() -> None:
     """engine/core.py step_with_batch_queue: a request admitted in step n's schedule streams
     its first token when step n ends, and one token per step after (no extra step). The idle
-    core schedules ENGINE_WAKE_S (W) after the request reaches it."""
+    core schedules W (idle_wake_s: the input thread's time on the request, then the core's
+    wake) after the request reaches it."""
     a = req(0, 16, 5, arrival_s=0.0)
     (done,) = run_replica([(0.0, a)], async_scheduling=True)
     assert done is a

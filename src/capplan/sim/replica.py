@@ -42,17 +42,6 @@ from capplan.sim.client import ClientLoop, OutputJitter
 from capplan.sim.core import EngineCore, SimRequest, StepPlan
 from capplan.sim.metrics import StepGaps, WorkloadRecorder
 
-ENGINE_WAKE_S = 0.75e-3
-"""From a request's arrival at an idle engine core to the schedule that takes it: the busy
-loop sleeps in its input queue's blocking get (vllm/v1/engine/core.py run_busy_loop,
-_process_input_queue), wakes when the input thread (process_input_sockets) has decoded the
-request, and drains whatever has arrived by then. Measured in the validation suite's first
-waves (closed-loop users sending a request every 0.2-0.6 ms to an idle engine): the first
-step takes the requests sent up to 0.5-1.1 ms after the first; 0.75 ms fits more of them
-than any other value (36 of 86 when it was chosen, 42 of 107 with the runs measured since;
-scripts/validation_analysis.py waves). The engine's own first step varies from run to run
-(1 to 16 requests across the suite): `band` there shows what that does to a row."""
-
 INPUT_S = 0.15e-3
 INPUT_TOKEN_S = 0.3e-6
 """The engine core process's input thread (vllm/v1/engine/core.py process_input_sockets)
@@ -66,6 +55,23 @@ launch until the wave is decoded, and the rest of the wave joins one step, as th
 waves do (docs/validation.md, "Where the engine core's time goes"). While the core waits
 for the GPU, the GIL is free and arrivals cost it nothing."""
 
+ENGINE_WAKE_S = 0.13e-3
+"""From the input thread's end of decoding the first request that reaches an idle engine
+core to the schedule that takes it: the busy loop sleeps in its input queue's blocking get
+(vllm/v1/engine/core.py run_busy_loop, _process_input_queue), wakes when the thread has
+queued the request, and drains whatever has arrived by then. Measured by the core traces of
+the thirteenth session: 0.10-0.17 ms at concurrency 1, 0.09-0.17 ms after a wave's last
+request (scripts/validation_analysis.py core). So an idle core schedules `idle_wake_s` after
+a request reaches it: 0.43 ms for a 512-token prompt, 0.89 ms for a 2,048-token one, where
+a fixed 0.75 ms had been fitted to the suite's first waves before the core was traced (the
+engine's own first step varies from run to run, 1 to 16 requests across the suite: `band`
+in scripts/validation_analysis.py shows what that does to a row)."""
+
+
+def idle_wake_s(prompt_tokens: int) -> float:
+    """Seconds from a request's arrival at an idle engine core to the schedule that takes
+    it: the input thread's time on it (INPUT_S) and the core's wake (ENGINE_WAKE_S)."""
+    return INPUT_S + INPUT_TOKEN_S * prompt_tokens + ENGINE_WAKE_S
 
 class Window:
     """The measurement window [start_s, end_s) and where measured figures go."""
@@ -156,7 +162,8 @@ class Replica:
                 self._gpu_free = self._core_free
         if self._idle:  # the first arrival at an idle core: it schedules a bit later
             self._idle = False
-            self.env.schedule(_StepEnd(self._woken), NORMAL, ENGINE_WAKE_S)  # type: ignore[arg-type]
+            self.env.schedule(_StepEnd(self._woken), NORMAL,  # type: ignore[arg-type]
+                              INPUT_S + INPUT_TOKEN_S * r.prompt + ENGINE_WAKE_S)
 
     # -- the engine loop, as callbacks: _advance while the core is free, _step_end after a
     # -- step's outputs are processed --------------------------------------------------------
