@@ -491,6 +491,7 @@ def core() -> None:
               f"one's end; the core wakes at +{idle[1] - first:.2f} ms, "
               f"{idle[1] - done[-1]:.2f} ms after the thread's last")
     _wave_steps("llama-3.1-8b-bf16-loop", "prefix90-on-c48", 3.7)
+    _wave_steps("llama-3.1-8b-bf16-hostb", "prefix90-on-c4", 1.0)
     for f in sorted((ROOT / "calibration" / "_raw" / "core-launch").glob("*.json")):
         c = json.loads(f.read_text())
         print(f"profiles of {f.stem}: core_graph_s {c['core_graph_s'] * 1e3:.2f} ms, "
@@ -499,7 +500,8 @@ def core() -> None:
 
 def _wave_steps(engine: str, run_name: str, after_s: float) -> None:
     """The simulator's steps for the first wave after `after_s` of a closed-loop row, with
-    the input thread's hold on the GIL (sim/replica.py INPUT_S) and without it."""
+    the input thread's time (sim/replica.py INPUT_S: its hold on the GIL during a launch,
+    and its part of an idle core's wake) and without it."""
     import capplan.sim.replica as replica
 
     suite = load_suite(ROOT / "validation" / "h200.yaml")
