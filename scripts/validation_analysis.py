@@ -388,7 +388,7 @@ def core() -> None:
     concurrency 1 (send to the input thread, its decoding, the schedule, the core's steps,
     the output back), and the same Llama-3.1-8B BF16 cache-hit experiment on every lease
     that ran it, with the core times the profiles now carry."""
-    from capplan.validate.corelaunch import step_core_times
+    from capplan.validate.corelaunch import core_process, spans, step_core_times
 
     for meta_path in sorted(TRACED.glob("*.json")):
         eng = meta_path.stem
@@ -412,15 +412,9 @@ def core() -> None:
                       f"{np.nanmedian(x) * 1e3:.2f} ms after the core's execute_model returns "
                       "(median)")
         # a lone request, concurrency 1: where its TTFT goes
-        pid = trace.group_by("pid").len().sort("len")["pid"][-1]
-        tr = trace.filter(pl.col("pid") == pid)
-
-        def starts(tr: pl.DataFrame, name: str, end: bool = False) -> np.ndarray:
-            x = tr.filter(pl.col("name") == name).sort("t0_us")
-            return (x["t0_us"] + (x["dur_us"] if end else 0)).to_numpy()
-
-        dec0, pre1 = starts(tr, "decode"), starts(tr, "preprocess_add_request", True)
-        sch0, upd1 = starts(tr, "schedule"), starts(tr, "update_from_output", True)
+        tr = core_process(trace)
+        (dec0, _), (_, pre1) = spans(tr, "decode"), spans(tr, "preprocess_add_request")
+        (sch0, _), (_, upd1) = spans(tr, "schedule"), spans(tr, "update_from_output")
         reqs = pl.read_parquet(folder / "requests.parquet")
         for run in ("prefix90-on-c1", "chat-c1"):
             if run not in meta["experiments"]:
@@ -442,26 +436,19 @@ def core() -> None:
                   f"its decoding {med[1]:.2f} + to the schedule {med[2]:.2f} + the core's "
                   f"steps to the output {med[3]:.2f} + the output to the client {med[4]:.2f} "
                   "(medians of each)")
-    print("Llama-3.1-8B BF16 prefix90-on-c1 on each lease, TTFT p50 (ms):")
-    for folder in stored_runs():
-        if not folder.name.startswith("llama-3.1-8b-bf16"):
-            continue
-        r = pl.read_parquet(folder / "requests.parquet").filter(pl.col("run") == "prefix90-on-c1")
-        if len(r):
-            prov = json.loads((folder / "provenance.json").read_text())
-            host = prov["starts"][-1].get("host", {})
-            print(f"  {folder.name:32s} {np.median(r['ttft_s'].to_numpy()) * 1e3:6.2f}  "
-                  f"(started {prov['starts'][-1]['date'][:16]}"
-                  + (f", {host.get('cpu_model')}" if host else "") + ")")
-    print("Llama-3.1-8B FP8 chat-c1 on each lease, TTFT p50 (ms):")
-    for folder in stored_runs():
-        if not folder.name.startswith("llama-3.1-8b-fp8"):
-            continue
-        r = pl.read_parquet(folder / "requests.parquet").filter(pl.col("run") == "chat-c1")
-        if len(r):
-            prov = json.loads((folder / "provenance.json").read_text())
-            print(f"  {folder.name:32s} {np.median(r['ttft_s'].to_numpy()) * 1e3:6.2f}  "
-                  f"(started {prov['starts'][-1]['date'][:16]})")
+    for label, prefix, run_name in (("BF16", "llama-3.1-8b-bf16", "prefix90-on-c1"),
+                                    ("FP8", "llama-3.1-8b-fp8", "chat-c1")):
+        print(f"Llama-3.1-8B {label} {run_name} on each lease, TTFT p50 (ms):")
+        for folder in stored_runs():
+            if not folder.name.startswith(prefix):
+                continue
+            r = pl.read_parquet(folder / "requests.parquet").filter(pl.col("run") == run_name)
+            if len(r):
+                start = json.loads((folder / "provenance.json").read_text())["starts"][-1]
+                host = start.get("host", {})
+                print(f"  {folder.name:32s} {np.median(r['ttft_s'].to_numpy()) * 1e3:6.2f}  "
+                      f"(started {start['date'][:16]}"
+                      + (f", {host.get('cpu_model')}" if host else "") + ")")
     # bursts at the input thread: the first wave after an idle core of Llama-3.1-8B's shared
     # prefix at concurrency 32 and 4 (2,048-token prompts)
     for eng, run_name in (("llama-3.1-8b-bf16-core2", "prefix90-on-c32"),
@@ -469,15 +456,10 @@ def core() -> None:
                           ("llama-3.1-8b-fp8-core2", "prefix90-on-c4"),
                           ("llama-3.1-8b-fp8-hostc", "prefix90-on-c4")):
         meta = json.loads((TRACED / f"{eng}.json").read_text())
-        tr = pl.read_parquet(TRACED / f"{eng}.parquet")
-        tr = tr.filter(pl.col("pid") == tr.group_by("pid").len().sort("len")["pid"][-1])
-
-        def ms(tr: pl.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray]:
-            x = tr.filter(pl.col("name") == name).sort("t0_us")
-            return x["t0_us"].to_numpy() / 1e3, (x["t0_us"] + x["dur_us"]).to_numpy() / 1e3
-
-        (d0, _), (_, p1) = ms(tr, "decode"), ms(tr, "preprocess_add_request")
-        q0, q1 = ms(tr, "_process_input_queue")
+        tr = core_process(pl.read_parquet(TRACED / f"{eng}.parquet"))
+        (d0, _), (_, p1) = spans(tr, "decode"), spans(tr, "preprocess_add_request")
+        q0, q1 = spans(tr, "_process_input_queue")
+        d0, p1, q0, q1 = d0 / 1e3, p1 / 1e3, q0 / 1e3, q1 / 1e3  # ms
         info = meta["experiments"][run_name]
         start = (info["t0_perf"] - meta["clock_base_s"]) * 1e3
         idle = next((a, b) for a, b in zip(q0, q1, strict=True) if b - a > 2.0 and a > start)

@@ -152,8 +152,9 @@ class Replica:
     def add_request(self, r: SimRequest) -> None:
         self.outstanding += 1
         self.core.add_request(r)
+        decode = INPUT_S + INPUT_TOKEN_S * r.prompt  # the input thread's time on it
         if self._core_free > self.env.now:  # the input thread takes the GIL from a launch
-            self._core_free += INPUT_S + INPUT_TOKEN_S * r.prompt
+            self._core_free += decode
             inflight = self._inflight
             if inflight and inflight[-1][1] < self._core_free:  # its GPU waits for it
                 plan, _end, _dt, used = inflight[-1]
@@ -163,7 +164,7 @@ class Replica:
         if self._idle:  # the first arrival at an idle core: it schedules a bit later
             self._idle = False
             self.env.schedule(_StepEnd(self._woken), NORMAL,  # type: ignore[arg-type]
-                              INPUT_S + INPUT_TOKEN_S * r.prompt + ENGINE_WAKE_S)
+                              decode + ENGINE_WAKE_S)  # idle_wake_s(r.prompt)
 
     # -- the engine loop, as callbacks: _advance while the core is free, _step_end after a
     # -- step's outputs are processed --------------------------------------------------------

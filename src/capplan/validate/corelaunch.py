@@ -31,7 +31,15 @@ IDLE_US = 20_000
 empty): the pairing of launched and processed steps restarts there."""
 
 
-def _spans(trace: pl.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray]:
+def core_process(trace: pl.DataFrame) -> pl.DataFrame:
+    """The engine core process's spans: the traced file's busiest process (the client's
+    own process writes a few output-decoding spans too)."""
+    pid = trace.group_by("pid").len().sort("len")["pid"][-1]
+    return trace.filter(pl.col("pid") == pid)
+
+
+def spans(trace: pl.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end (µs on the trace's clock) of every span `name`, in time order."""
     x = trace.filter(pl.col("name") == name).sort("t0_us")
     t0 = x["t0_us"].to_numpy()
     return t0, t0 + x["dur_us"].to_numpy()
@@ -49,14 +57,13 @@ def step_core_times(trace: pl.DataFrame, meta: dict[str, Any], steps: pl.DataFra
     (`t` from the experiment's start, when the client received the step's stats).
     `gpu_after_s` is how long after the core's `execute_model` returned the GPU ended the
     step's forward: near 0 where the launch binds."""
-    pid = trace.group_by("pid").len().sort("len")["pid"][-1]
-    trace = trace.filter(pl.col("pid") == pid)
-    ex0, ex1 = _spans(trace, "execute_model")
-    up0, up1 = _spans(trace, "update_from_output")
-    it0, it1 = _spans(trace, "step_with_batch_queue")
-    wt0, wt1 = _spans(trace, "result")
-    ip0, ip1 = _spans(trace, "_process_input_queue")
-    gp0, gp1 = _spans(trace, "gpu:execute_model")
+    trace = core_process(trace)
+    ex0, ex1 = spans(trace, "execute_model")
+    up0, up1 = spans(trace, "update_from_output")
+    it0, it1 = spans(trace, "step_with_batch_queue")
+    wt0, wt1 = spans(trace, "result")
+    ip0, ip1 = spans(trace, "_process_input_queue")
+    gp0, gp1 = spans(trace, "gpu:execute_model")
     # each update_from_output takes the oldest step launched and not yet taken (the batch
     # queue is first in, first out); an idle wait empties the queue
     events = sorted([(t, 0, j) for j, t in enumerate(ex0)]
