@@ -4,20 +4,22 @@
 # the vLLM bundle of ../shared/gpu leaves out. docs/calibration.md says why.
 #
 #   fetch    (here, with network) download the wheels into .whl/ (ignored by git): the small
-#            ones in .whl/b, the 88 MB CUDA 13 library cut into .whl/a/cu13_00, 01 and 02
-#            (30 MB each) so that each call's carry, the working tree's ~27 MB included,
+#            ones in .whl/b, the 88 MB CUDA 13 library cut into .whl/a/cu13_00 to 03
+#            (22.1 MB each) so that each call's carry, the working tree's ~40 MB included,
 #            stays under 64 MiB
 #   install  (on the GPU host, after the parts were carried and copied to /tmp/whl, the
 #            last one perhaps only carried) put them together and install into
 #            /tmp/cdsl-site; then `source` this file's last line or let
 #            scripts/gpu_session.sh pick /tmp/cdsl-site up
 #
-# Carry plan, on a fresh host (the working tree is ~27 MB; 2026-11-30, eleventh session):
-#   call 1: .bundle/p01_00 + .bundle/vllm-bundle.sha256 + .bundle/vllm-install.sh
-#   call 2: .bundle/p01_01 (rebuild part01)
-#   call 3: .bundle/vllm-bundle.part02 + .whl/b (cp part02; cp .whl/b/*.whl to /tmp/whl)
-#   call 4, 5: .whl/a/cu13_00, then cu13_01 (cp to /tmp/whl)
-#   call 6: .whl/a/cu13_02: bash scripts/gpu_wheels.sh install && ... gpu_session.sh
+# Carry plan, on a fresh host (the working tree is ~40 MB; 2026-11-30, fourteenth session;
+# the vLLM bundle's part01 cut into .bundle/p1s_00 to 02 of 22 MB, `split -b 22020096`):
+#   calls 1-3: .bundle/p1s_00 (+ vllm-bundle.sha256, vllm-install.sh), p1s_01, p1s_02
+#              (cp each to /tmp/vllm-parts; the third cats them into vllm-bundle.part01)
+#   call 4: .bundle/vllm-bundle.part02 (cp to /tmp/vllm-parts)
+#   call 5: .whl/b (mkdir -p /tmp/whl; cp .whl/b/*.whl /tmp/whl)
+#   calls 6-8: .whl/a/cu13_00, 01, 02 (cp to /tmp/whl)
+#   call 9: .whl/a/cu13_03 + .whl/a/NAME: bash scripts/gpu_wheels.sh install && ... gpu_session.sh
 set -euo pipefail
 case ${1:?usage: gpu_wheels.sh fetch|install} in
 fetch)
@@ -30,7 +32,7 @@ fetch)
     nvidia-cutlass-dsl-libs-core==4.6.0 nvidia-cutlass-dsl-libs-cu13==4.6.0 \
     quack-kernels==0.6.0 cuda-python==13.4.4 nvidia-cuda-nvdisasm==13.5.37 protobuf==6.33.6
   mv .whl/b/nvidia_cutlass_dsl_libs_cu13-*.whl .whl/
-  (cd .whl && split -b 30000000 -d nvidia_cutlass_dsl_libs_cu13-*.whl a/cu13_ &&
+  (cd .whl && split -b 22100000 -d nvidia_cutlass_dsl_libs_cu13-*.whl a/cu13_ &&
    basename nvidia_cutlass_dsl_libs_cu13-*.whl > a/NAME && rm nvidia_cutlass_dsl_libs_cu13-*.whl)
   du -sh .whl/a .whl/b
   ;;

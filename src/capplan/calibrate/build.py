@@ -44,7 +44,7 @@ MIN_DECODE_CONTEXT = 2048
 MIN_DRAFT_POINTS = 8
 _NAME = re.compile(
     r"^(?P<model>[^-].*?)--(?P<key>[a-z0-9_-]+?)(?:--r(?P<r>\d+))?(?:--u(?P<u>\d+))?"
-    r"(?P<img>--img)?(?P<cache>--cache)?(?P<graphs>--graphs)?$")
+    r"(?P<img>--img)?(?P<cache>--cache)?(?P<graphs>--graphs)?(?P<core>--core)?$")
 _KEY = re.compile(r"^(?P<prec>bf16|fp8|nvfp4|awq)(?P<kv>-kvfp8)?(?:-(?P<m>[a-z_]+?)(?P<k>\d+))?$")
 
 
@@ -86,9 +86,9 @@ def groups(raw: Path) -> dict[tuple[str, str], Group]:
     for meta_path in sorted(raw.glob("*.meta.json")):
         name = meta_path.name.removesuffix(".meta.json")
         m = _NAME.match(name)
-        if m is None or m["cache"] or m["graphs"]:
-            # not a run; or an engine with prefix caching on, or a graph scan (each read
-            # beside its profile's fit, not fitted with it)
+        if m is None or m["cache"] or m["graphs"] or m["core"]:
+            # not a run; or an engine with prefix caching on, a graph scan or a core scan
+            # (each read beside its profile's fit, not fitted with it)
             continue
         meta = json.loads(meta_path.read_text())
         if "kv" not in meta:
@@ -225,6 +225,34 @@ def core_launch(raw: Path, model: str) -> dict[str, Any] | None:
     return out
 
 
+def calibration_core(df: pl.DataFrame, eng: dict[str, Any]) -> dict[str, Any] | None:
+    """The engine core's own time a step as the calibration engine measured it (runner.py:
+    scheduling + `cpu_launch_s` + `cpu_update_s`, what the serving core's loop spends on a
+    step, vllm/v1/engine/core.py step_with_batch_queue), summarised as the serving traces
+    are (validate/corelaunch.summary): the median decode-only step ("graph"), and the median
+    step with a prefill chunk within the largest CUDA graph ("piecewise"). None when the run
+    did not record it (runners before the fourteenth session) or has neither kind."""
+    from capplan.validate.corelaunch import summary  # polars + numpy only
+
+    if "cpu_launch_s" not in df.columns:
+        return None
+    x = df.filter(~pl.col("warmup") & pl.col("cpu_launch_s").is_not_null()
+                  & pl.col("cpu_update_s").is_not_null())
+    if x.is_empty():
+        return None
+    largest = cudagraph_capture_sizes(eng["max_num_seqs"], eng["max_num_batched_tokens"])[-1]
+    x = x.with_columns(
+        core_s=pl.col("t_sched1") - pl.col("t_sched0") + pl.col("cpu_launch_s")
+        + pl.col("cpu_update_s"),
+        kind=pl.when(pl.col("prefill_seqs") == 0).then(pl.lit("graph"))
+        .when(pl.col("tokens") <= largest).then(pl.lit("piecewise"))
+        .otherwise(pl.lit("eager")))
+    out = summary(x)
+    if "core_graph_s" not in out or "core_piecewise_s" not in out:
+        return None
+    return out
+
+
 def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                   gpu: str, git_commit: str, seed: int = 0) -> tuple[Profile, dict[str, Any],
                                                                       pl.DataFrame]:
@@ -343,14 +371,35 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                          + f" a token from {graph_run}"
                          + (f" ({secs / 60:.1f} GPU-minutes more, engine start included)"
                             if secs else ""))
+    # the engine core's own time a step: the model's serving core trace, else what this
+    # engine's calibration measured (its own run, else its core scan). The calibration
+    # engine runs in-process, without the serving core's input and output threads: on one
+    # host it measured Llama-3.1-8B's 0.8x and 0.65x of serving's (docs/calibration.md, "The
+    # engine core's time, measured by calibration")
     core = core_launch(raw, g.model)
+    own, own_run = calibration_core(df, eng), g.main
+    core_path = store.runner_jsonl(raw, f"{g.model}--{g.key}--core")
+    if own is None and core_path is not None:
+        own = calibration_core(store.read_runner_jsonl(core_path), eng)
+        own_run = f"{g.model}--{g.key}--core"
+    if own is not None:
+        own["run"] = own_run
     if core is not None:
-        step = step.model_copy(update={"core_graph_s": core["core_graph_s"],
-                                       "core_piecewise_s": core["core_piecewise_s"]})
         notes.append(f"core_graph_s {core['core_graph_s'] * 1e3:.2f} ms and core_piecewise_s "
                      f"{core['core_piecewise_s'] * 1e3:.2f} ms: the serving engine core's own "
                      f"time a step, from the core trace of {core['engine']} "
                      f"(core-launch/{g.model}.json)")
+        if own is not None:
+            core = {**core, "calibration": own}
+    elif own is not None:
+        core = own
+        notes.append(f"core_graph_s {core['core_graph_s'] * 1e3:.2f} ms and core_piecewise_s "
+                     f"{core['core_piecewise_s'] * 1e3:.2f} ms: the engine core's own time a "
+                     f"step as the in-process calibration engine measured it ({own_run}; "
+                     "no serving core trace of this model)")
+    if core is not None:
+        step = step.model_copy(update={"core_graph_s": core["core_graph_s"],
+                                       "core_piecewise_s": core["core_piecewise_s"]})
     reserved = image_reservation(g.metas, g.image_metas)
     if reserved is not None:
         kv = kv.model_copy(update={"image_reservation_tokens": reserved})

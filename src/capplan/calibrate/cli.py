@@ -68,7 +68,7 @@ def _default_drafter(spec: ModelSpec, method: str) -> str | None:
 def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
               spec_method: str, spec_model: str | None, kv_cache_dtype: str,
               utils: list[float], tp: int, prefix_cache: bool = False,
-              graph_scan: bool = False) -> list[Job]:
+              graph_scan: bool = False, core_scan: bool = False) -> list[Job]:
     """The engines to start: one timed engine per (precision, k) at 0.90, plus KV-only
     engines for the other utilisations (BF16, k = 0 only: the rest are derived). A
     multimodal model's engines run text-only, and one more KV-only engine at 0.90 keeps the
@@ -76,7 +76,8 @@ def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
     `prefix_cache`, one more engine per timed one, with prefix caching on, times the steps
     a prefix-cache hit makes (sweep.cache_points); with `graph_scan`, one more per timed
     engine without speculative decoding times a decode-only batch at every CUDA-graph size
-    (sweep.graph_points)."""
+    (sweep.graph_points); with `core_scan`, one more per timed engine without speculative
+    decoding times the engine core's CPU time a step (sweep.core_points)."""
     if tp != 1:
         raise ConfigError(f"--tp {tp}: only tensor parallel 1 is calibrated so far")
     spec = load_model_spec(model)
@@ -100,12 +101,14 @@ def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
         jobs += [replace(j, prefix_cache=True) for j in timed]
     if graph_scan:
         jobs += [replace(j, graph_scan=True) for j in timed if not j.spec_k]
+    if core_scan:
+        jobs += [replace(j, core_scan=True) for j in timed if not j.spec_k]
     return jobs
 
 
 def _plan(job: Job, budget_s: float) -> dict[str, object]:
     return make_plan(job.spec, job.precision, budget_s=budget_s * 1.6, spec_k=job.spec_k,
-                     cache=job.prefix_cache, graphs=job.graph_scan,
+                     cache=job.prefix_cache, graphs=job.graph_scan, core=job.core_scan,
                      max_num_seqs=job.max_num_seqs)
 
 
@@ -195,11 +198,14 @@ def _refit(raw: Path, out: Path, gpu: str) -> list[Path]:
 @click.option("--graph-scan", is_flag=True,
               help="also an engine per timed one (k = 0) that times a decode-only batch at "
               "every CUDA-graph size: the profile's per-size offsets (graph_offset_s)")
+@click.option("--core-scan", is_flag=True,
+              help="also an engine per timed one (k = 0) that times the engine core's own CPU "
+              "time a step (core_graph_s, core_piecewise_s); a full sweep records it too")
 def calibrate(model: str | None, precision: str, spec_tokens: str, spec_method: str,
               spec_model: str | None, kv_cache_dtype: str, utils: str, tp: int,
               budget_s: float, gpu: str, out: Path, raw: Path | None, from_raw: Path | None,
               dry_run: bool, emit_queue: Path | None, prefix_cache: bool,
-              graph_scan: bool) -> None:
+              graph_scan: bool, core_scan: bool) -> None:
     """Measure vLLM step times and KV capacity on this GPU and write profiles."""
     if from_raw is not None:
         for d in _refit(from_raw, out, gpu):
@@ -210,7 +216,7 @@ def calibrate(model: str | None, precision: str, spec_tokens: str, spec_method: 
     ks = [int(k) for k in _floats(spec_tokens, "--spec-tokens")]
     us = _floats(utils, "--gpu-memory-utilization") or list(UTILS)
     jobs = plan_jobs(model, _precisions(precision), ks, spec_method, spec_model,
-                     kv_cache_dtype, us, tp, prefix_cache, graph_scan)
+                     kv_cache_dtype, us, tp, prefix_cache, graph_scan, core_scan)
     if emit_queue is not None:
         emit_queue.write_text("".join(queue_line(j, out, budget_s) + "\n" for j in jobs))
         click.echo(str(emit_queue))

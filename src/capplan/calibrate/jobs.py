@@ -51,6 +51,9 @@ class Job:
     graph_scan: bool = False
     """An engine that times only a decode-only batch at every CUDA-graph size
     (sweep.graph_points); its run gives the profile's `graph_offset_s`."""
+    core_scan: bool = False
+    """An engine with prefix caching on that times only the core scan (sweep.core_points):
+    the engine core's CPU time a step, for a profile whose own run did not record it."""
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int = 32768
@@ -94,6 +97,8 @@ class Job:
             n += "--cache"
         if self.graph_scan:
             n += "--graphs"
+        if self.core_scan:
+            n += "--core"
         return n
 
     def model_dir(self, root: Path) -> Path:
@@ -130,7 +135,7 @@ class Job:
         if self.spec.vllm_hf_overrides:  # compact JSON: one word in the queue's arg list
             a += ["--hf-overrides", json.dumps(self.spec.vllm_hf_overrides,
                                                separators=(",", ":"))]
-        if self.prefix_cache:
+        if self.prefix_cache or self.core_scan:  # the core scan's cache hits need it
             a.append("--prefix-caching")
         if self.kv_only or plan is None:
             a.append("--kv-only")

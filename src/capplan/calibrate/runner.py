@@ -24,6 +24,14 @@ compute stream as the wrapped executor's `execute_model` starts launching a step
 an event recorded as the point starts. `t_sched1 - t_sched0` is the CPU's scheduling time,
 `gpu_t1 - gpu_t0` the GPU's.
 
+The engine core's own time a step is stamped too: `cpu_launch_s`, the CPU's time in the
+executor's `execute_model` and `sample_tokens` (they prepare the inputs and launch the
+kernels, and return: vllm/v1/executor/uniproc_executor.py), and `cpu_update_s`, its time in
+`update_from_output`. Scheduling, launch and update are what the serving engine core's loop
+spends on a step (vllm/v1/engine/core.py step_with_batch_queue; capplan.validate.corelaunch
+measures the same in serving), and the simulator charges it (profile `core_graph_s`,
+`core_piecewise_s`).
+
 A point that runs far past its estimate (`--hang-s`, or 10x its estimate if longer) is a
 hung engine: vLLM 0.26.0 has waited forever on its output copy in one batch shape on the
 H200 (256 decodes plus a 256-token chunk: two engines hung in it, none finished it). A
@@ -222,6 +230,7 @@ class Recorder:
         sched.schedule = self.schedule
         sched.update_from_output = self.update_from_output
         self.clock, self.gpu, self.launched = clock, {}, None
+        self.launch_s = {}  # id(so) -> the CPU's seconds in execute_model + sample_tokens
         if clock is not None and executor is not None:
             self._execute, self._sample = executor.execute_model, executor.sample_tokens
             executor.execute_model, executor.sample_tokens = self.execute_model, self.sample_tokens
@@ -235,17 +244,21 @@ class Recorder:
         return so
 
     def execute_model(self, so, *a, **k):
+        t0 = time.perf_counter()
         ev = self.clock.event() if so.total_num_scheduled_tokens else None
         out = self._execute(so, *a, **k)
         if ev is not None:
             self.gpu[id(so)] = [ev, None]
             self.launched = id(so)
+            self.launch_s[id(so)] = time.perf_counter() - t0
         return out
 
     def sample_tokens(self, *a, **k):
+        t0 = time.perf_counter()
         out = self._sample(*a, **k)
         if self.launched in self.gpu:
             self.gpu[self.launched][1] = self.clock.event()
+            self.launch_s[self.launched] += time.perf_counter() - t0
         self.launched = None
         return out
 
@@ -306,15 +319,22 @@ class Recorder:
         t = time.perf_counter()
         item = self.pending.pop(id(so), None)
         evs = self.gpu.pop(id(so), None)
+        launch = self.launch_s.pop(id(so), None)
+        rec = None
         if item is not None and self.point is not None:
             t0, t1, desc = item
             rec = dict(kind="step", point=self.point, step=self.step_no,
                        t_sched0=t0, t_sched1=t1, t_done=t, **desc)
             if evs is not None:
                 rec["_gpu"] = evs
+            if launch is not None:
+                rec["cpu_launch_s"] = round(launch, 7)
             self.records.append(rec)
             self.step_no += 1
-        return self._update(so, *a, **k)
+        out = self._update(so, *a, **k)
+        if rec is not None:
+            rec["cpu_update_s"] = round(time.perf_counter() - t, 7)
+        return out
 
 
 class Driver:

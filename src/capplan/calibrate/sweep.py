@@ -20,6 +20,12 @@ each carries an analytic cost estimate, so a plan fits a per-engine time budget.
   decodes longer), at every CUDA-graph size a decode-only batch can take: the decode-only
   step's time at each size, which the linear terms do not follow (profile.py:
   `graph_offset_s`).
+
+A core scan (`core_points`) times what the engine core's CPU spends on a step, apart from
+what the GPU does: decode-only steps (one full CUDA graph) across batch sizes, and steps
+with a prefill chunk within the largest CUDA graph (piecewise graphs, attention launched
+layer by layer) from an idle engine, back to back, and beside running decodes
+(runner.py: `cpu_launch_s`, `cpu_update_s`; profile `core_graph_s`, `core_piecewise_s`).
 """
 
 from __future__ import annotations
@@ -103,6 +109,19 @@ def graph_points(max_num_seqs: int = 256, max_num_batched_tokens: int = 8192) ->
             + [_graphs(b, ctx) for b in long_sizes if b <= max_num_seqs])
 
 
+def core_points(max_num_seqs: int = 256) -> list[Point]:
+    """The core scan: steps whose launch can bind (sweep docstring). Decode-only batches of
+    1-256 requests; a lone prompt of 51-410 tokens on an idle engine, fresh and behind a
+    cached 1,843-token prefix (the serving rows' cache hits); prompts cut in chunks of 128-512
+    tokens; and chunks of 128-256 tokens beside 16-128 running decodes."""
+    return ([_decode(b, 512) for b in (1, 4, 16, 64, 256) if b <= max_num_seqs]
+            + [_cached(0, 51, 8), _cached(0, 205, 8), _cached(0, 410, 8),
+               _cached(1843, 205, 8)]
+            + [_prefill(128, 2048), _prefill(256, 2048), _prefill(512, 4096)]
+            + [_mixed(b, 512, chunk, 4) for b, chunk in ((16, 256), (64, 128), (128, 256))
+               if b <= max_num_seqs])
+
+
 def cache_points() -> list[Point]:
     """The shared-prefix serving rows' steps (validation.md: a 90 % shared prefix of 512-,
     2,048- and 4,096-token prompts, whose TTFT at concurrency 1 the simulator puts 14-49 %
@@ -184,15 +203,18 @@ def make_plan(
     spec_k: int = 0,
     cache: bool = False,
     graphs: bool = False,
+    core: bool = False,
     max_num_seqs: int = 256,
 ) -> dict[str, Any]:
     """Points in priority order whose estimated cost fits `budget_s` (warm-up first); with
     `cache`, the prefix-cache points (`cache_points`) instead of the sweep, with `graphs`
-    the graph scan (`graph_points`)."""
+    the graph scan (`graph_points`), with `core` the core scan (`core_points`)."""
     points: list[Point] = [dict(p) for p in _WARMUP]
     total = 0.0
     if cache:
         todo = cache_points()
+    elif core:
+        todo = core_points(max_num_seqs)
     elif graphs:
         todo = graph_points(max_num_seqs, max_num_batched_tokens)
     else:

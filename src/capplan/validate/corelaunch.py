@@ -128,6 +128,38 @@ def summary(times: pl.DataFrame) -> dict[str, Any]:
     return out
 
 
+def pack(run_dir: Path) -> tuple[pl.DataFrame, dict[str, Any]]:
+    """A traced engine's raw core trace (the runner's `run_dir/coretrace/core-<pid>.jsonl`,
+    one `[name, thread, t0_s, t1_s]` line a span, and its `engine.json`) as stored under
+    validation/logs: the spans as integer microseconds from the first (`pid`, `name`,
+    `thread`, `t0_us`, `dur_us`), and the json that step_core_times reads (`clock_base_s`,
+    each experiment's `t0_perf` and `wall_s`, the host, the wrapped methods)."""
+    frames = []
+    for f in sorted((run_dir / "coretrace").glob("core-*.jsonl")):
+        rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        if rows:
+            frames.append(pl.DataFrame(rows, schema=["name", "thread", "t0", "t1"], orient="row")
+                          .with_columns(pid=pl.lit(int(f.stem.split("-")[1]))))
+    if not frames:
+        raise FileNotFoundError(f"{run_dir}/coretrace: no core-<pid>.jsonl traces")
+    raw = pl.concat(frames)
+    base = float(raw["t0"].min())  # type: ignore[arg-type]
+    trace = raw.select(
+        pl.col("pid").cast(pl.Int64), pl.col("name").cast(pl.Categorical),
+        pl.col("thread").cast(pl.Categorical),
+        ((pl.col("t0") - base) * 1e6).round().cast(pl.Int64).alias("t0_us"),
+        ((pl.col("t1") - pl.col("t0")) * 1e6).round().cast(pl.Int32).alias("dur_us"),
+    ).sort("t0_us")
+    eng = json.loads((run_dir / "engine.json").read_text())
+    meta = {"engine": eng["job"],
+            "experiments": {k: {"t0_perf": v["t0_perf"], "wall_s": v["wall_s"]}
+                            for k, v in eng["experiments"].items()},
+            "wrapped": eng.get("trace_core", []),
+            "host": eng.get("versions", {}).get("host"),
+            "clock_base_s": base}
+    return trace, meta
+
+
 def measure(trace_dir: Path, engine: str, validation_dir: Path) -> dict[str, Any]:
     """summary() of one traced engine: `trace_dir/<engine>.parquet` and `.json` (as the
     thirteenth session stored them under validation/logs/s13-coretrace), its steps from the
