@@ -1,7 +1,7 @@
 """Write calibration/_raw/core-launch/<model>.json: the serving engine core's own time a
 step, measured from the validation engines whose core was traced (validate/corelaunch.py;
-traces in validation/logs/s13-coretrace). `capplan calibrate --from-raw` puts the figures in
-every profile of the model (calibrate/build.py: core_launch).
+traces in validation/logs/s13-coretrace and s14-coretrace). `capplan calibrate --from-raw`
+puts the figures in every profile of the model (calibrate/build.py: core_launch).
 
     python scripts/core_launch.py          # write the files, print what they hold
 
@@ -11,7 +11,8 @@ BF16 on the thirteenth session's third lease (cache-hit TTFT p50 18.9 ms there, 
 five of the six leases that ran the experiment, 13.3 ms on the other), and Qwen3-32B BF16 on
 the same host. The other traced engines, on three other leases, are kept beside it as
 `also_measured` (the fifth lease's Llama BF16 engine, measured after the figures were chosen,
-took 2.93 and 12.14 ms).
+took 2.93 and 12.14 ms; the fourteenth session's, 2.86 and 12.56 ms). Gemma 4 31B takes its
+one traced engine, FP8 (fourteenth session).
 """
 
 from __future__ import annotations
@@ -23,26 +24,32 @@ from pathlib import Path
 from capplan.validate.corelaunch import measure
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT / "validation" / "logs" / "s13-coretrace"
+TRACES = [ROOT / "validation" / "logs" / d for d in ("s13-coretrace", "s14-coretrace")]
 VALIDATION = ROOT / "calibration" / "h200" / "vllm-0.26.0"
 OUT = ROOT / "calibration" / "_raw" / "core-launch"
 CHOSEN = {
     "llama-3.1-8b": ("llama-3.1-8b-bf16-hostb",
                      ["llama-3.1-8b-bf16-core2", "llama-3.1-8b-fp8-core2",
                       "llama-3.1-8b-fp8-hostc", "llama-3.1-8b-bf16-oos13",
-                      "llama-3.1-8b-fp8-oos13"]),
+                      "llama-3.1-8b-fp8-oos13", "llama-3.1-8b-bf16-core3"]),
     "qwen3-32b": ("qwen3-32b-bf16-core", ["qwen3-32b-fp8-core"]),
+    "gemma-4-31b": ("gemma-4-31b-fp8-core", []),
 }
+
+
+def trace_dir(engine: str) -> Path:
+    """The folder holding the engine's stored core trace."""
+    return next(d for d in TRACES if (d / f"{engine}.parquet").exists())
 
 
 def model_figures(model: str) -> dict[str, object]:
     engine, others = CHOSEN[model]
 
     def one(name: str) -> dict[str, object]:
-        return measure(TRACES, name, VALIDATION / model / "validation" / name)
+        return measure(trace_dir(name), name, VALIDATION / model / "validation" / name)
 
     out = one(engine)
-    out["trace"] = str((TRACES / f"{engine}.parquet").relative_to(ROOT))
+    out["trace"] = str((trace_dir(engine) / f"{engine}.parquet").relative_to(ROOT))
     out["command"] = "python scripts/core_launch.py"
     out["also_measured"] = [one(o) for o in others]
     return out

@@ -168,6 +168,29 @@ def test_each_step_gets_its_own_gpu_stamps(runner: Any) -> None:
     json.dumps(recs)
 
 
+def test_each_step_records_the_cores_cpu_time(runner: Any,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """cpu_launch_s is the CPU's time in execute_model plus sample_tokens, cpu_update_s its
+    time in update_from_output, each on that step's own record."""
+    now = [0.0]
+    monkeypatch.setattr(runner.time, "perf_counter", lambda: now[0])
+    drv = _driver(runner)
+
+    def advance(f: Any, dt: float) -> Any:
+        def g(*a: Any, **k: Any) -> Any:
+            now[0] += dt
+            return f(*a, **k)
+        return g
+
+    # the Recorder wrapped these at start; what they wrap now takes fake time
+    drv.rec._execute = advance(drv.rec._execute, 0.002)
+    drv.rec._sample = advance(drv.rec._sample, 0.001)
+    drv.rec._update = advance(drv.rec._update, 0.0005)
+    recs = drv.point({"id": "d", "kind": "decode", "batch": 2, "context": 16, "steps": 3})
+    assert recs
+    assert all(r["cpu_launch_s"] == 0.003 and r["cpu_update_s"] == 0.0005 for r in recs)
+
+
 def test_mixed_point_ends_when_the_abort_is_lost(runner: Any) -> None:
     """The decodes of a mixed point stop by themselves soon after the prefill (on
     Llama-3.1-8B the abort did not reach them and the point ran 10,000 decode steps)."""

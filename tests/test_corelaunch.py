@@ -5,16 +5,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 
+from capplan.calibrate import store
+from capplan.calibrate.build import build_profile, calibration_core, groups
 from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.profile import Profile, StepTimer
-from capplan.validate.corelaunch import measure
+from capplan.validate.corelaunch import measure, pack
 
 ROOT = Path(__file__).resolve().parents[1]
-RAW = ROOT / "calibration" / "_raw" / "core-launch"
-TRACES = ROOT / "validation" / "logs" / "s13-coretrace"
+RAW_DIR = ROOT / "calibration" / "_raw"
+RAW = RAW_DIR / "core-launch"
+TRACES = [ROOT / "validation" / "logs" / d for d in ("s13-coretrace", "s14-coretrace")]
 MODELS = sorted(p.stem for p in RAW.glob("*.json"))
+CORE_RUNS = sorted(p.name.removesuffix(".jsonl.gz") for p in RAW_DIR.glob("*--core.jsonl.gz"))
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -23,7 +28,8 @@ def test_core_launch_is_remeasured_from_its_trace(model: str) -> None:
     engine's stored steps give (scripts/core_launch.py), to the microsecond."""
     shipped = json.loads((RAW / f"{model}.json").read_text())
     engine = shipped["engine"]
-    again = measure(TRACES, engine, CALIBRATION_DIR / "h200" / "vllm-0.26.0" / model
+    traces = next(d for d in TRACES if (d / f"{engine}.parquet").exists())
+    again = measure(traces, engine, CALIBRATION_DIR / "h200" / "vllm-0.26.0" / model
                     / "validation" / engine)
     for key in ("core_graph_s", "core_piecewise_s", "graph_steps", "piecewise_steps"):
         assert again[key] == shipped[key], key
@@ -59,3 +65,66 @@ def test_step_times_charge_the_core_by_kind_of_step() -> None:
         update={"core_graph_s": 0.0, "core_piecewise_s": 0.0})})
     t0 = StepTimer(bare, max_num_seqs=1024, max_num_batched_tokens=8192)
     assert t0.step_times(8, 8, 0.0, 8 * 600) == (timer.step_times(8, 8, 0.0, 8 * 600)[0], 0.0)
+
+
+@pytest.mark.parametrize("run", CORE_RUNS)
+def test_calibration_measures_the_core_itself(run: str) -> None:
+    """A core scan's steps give both figures; a piecewise step costs the core several times
+    a decode-only one, as in serving; the profile of that engine records them."""
+    meta = json.loads((RAW_DIR / f"{run}.meta.json").read_text())
+    df = store.read_runner_jsonl(RAW_DIR / f"{run}.jsonl.gz")
+    own = calibration_core(df, meta["engine"])
+    assert own is not None
+    assert 1e-3 < own["core_graph_s"] < 6e-3
+    assert 2 * own["core_graph_s"] < own["core_piecewise_s"] < 0.05
+    assert own["graph_steps"] > 50 and own["piecewise_steps"] > 50
+    model, key = run.split("--")[:2]
+    prov = json.loads((CALIBRATION_DIR / "h200" / "vllm-0.26.0" / model / key
+                       / "provenance.json").read_text())
+    assert prov["core_launch"]["calibration"] == {**own, "run": run}
+
+
+def test_runs_without_the_cores_time_give_none() -> None:
+    """Runners before the fourteenth session recorded no CPU time a step: nothing to take."""
+    meta = json.loads((RAW_DIR / "llama-3.1-8b--bf16.meta.json").read_text())
+    df = store.read_runner_jsonl(RAW_DIR / "llama-3.1-8b--bf16.jsonl.gz")
+    assert "cpu_launch_s" not in df.columns
+    assert calibration_core(df, meta["engine"]) is None
+
+
+def test_without_a_serving_trace_the_profile_takes_the_calibrations(tmp_path: Path) -> None:
+    """A model with no serving core trace gets what its calibration engine measured."""
+    run = "llama-3.1-8b--bf16--core"
+    for p in RAW_DIR.glob("llama-3.1-8b--bf16*"):
+        (tmp_path / p.name).symlink_to(p)
+    g = groups(tmp_path)[("llama-3.1-8b", "bf16")]
+    profile, prov, _ = build_profile(g, tmp_path, {}, gpu="h200", git_commit="")
+    meta = json.loads((RAW_DIR / f"{run}.meta.json").read_text())
+    own = calibration_core(store.read_runner_jsonl(RAW_DIR / f"{run}.jsonl.gz"), meta["engine"])
+    assert own is not None
+    assert (profile.step.core_graph_s, profile.step.core_piecewise_s) == (
+        own["core_graph_s"], own["core_piecewise_s"])
+    assert prov["core_launch"]["run"] == run
+    assert "in-process calibration engine" in profile.provenance.note
+
+
+def test_pack_stores_a_raw_trace_compactly(tmp_path: Path) -> None:
+    """The runner's raw spans become integer microseconds from the first span; the json keeps
+    what step_core_times needs."""
+    (tmp_path / "coretrace").mkdir()
+    (tmp_path / "coretrace" / "core-7.jsonl").write_text(
+        '["process", "MainThread", 100.0, 100.0]\n'
+        '["execute_model", "MainThread", 100.5, 100.5125]\n')
+    (tmp_path / "coretrace" / "core-3.jsonl").write_text(
+        '["decode", "MainThread", 100.25, 100.26]\n')
+    (tmp_path / "engine.json").write_text(json.dumps({
+        "job": "e", "experiments": {"x": {"t0_perf": 100.1, "wall_s": 2.0, "requests": 4}},
+        "trace_core": ["Scheduler.schedule"], "versions": {"host": {"cpus": 2}}}))
+    trace, meta = pack(tmp_path)
+    assert trace.rows() == [(7, "process", "MainThread", 0, 0),
+                            (3, "decode", "MainThread", 250_000, 10_000),
+                            (7, "execute_model", "MainThread", 500_000, 12_500)]
+    assert trace.schema["t0_us"] == pl.Int64 and trace.schema["dur_us"] == pl.Int32
+    assert meta == {"engine": "e", "experiments": {"x": {"t0_perf": 100.1, "wall_s": 2.0}},
+                    "wrapped": ["Scheduler.schedule"], "host": {"cpus": 2},
+                    "clock_base_s": 100.0}

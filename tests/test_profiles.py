@@ -143,16 +143,20 @@ def test_text_only_multimodal_profile_takes_the_encoder_from_the_analytic_model(
         assert p.kv.image_reservation_tokens > 0
         assert p.kv.tokens(0.9) == shipped.kv.tokens(0.9)
         assert "analytic model (not measured)" in p.provenance.note
-        # Gemma 4 has no core trace yet (calibration/_raw/core-launch), and says so
-        core = "engine core's time: not measured"
-        assert _source(p, text_only=True) == f"measured ({core})"  # uses neither
-        assert _source(shipped, text_only=False) == f"measured ({core})"
+        # Gemma 4's engine core was traced in serving (calibration/_raw/core-launch)
+        assert shipped.step.core_graph_s > 0 and shipped.step.core_piecewise_s > 0
+        assert _source(p, text_only=True) == "measured"  # uses neither
+        assert _source(shipped, text_only=False) == "measured"
         if reservation_measured:
             assert p.kv.image_reservation_tokens == shipped.kv.image_reservation_tokens
             assert p.provenance.analytic_terms == ("vision encoder",)
-            assert _source(p, text_only=False) == f"measured (vision encoder: analytic; {core})"
+            assert _source(p, text_only=False) == "measured (vision encoder: analytic)"
         else:
             assert shipped.kv.image_reservation_tokens == 0
             assert p.provenance.analytic_terms == ("vision encoder", "image KV reservation")
             assert _source(p, text_only=False) == ("measured (vision encoder, image KV "
-                                                   f"reservation: analytic; {core})")
+                                                   "reservation: analytic)")
+        # a measured profile without the core's time says so
+        bare = p.model_copy(update={"step": p.step.model_copy(
+            update={"core_graph_s": 0.0, "core_piecewise_s": 0.0})})
+        assert _source(bare, text_only=True) == "measured (engine core's time: not measured)"

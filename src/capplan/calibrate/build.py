@@ -374,28 +374,28 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     # the engine core's own time a step: the model's serving core trace, else what this
     # engine's calibration measured (its own run, else its core scan). The calibration
     # engine runs in-process, without the serving core's input and output threads: on one
-    # host it measured Llama-3.1-8B's 0.8x and 0.65x of serving's (docs/calibration.md, "The
-    # engine core's time, measured by calibration")
+    # host it measured 0.77x and 0.64x of Llama-3.1-8B's serving figures (docs/calibration.md,
+    # "The engine core's own time a step")
     core = core_launch(raw, g.model)
-    own, own_run = calibration_core(df, eng), g.main
+    timed, timed_run = calibration_core(df, eng), g.main
     core_path = store.runner_jsonl(raw, f"{g.model}--{g.key}--core")
-    if own is None and core_path is not None:
-        own = calibration_core(store.read_runner_jsonl(core_path), eng)
-        own_run = f"{g.model}--{g.key}--core"
-    if own is not None:
-        own["run"] = own_run
+    if timed is None and core_path is not None:
+        timed = calibration_core(store.read_runner_jsonl(core_path), eng)
+        timed_run = f"{g.model}--{g.key}--core"
+    if timed is not None:
+        timed["run"] = timed_run
     if core is not None:
         notes.append(f"core_graph_s {core['core_graph_s'] * 1e3:.2f} ms and core_piecewise_s "
                      f"{core['core_piecewise_s'] * 1e3:.2f} ms: the serving engine core's own "
                      f"time a step, from the core trace of {core['engine']} "
                      f"(core-launch/{g.model}.json)")
-        if own is not None:
-            core = {**core, "calibration": own}
-    elif own is not None:
-        core = own
+        if timed is not None:
+            core = {**core, "calibration": timed}
+    elif timed is not None:
+        core = timed
         notes.append(f"core_graph_s {core['core_graph_s'] * 1e3:.2f} ms and core_piecewise_s "
                      f"{core['core_piecewise_s'] * 1e3:.2f} ms: the engine core's own time a "
-                     f"step as the in-process calibration engine measured it ({own_run}; "
+                     f"step as the in-process calibration engine measured it ({timed_run}; "
                      "no serving core trace of this model)")
     if core is not None:
         step = step.model_copy(update={"core_graph_s": core["core_graph_s"],

@@ -60,15 +60,15 @@ def read_runner_jsonl(path: Path) -> pl.DataFrame:
         # the GPU's own stamps, from runners of 2026-11-30 on (runner.py)
         "gpu_t0": [r.get("gpu_t0") for r in rows],
         "gpu_t1": [r.get("gpu_t1") for r in rows],
-        # the engine core's CPU time launching and updating the step, from runners of the
-        # fourteenth session on (runner.py)
-        "cpu_launch_s": [r.get("cpu_launch_s") for r in rows],
-        "cpu_update_s": [r.get("cpu_update_s") for r in rows],
         **{c: [int(r[c]) for r in rows] for c in STEP_COLUMNS},
         "chunks": [[list(map(int, c)) for c in r["chunks"]] for r in rows],
     }, schema_overrides={"chunks": pl.List(pl.List(pl.Int64)), "gpu_t0": pl.Float64,
-                         "gpu_t1": pl.Float64, "cpu_launch_s": pl.Float64,
-                         "cpu_update_s": pl.Float64})
+                         "gpu_t1": pl.Float64})
+    if any("cpu_launch_s" in r for r in rows):
+        # the engine core's CPU time launching and updating the step, from runners of the
+        # fourteenth session on (runner.py)
+        df = df.with_columns(pl.Series(c, [r.get(c) for r in rows], dtype=pl.Float64)
+                             for c in ("cpu_launch_s", "cpu_update_s"))
     return with_derived(df)
 
 

@@ -558,8 +558,9 @@ def _source(profile: Profile, *, text_only: bool) -> str:
     """`measured`, `analytic`, or `measured (<terms>: analytic)` for a measured profile with
     terms its calibration did not measure (profiles.py: _with_encoder) that this pool uses:
     a text-only pool uses neither the vision encoder nor its KV reservation. A measured
-    profile without the serving engine core's time a step (StepModel.core_graph_s,
-    core_piecewise_s: no core trace of its model yet) says so too: its steps charge none."""
+    profile without the engine core's time a step (StepModel.core_graph_s,
+    core_piecewise_s: neither a serving core trace of its model nor a calibration run that
+    timed the core, calibrate/build.py) says so too: its steps charge none."""
     terms = () if text_only else profile.provenance.analytic_terms
     parts = [f"{', '.join(terms)}: analytic"] if terms else []
     step = profile.step
