@@ -97,6 +97,25 @@ def test_negative_rate_is_rejected(tmp_path: Path) -> None:
     assert_one_line_error(sim(path), ConfigError.exit_code, "rate_rps", str(path))
 
 
+@pytest.mark.parametrize("command", ["size", "sweep"])
+def test_sizing_bad_input_is_one_line_from_a_real_process(tmp_path: Path, command: str) -> None:
+    """`size` and `sweep` start worker processes; bad input is refused before they start, so
+    no half-started worker prints a traceback of its own as the process exits (only a real
+    process shows that: CliRunner does not capture the workers' stderr)."""
+    import subprocess
+    import sys
+
+    bad = json.loads(json.dumps(MIX))
+    bad["pools"][0]["engine"]["max_num_seqs"] = -3
+    path = write_mix(tmp_path, bad)
+    res = subprocess.run([sys.executable, "-m", "capplan.cli", command, "--traffic", str(path),
+                          "--workers", "2"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == ConfigError.exit_code
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    assert "max_num_seqs" in lines[0] and str(path) in lines[0]
+
+
 def test_missing_pool_lists_the_pools(tmp_path: Path) -> None:
     """--pool naming no pool of the mix fails with the list of pools."""
     path = write_mix(tmp_path)

@@ -208,8 +208,11 @@ def test_argv_parses_with_the_inventory_kinds(d: PoolDeploy) -> None:
     assert ns.scheduling_policy in (None, "priority")
     assert (ns.scheduling_policy or "fcfs") == e.scheduling_policy
     assert (ns.kv_cache_dtype or "auto") == e.kv_cache_dtype
-    assert ns.async_scheduling in (None, False)
-    assert (ns.async_scheduling is None) is e.async_scheduling
+    # left unset where vLLM's default is the pool's: on, except with a draft model
+    draft = e.speculative is not None and e.speculative.method == "draft_model"
+    asked = ns.async_scheduling if ns.async_scheduling is not None else not draft
+    assert asked is e.async_scheduling
+    assert (ns.async_scheduling is None) is (e.async_scheduling and not draft)
     assert ns.limit_mm_per_prompt == e.limit_mm_per_prompt
     if e.speculative is None:
         assert ns.speculative_config is None
@@ -278,6 +281,29 @@ def test_defaults_are_left_out_and_changes_spelt_out() -> None:
                  "--kv-cache-dtype fp8", "--quantization fp8",
                  "--long-prefill-token-threshold 2048", "--no-async-scheduling"):
         assert part in joined
+
+
+def test_a_draft_model_pool_asks_for_async_scheduling() -> None:
+    """vLLM 0.26.0 leaves async scheduling off for a draft model unless asked
+    (vllm/config/vllm.py); the plan simulated it on, so the command asks. MTP keeps the
+    default on; a pool that turned it off says so."""
+    draft = {"method": "draft_model", "num_speculative_tokens": 4}
+    assert "--async-scheduling" in serve_command(_pool(speculative=draft))
+    off = serve_command(_pool(speculative=draft, async_scheduling=False))
+    assert "--no-async-scheduling" in off and "--async-scheduling" not in off
+    mtp = serve_command(_pool(speculative={"method": "mtp", "num_speculative_tokens": 2}))
+    assert "--async-scheduling" not in mtp and "--no-async-scheduling" not in mtp
+
+
+def test_an_ngram_pool_runs_without_async_scheduling() -> None:
+    """vLLM 0.26.0 cannot run the CPU n-gram drafter with async scheduling: the pool turns
+    it off, and refuses to be asked for it."""
+    ngram = {"method": "ngram", "num_speculative_tokens": 3}
+    pool = _pool(speculative=ngram)
+    assert not pool.engine.async_scheduling
+    assert "--no-async-scheduling" in serve_command(pool)
+    with pytest.raises(ValueError, match="async_scheduling: false"):
+        _pool(speculative=ngram, async_scheduling=True)
 
 
 def test_four_bit_pools_serve_a_placeholder_checkpoint() -> None:

@@ -103,6 +103,24 @@ class EngineConfig(BaseModel):
             engine._auto = frozenset(auto)
         return engine
 
+    @model_validator(mode="before")
+    @classmethod
+    def _ngram_runs_synchronously(cls, data: Any) -> Any:
+        """vLLM 0.26.0 cannot schedule asynchronously with the n-gram drafter on the CPU
+        (vllm/config/vllm.py, VllmConfig.__post_init__: asked for, it refuses to start; left
+        unset, it turns it off), so neither does a pool that uses it."""
+        if not isinstance(data, dict):
+            return data
+        spec = data.get("speculative")
+        method = spec.get("method") if isinstance(spec, dict) else getattr(spec, "method", None)
+        if method != "ngram":
+            return data
+        if data.get("async_scheduling") is True:
+            raise ValueError("async_scheduling: vLLM 0.26.0 cannot schedule asynchronously "
+                             "with the ngram drafter; set async_scheduling: false or leave "
+                             "it out")
+        return {**data, "async_scheduling": False}
+
     @field_validator("max_num_seqs", mode="before")
     @classmethod
     def _seqs_word(cls, v: Any) -> Any:

@@ -164,6 +164,12 @@ def serve_command(
         argv += ["--long-prefill-token-threshold", str(e.long_prefill_token_threshold)]
     if not e.async_scheduling:
         argv.append("--no-async-scheduling")  # on by default in 0.26.0
+    elif sc is not None and sc["method"] == "draft_model":
+        # ...but off by default with a draft model (vllm/config/vllm.py,
+        # VllmConfig.__post_init__: left unset, async scheduling stays on only for
+        # EAGLE/MTP, n-gram on the GPU and DSpark drafters), which runs it when asked; the
+        # plan simulated the engine with it on
+        argv.append("--async-scheduling")
     return argv
 
 

@@ -169,11 +169,14 @@ def size(traffic: Path, fmt: str, out: Path | None, growth: float, spare: int,
          verbose: bool) -> None:
     """Fewest GPUs per pool that hold every workload's SLOs, with cost and why."""
     t0 = time.perf_counter()
-    n = _start_workers(workers)
     from capplan.mix import load_mix
+
+    # bad input is one line before any worker starts (a worker half-started when the
+    # process exits prints its own traceback)
+    mix = load_mix(traffic)
+    n = _start_workers(workers)
     from capplan.solve.options import size_mix
 
-    mix = load_mix(traffic)
     with _Feedback(verbose) as fb:
         plan = size_mix(mix, growth=growth, spare=spare, seed=seed, quick=quick,
                         log=fb.log, on_pool=fb.pool, workers=n)
@@ -292,13 +295,14 @@ def _plot(rows: list[dict[str, Any]], path: Path, console: Console) -> None:
 def sweep(traffic: Path, growth_text: str, out: Path | None, plot: Path | None, spare: int,
           seed: int | None, quick: bool, workers: int | None) -> None:
     """GPUs per pool as traffic grows: the capacity-planning curve."""
+    from capplan.mix import load_mix
+
+    mix = load_mix(traffic)  # bad input is one line before any worker starts (size, above)
     n_workers = _start_workers(workers)
     import polars as pl
 
-    from capplan.mix import load_mix
     from capplan.solve.options import floors_of, size_mix
 
-    mix = load_mix(traffic)
     console = _console()
     plans: list[Plan] = []
     floors: dict[tuple[str, str], int] = {}
