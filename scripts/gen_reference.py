@@ -77,6 +77,10 @@ _RULES: dict[str, list[str]] = {
     "Pool": ["`gpu` is one of " + ", ".join(f"`{g}`" for g in sorted(GPUS)),
              "a pinned `profile` fixes the precision and drafter: neither `precision` nor "
              "`engine.speculative` may then be `auto`"],
+    "EngineConfig": ["`max_num_batched_tokens` ≥ `max_num_seqs` (vLLM 0.26.0 refuses to start "
+                     "otherwise; `auto` tries only caps within the budget)",
+                     "with `speculative.method: ngram`, `async_scheduling` is false (vLLM "
+                     "cannot run that drafter asynchronously)"],
     "Workload": ["`input_tokens` and `output_tokens` are required unless `arrival` is `replay`",
                  "`prefix.shared_tokens` is below the largest input length"],
     "PrefixSpec": ["exactly one of `shared_tokens`, `shared_fraction`, `target_hit_rate`"],

@@ -85,6 +85,9 @@ def test_fixing_a_setting_closes_it() -> None:
         ("max_num_seqs: auto}", "max_num_seqs: 0}", "pools.0.engine.max_num_seqs"),
         ("speculative: auto,", "speculative: sometimes,", "pools.0.engine.speculative"),
         ("max_replicas: 8", "max_replicas: 8\n    profile: h200/llama-3.1-8b/bf16", "pools.0"),
+        # vLLM 0.26.0 refuses a token budget below the cap (vllm/config/scheduler.py)
+        ("max_num_seqs: auto}", "max_num_seqs: 1024, max_num_batched_tokens: 512}",
+         "pools.0.engine"),
     ],
 )
 def test_bad_values_are_one_line_errors(tmp_path: Path, old: str, new: str, field: str) -> None:
@@ -152,6 +155,14 @@ def test_candidates_are_the_product_of_what_profiles_exist_for() -> None:
     fixed = with_pool(open_mix(), pool.model_copy(update={"engine": pool.engine.fixed(
         speculative=None, max_num_seqs=256)})).pool("docs")
     assert candidates(fixed) == [fixed]
+
+
+def test_the_ladder_stops_at_the_token_budget(tmp_path: Path) -> None:
+    """max_num_seqs: auto beside a 512-token budget tries no cap vLLM would refuse."""
+    mix = load_mix(_write(tmp_path, OPEN, "max_num_seqs: auto}",
+                          "max_num_seqs: auto, max_num_batched_tokens: 512}"))
+    caps = {c.engine.max_num_seqs for c in candidates(mix.pool("docs"))}
+    assert caps == {n for n in MAX_NUM_SEQS_LADDER if n <= 512} and 1024 not in caps
 
 
 # -- the choice ---------------------------------------------------------------------------------

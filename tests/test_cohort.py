@@ -48,7 +48,8 @@ CASES = {
         {"max_model_len": 4096}, [CHAT, RAG], 1, 20.0,
     ),
     "priority, budget-bound chunks": (
-        {"max_model_len": 4096, "scheduling_policy": "priority", "max_num_batched_tokens": 512},
+        {"max_model_len": 4096, "scheduling_policy": "priority", "max_num_batched_tokens": 512,
+         "max_num_seqs": 512},
         [CHAT, RAG], 1, 15.0,
     ),
     "KV pressure with preemption": (

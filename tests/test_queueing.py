@@ -69,8 +69,8 @@ def test_chunked_prompt_costs_one_step_per_chunk() -> None:
     """Chunked prefill: a P-token prompt under budget B takes ceil(P/B) steps to its first
     token, then one step per further token: E2E = (ceil(P/B) + n - 1) * C (+ 2L)."""
     p, b, n = 1000, 256, 5
-    res = simulate(mix(CLOSED1, prompt=p, out=n, max_num_batched_tokens=b), "p", 1, seed=0,
-                   profile=constant_profile(C))
+    res = simulate(mix(CLOSED1, prompt=p, out=n, max_num_batched_tokens=b, max_num_seqs=b),
+                   "p", 1, seed=0, profile=constant_profile(C))
     req = res.requests()
     chunks = math.ceil(p / b)
     assert req["ttft_s"].to_numpy() == pytest.approx(chunks * C + 2 * L + wake(p), rel=1e-9)

@@ -90,8 +90,8 @@ def _fingerprint(mix: TrafficMix, monkeypatch: pytest.MonkeyPatch, **kw: Any) ->
           "scheduling_policy": "priority"}, {}),
         ({"speculative": {"method": "ngram", "num_speculative_tokens": 3},
           "async_scheduling": False, "gpu_memory_utilization": 0.3}, {}),
-        ({"max_num_batched_tokens": 512}, {}),
-        ({"max_num_batched_tokens": 512}, {"decode_cohort": False}),
+        ({"max_num_batched_tokens": 512, "max_num_seqs": 512}, {}),
+        ({"max_num_batched_tokens": 512, "max_num_seqs": 512}, {"decode_cohort": False}),
     ],
     ids=["draft-model-priority", "ngram-sync-preempting", "cohort", "no-cohort"],
 )

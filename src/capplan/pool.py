@@ -99,6 +99,14 @@ class EngineConfig(BaseModel):
             auto = {k for k in AUTO_SETTINGS if data.get(k) == "auto"}
             data = {k: v for k, v in data.items() if k not in auto}
         engine = handler(data)
+        if "max_num_seqs" not in auto and engine.max_num_batched_tokens < engine.max_num_seqs:
+            # vllm/config/scheduler.py, SchedulerConfig.verify_max_model_len: the engine
+            # refuses to start (`vllm serve` defaults max_num_seqs to 1024 on an H200)
+            raise ValueError(
+                f"max_num_batched_tokens {engine.max_num_batched_tokens} is below max_num_seqs "
+                f"{engine.max_num_seqs}, which vLLM 0.26.0 refuses to start with; set "
+                f"max_num_seqs to {engine.max_num_batched_tokens} or less (or auto), or raise "
+                "max_num_batched_tokens")
         if auto:
             engine._auto = frozenset(auto)
         return engine

@@ -95,8 +95,10 @@ def candidates(pool: Pool) -> list[Pool]:
         )
         # largest first: among candidates equal in GPUs and margin the earlier one is kept, and
         # a cap that does not bind is best left high (vLLM's default, room for bursts)
-        seqs = (tuple(reversed(MAX_NUM_SEQS_LADDER)) if "max_num_seqs" in auto
-                else (pool.engine.max_num_seqs,))
+        # vLLM refuses a cap above the token budget (pool.py: EngineConfig)
+        seqs = (tuple(n for n in reversed(MAX_NUM_SEQS_LADDER)
+                      if n <= pool.engine.max_num_batched_tokens)
+                if "max_num_seqs" in auto else (pool.engine.max_num_seqs,))
         for sc in drafters:
             for n in seqs:
                 values: dict[str, Any] = {"speculative": sc, "max_num_seqs": n}
