@@ -72,3 +72,14 @@ def test_docs_table_is_current(rows: list[Row]) -> None:
     assert report.generated_block(rows) in text, (
         "docs/validation.md is stale: run `capplan validate compare --write-docs "
         "docs/validation.md`")
+
+
+def test_shipped_fidelity_is_todays(rows: list[Row]) -> None:
+    """calibration/h200/vllm-0.26.0/fidelity.json, which plans quote, is what today's rows
+    give (capplan validate compare --fidelity); every row names the profile it used."""
+    from capplan import fidelity
+    from capplan.profiles import CALIBRATION_DIR
+
+    assert all(r.profile.startswith("h200/") for r in rows)
+    shipped = fidelity.load(fidelity.path_for(CALIBRATION_DIR, "h200"))
+    assert shipped == json.loads(json.dumps(fidelity.summarise(rows)))

@@ -108,6 +108,17 @@ def _print_pool(p: PoolPlan, console: Console) -> None:
         f"worst margin {_pct(c.worst_margin)}, {c.duration_s:g} s simulated, "
         f"{fewer[c.one_fewer_fails]}{stopped}; analytic floor {p.bracket.lower} replica(s)"
     )
+    f = p.fidelity
+    if f is not None:
+        console.print(
+            f"  fidelity: {f.metric} on {f.rows} validation rows of this profile: predicted "
+            f"{f.p10:+.0%} to {f.p90:+.0%} of vLLM's (p10-p90), worst {f.worst_under:+.0%}",
+            highlight=False)
+        worst = f.margin_after_worst
+        style = "yellow" if worst is not None and worst < 0 else "default"
+        console.print(
+            f"    [{style}]so margin {_pct(p.binding_margin)} could be "
+            f"{_pct(f.margin_after_p10)} (p10) or {_pct(worst)} (worst)[/]", highlight=False)
     if p.extrapolated_steps:
         console.print(f"  [bold red]{p.extrapolated_steps:,} steps outside the calibrated box[/]")
     if p.reasoning:

@@ -14,6 +14,7 @@ the values chosen for them, `runners_up` the candidates that lost and `reasoning
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import math
 from pathlib import Path
@@ -134,6 +135,38 @@ class Advice(BaseModel):
     kv_gain: float | None = None
 
 
+class Fidelity(BaseModel):
+    """How far predictions of the binding SLO's metric on the pool's profile have been from
+    real vLLM (capplan/fidelity.py): the stored validation rows' signed errors (predicted /
+    measured - 1), and the binding margin were the prediction that far off."""
+
+    model_config = _FROZEN
+    metric: str
+    rows: int
+    p10: float
+    p90: float
+    worst_under: float = Field(description="the most negative error (the engine's value "
+                               "highest above the prediction)")
+    margin_after_p10: float | None
+    margin_after_worst: float | None
+
+
+def fidelity_of(profile: str, slo: str, margin: float | None,
+                table: dict[str, dict[str, dict[str, float]]]) -> Fidelity | None:
+    """The binding SLO's Fidelity, where validation rows of that profile and metric exist."""
+    f = table.get(profile, {}).get(slo)
+    if f is None:
+        return None
+    from capplan.fidelity import margin_after
+
+    def after(e: float) -> float | None:
+        return None if margin is None else round(margin_after(margin, e), 6)
+
+    return Fidelity(metric=slo, rows=int(f["rows"]), p10=f["p10"], p90=f["p90"],
+                    worst_under=min(f["min"], 0.0), margin_after_p10=after(min(f["p10"], 0.0)),
+                    margin_after_worst=after(min(f["min"], 0.0)))
+
+
 class BracketLine(BaseModel):
     """The analytic bracket the search started from."""
 
@@ -179,6 +212,8 @@ class PoolPlan(BaseModel):
         default_factory=list, description="settings the mix left auto (`engine.max_num_seqs`)"
     )
     reasoning: str = Field(default="", description="why this configuration, when one was chosen")
+    fidelity: Fidelity | None = Field(
+        default=None, description="the binding metric's validated error on this profile")
 
     @property
     def label(self) -> str:
@@ -339,4 +374,16 @@ def pool_plan(
         advice=advice or [],
         auto=auto or [],
         reasoning=reasoning,
+        fidelity=(fidelity_of(res.pool.profile, check.key, _finite(check.margin),
+                              _fidelity_table(pool.gpu))
+                  if check and res.pool.profile_source.startswith("measured") else None),
     )
+
+
+@functools.cache
+def _fidelity_table(gpu: str) -> dict[str, dict[str, dict[str, float]]]:
+    """The shipped validation summary for `gpu` (capplan/fidelity.py), read once."""
+    from capplan import fidelity
+    from capplan.profiles import CALIBRATION_DIR
+
+    return fidelity.load(fidelity.path_for(CALIBRATION_DIR, gpu))

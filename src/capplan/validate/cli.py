@@ -120,9 +120,13 @@ def _fmt(metric: str, v: float) -> str:
 @click.option("--loosen", is_flag=True,
               help="with --ratchet: rows whose error grew past their bound take today's "
               "error plus the allowance (the rest still only tighten)")
+@click.option("--fidelity", "fidelity_out", type=click.Path(path_type=Path),
+              help="write the errors' spread per profile and metric here, for plans to quote "
+              "(calibration/h200/vllm-0.26.0/fidelity.json)")
 @errors_as_lines
 def compare(root: Path, fmt: str, out: Path | None, write_docs: Path | None,
-            plot: Path | None, ratchet: Path | None, loosen: bool) -> None:
+            plot: Path | None, ratchet: Path | None, loosen: bool,
+            fidelity_out: Path | None) -> None:
     """Predict every stored validation run again and show measured vs predicted."""
     from capplan._cli import ProgressBar
     from capplan.validate import report
@@ -151,7 +155,12 @@ def compare(root: Path, fmt: str, out: Path | None, write_docs: Path | None,
         click.echo(f"{ratchet}: {len(bounds)} rows bounded; {len(bad)} over their bound", err=True)
         for line in bad:
             click.echo(f"  {line}", err=True)
-    if write_docs is not None or plot is not None or ratchet is not None:
+    if fidelity_out is not None:
+        from capplan import fidelity
+
+        fidelity.save(fidelity_out, fidelity.summarise(rows))
+        click.echo(f"{fidelity_out}: written", err=True)
+    if any(x is not None for x in (write_docs, plot, ratchet, fidelity_out)):
         return
     df = to_frame(rows)
     if fmt == "csv":

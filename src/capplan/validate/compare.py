@@ -75,6 +75,10 @@ class Row:
     measured: dict[str, float]
     predicted: dict[str, float]
     note: str = ""
+    profile: str = ""
+    """The profile the prediction used, as a plan names it (`h200/llama-3.1-8b/bf16`)."""
+    arrival: str = ""
+    """The workload's arrival kind (`closed`, `poisson`, `gamma`)."""
 
     def error(self, metric: str) -> float:
         m, p = self.measured[metric], self.predicted[metric]
@@ -85,6 +89,12 @@ class Row:
 
 def predict(run: EngineRun, exp_name: str, acceptance: float | None) -> dict[str, dict[str, float]]:
     """Predicted figures per workload for one experiment of the run."""
+    return _predict(run, exp_name, acceptance)[0]
+
+
+def _predict(run: EngineRun, exp_name: str,
+             acceptance: float | None) -> tuple[dict[str, dict[str, float]], str]:
+    """predict(), and the profile it used."""
     exp = next(e for e in run.experiments if e.name == exp_name)
     mix = run.mix(exp, acceptance)
     res = simulate(mix, "validate", 1, keep_requests=True)
@@ -97,13 +107,13 @@ def predict(run: EngineRun, exp_name: str, acceptance: float | None) -> dict[str
         out[w.name] = _figures(send, ttft, e2e, tokens, w.itl_p50_s, w.itl_p99_s,
                                w.prefix_hit_rate)
         out[w.name]["requests"] = float(w.completed)
-    return out
+    return out, res.pool.profile
 
 
 def compare_run(folder: Path) -> list[Row]:
     run, reqs, measured = load_run(folder)
     rows: list[Row] = []
-    cache: dict[tuple[str, float | None], dict[str, dict[str, float]]] = {}
+    cache: dict[tuple[str, float | None], tuple[dict[str, dict[str, float]], str]] = {}
     for exp in run.experiments:
         for name in exp.runs():
             r = reqs.filter(pl.col("run") == name)
@@ -116,8 +126,8 @@ def compare_run(folder: Path) -> list[Row]:
                 acc = round(spec["first_position_acceptance"], 4) if spec else 0.0
             key = (exp.name, acc)
             if key not in cache:
-                cache[key] = predict(run, exp.name, acc)
-            pred = cache[key]
+                cache[key] = _predict(run, exp.name, acc)
+            pred, profile = cache[key]
             for w in exp.workloads:
                 wr = r.filter(pl.col("workload") == w.name)
                 if not len(wr):
@@ -125,7 +135,7 @@ def compare_run(folder: Path) -> list[Row]:
                 note = f"draft acceptance {acc:.3f} (measured)" if acc is not None else ""
                 rows.append(Row(run.name, run.pool.model, str(run.pool.precision), exp.name,
                                 name, w.name, tuple(exp.tags), measured_metrics(wr),
-                                pred[w.name], note))
+                                pred[w.name], note, profile, w.arrival.kind))
     return rows
 
 

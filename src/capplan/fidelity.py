@@ -1,0 +1,78 @@
+"""How far the simulator has been from real vLLM, per profile and metric, for plans to quote.
+
+`capplan validate compare --fidelity` summarises the stored validation rows' signed errors
+(predicted / measured - 1, validate/compare.py: Row.error) by the profile the prediction used
+and by metric, into `calibration/<gpu>/vllm-<version>/fidelity.json`. Only open-loop rows
+(Poisson, gamma arrivals) count: plans size open-loop traffic, and a closed-loop row's tails
+are the load generator's waves as much as the engine's (docs/validation.md). A plan then says, for
+its binding SLO, how far predictions of that metric on that profile have been from the
+engine, and whether its margin survives the error (`margin_after`): a predicted value that
+is e under the engine's (e < 0) means the engine's is predicted / (1 + e).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from capplan.profiles import VLLM_VERSION
+
+if TYPE_CHECKING:
+    from capplan.validate.compare import Row
+
+FILE = "fidelity.json"
+METRICS = ("output_tok_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "e2e_p99_s")
+
+
+def summarise(rows: Iterable[Row]) -> dict[str, dict[str, dict[str, float]]]:
+    """{profile: {metric: {rows, p10, p50, p90, min, max}}}: the signed errors' spread over
+    the open-loop rows whose prediction used that profile (rows with no finite error left
+    out)."""
+    errors: defaultdict[str, defaultdict[str, list[float]]] = defaultdict(
+        lambda: defaultdict(list))
+    for r in rows:
+        if not r.profile or r.arrival == "closed":
+            continue
+        for m in METRICS:
+            e = r.error(m)
+            if math.isfinite(e):
+                errors[r.profile][m].append(e)
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for profile in sorted(errors):
+        out[profile] = {}
+        for m, es in errors[profile].items():
+            x = np.asarray(es)
+            p10, p50, p90 = np.percentile(x, [10, 50, 90])
+            out[profile][m] = {"rows": len(x), "p10": round(float(p10), 4),
+                               "p50": round(float(p50), 4), "p90": round(float(p90), 4),
+                               "min": round(float(x.min()), 4), "max": round(float(x.max()), 4)}
+    return out
+
+
+def path_for(calibration_dir: Path, gpu: str) -> Path:
+    return Path(calibration_dir) / gpu / f"vllm-{VLLM_VERSION}" / FILE
+
+
+def save(path: Path, table: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+
+
+def load(path: Path) -> dict[str, dict[str, dict[str, float]]]:
+    """The stored summary; empty where none was written (a GPU never validated)."""
+    if not path.exists():
+        return {}
+    out: dict[str, dict[str, dict[str, float]]] = json.loads(path.read_text())
+    return out
+
+
+def margin_after(margin: float, error: float) -> float:
+    """The SLO margin left if the prediction was `error` off the engine (1 - value / limit,
+    with the engine's value = predicted / (1 + error))."""
+    return 1.0 - (1.0 - margin) / (1.0 + error)

@@ -1,0 +1,52 @@
+"""What a plan quotes of the simulator's validated error (capplan/fidelity.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from capplan.fidelity import margin_after, summarise
+from capplan.solve.plan import fidelity_of
+from capplan.validate.compare import Row
+
+
+def _row(profile: str, measured: float, predicted: float, arrival: str = "poisson") -> Row:
+    m = {k: measured for k in ("output_tok_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_s",
+                               "itl_p99_s", "e2e_p99_s")}
+    return Row("e", "m", "bf16", "x", "x", "w", (), m, {k: predicted for k in m},
+               profile=profile, arrival=arrival)
+
+
+def test_summary_is_the_signed_errors_spread_per_profile() -> None:
+    rows = [_row("h200/m/bf16", 1.0, p) for p in (0.5, 0.9, 1.0, 1.1, 1.2)]
+    rows.append(_row("h200/m/fp8", 2.0, 2.0))
+    rows.append(_row("", 1.0, 9.0))  # no profile: left out
+    rows.append(_row("h200/m/fp8", 0.0, 1.0))  # no finite error: left out
+    rows.append(_row("h200/m/bf16", 1.0, 0.1, arrival="closed"))  # closed loop: left out
+    t = summarise(rows)
+    assert set(t) == {"h200/m/bf16", "h200/m/fp8"}
+    s = t["h200/m/bf16"]["ttft_p99_s"]
+    assert s["rows"] == 5 and s["min"] == -0.5 and s["max"] == 0.2 and s["p50"] == 0.0
+    assert s["p10"] == pytest.approx(-0.34) and s["p90"] == pytest.approx(0.16)
+    assert t["h200/m/fp8"]["itl_p99_s"]["rows"] == 1
+
+
+def test_margin_after_an_under_prediction() -> None:
+    """Predicted 0.5 s against a 1 s limit is a 50 % margin; a prediction 20 % under the
+    engine means the engine took 0.625 s, a 37.5 % margin."""
+    assert margin_after(0.5, 0.0) == pytest.approx(0.5)
+    assert margin_after(0.5, -0.2) == pytest.approx(1 - 0.5 / 0.8)
+    assert margin_after(0.5, -0.5) == pytest.approx(0.0)
+    assert margin_after(0.5, -0.6) < 0  # the SLO would fail
+
+
+def test_a_plan_quotes_its_binding_metric_only_where_rows_exist() -> None:
+    table = summarise([_row("h200/m/bf16", 1.0, p) for p in (0.5, 0.9, 1.0, 1.1, 1.2)])
+    f = fidelity_of("h200/m/bf16", "ttft_p99_s", 0.6, table)
+    assert f is not None and f.rows == 5 and f.worst_under == -0.5
+    assert f.margin_after_worst == pytest.approx(margin_after(0.6, -0.5))
+    assert f.margin_after_p10 == pytest.approx(margin_after(0.6, -0.34))
+    assert fidelity_of("h200/m/fp8", "ttft_p99_s", 0.6, table) is None
+    assert fidelity_of("h200/m/bf16", "ttft_p95_s", 0.6, table) is None
+    over = summarise([_row("h200/m/bf16", 1.0, 1.2)])  # never under: nothing to take off
+    g = fidelity_of("h200/m/bf16", "ttft_p99_s", 0.6, over)
+    assert g is not None and g.worst_under == 0.0 and g.margin_after_worst == pytest.approx(0.6)
