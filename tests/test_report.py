@@ -18,7 +18,7 @@ from capplan.report import render_report
 from capplan.report.cli import report
 from capplan.report.runs import QUICK_DURATION_S, QUICK_LOAD_SCALES, LoadPoint, PoolRuns
 from capplan.solve.options import size_mix
-from capplan.solve.plan import Advice, Candidate, Plan
+from capplan.solve.plan import Advice, Candidate, Fidelity, Plan
 
 MIX = """\
 schema_version: 1
@@ -117,6 +117,21 @@ def test_analytic_profile_flagged_loudly(small: tuple[Path, Path, Plan, str]) ->
     assert "Analytic profile" in top and pool.pool in top
     assert "ANALYTIC – not measured" in page
     assert "<img" not in page and "no traffic mix given" in page
+
+
+def test_fidelity_quoted_for_a_pool_that_has_it(small: tuple[Path, Path, Plan, str]) -> None:
+    """The binding metric's validated error and the margins it would leave, in the pool's
+    card; a pool without one has no such row."""
+    plan = small[2]
+    bare = plan.pools[0].model_copy(update={"fidelity": None})
+    assert "<td>fidelity</td>" not in render_report(plan.model_copy(update={"pools": [bare]}),
+                                                   None)
+    f = Fidelity(metric="ttft_p99_s", rows=34, p10=-0.25, p90=0.1, worst_under=-0.43,
+                 margin_after_p10=0.487, margin_after_worst=0.328)
+    pool = plan.pools[0].model_copy(update={"fidelity": f})
+    page = render_report(plan.model_copy(update={"pools": [pool]}), None)
+    assert "<td>fidelity</td>" in page
+    assert "on 34 validation rows" in page and "worst -43%" in page and "48.7% (p10)" in page
 
 
 def test_runners_up_and_advice_shown(small: tuple[Path, Path, Plan, str]) -> None:

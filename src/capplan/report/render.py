@@ -207,6 +207,12 @@ def _config(p: PoolPlan) -> str:
          + ("<span class='ok'>all pass</span>" if c.all_seeds_pass
             else "<span class='bad'>NOT all pass</span>")
          + f", worst margin {_pct(c.worst_margin)}, {c.duration_s:g} s simulated, {fewer}"],
+        *([["fidelity",
+            f"<code>{_e(p.fidelity.metric)}</code> on {p.fidelity.rows} validation rows of this "
+            f"profile: predicted {p.fidelity.p10:+.0%} to {p.fidelity.p90:+.0%} of vLLM's "
+            f"(p10–p90), worst {p.fidelity.worst_under:+.0%}; margin {_pct(p.binding_margin)} "
+            f"could be {_pct(p.fidelity.margin_after_p10)} (p10) or "
+            f"{_pct(p.fidelity.margin_after_worst)} (worst)"]] if p.fidelity else []),
         ["analytic bracket", f"floor {p.bracket.lower}, estimate {p.bracket.estimate} "
          f"(work {p.bracket.work_replicas:.2f}, KV {p.bracket.kv_replicas:.2f} replicas)"],
         ["KV", f"{p.kv_tokens_per_replica:,} tokens per replica, peak {_pct(p.kv_usage_peak)}, "
