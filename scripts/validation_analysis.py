@@ -5,6 +5,7 @@ against the simulator's.
     python scripts/validation_analysis.py [seeds|noise|steps|idle|graph|trial|gemma|prefix|
                                            waves|band|rules|gaps|loop|tried|core|wake]
     python scripts/validation_analysis.py before COMMIT [ENGINE...]
+    python scripts/validation_analysis.py pair ENGINE
 
 With no argument it prints the first three. `gemma` predicts the seeds' Gemma 4 31B
 experiments (precision, MTP k = 4) from the measured H200 profiles: one replica, chat
@@ -21,6 +22,11 @@ every closed-loop row's TTFT p50 again over a range of first waves (the idle cor
 rows; `tried` the twelfth session's rules tried and left; `core` the thirteenth session's
 core traces: the engine core's time a step and where a lone request's TTFT goes; `wake` the
 idle core woken by its input thread, tried and left.
+`pair ENGINE` pairs each request of an engine's open-loop experiment with its prediction
+(the same requests, in arrival order): TTFT percentiles per workload, the slowest requests of
+the workload with the highest TTFT p99, and measured against predicted TTFT and inter-token
+time through the run (docs/validation.md, "The production plan's decision, on the real
+engine").
 `before COMMIT` predicts today's stored rows with the code and profiles of COMMIT (a git
 worktree of it, given today's suite and measurements) beside today's: the rows within target
 of each (and split into closed- and open-loop rows), and each named engine's rows, ITL p50,
@@ -1046,9 +1052,60 @@ def wake() -> None:
     print(f"  woken by the input thread: {_within(rows)}; mean / p90 abs. error {errors(rows)}")
 
 
+def pair(engine: str) -> None:
+    """Each request of the engine's experiments beside its prediction (module docstring)."""
+    from capplan.validate.store import load_run
+
+    folder = next(f for f in stored_runs() if f.name == engine)
+    run, reqs, _ = load_run(folder)
+    for exp in run.experiments:
+        res = simulate(run.mix(exp, None), "validate", 1, keep_requests=True)
+        pred = res.requests().sort("arrival_s").with_columns(i=pl.int_range(pl.len()))
+        meas = (reqs.filter(pl.col("run") == exp.name).sort("send_s")
+                .with_columns(i=pl.int_range(pl.len())))
+        both = meas.join(pred, on="i", suffix="_p")
+        if not (len(both) == len(meas) == len(pred)
+                and (both["workload"] == both["workload_p"]).all()):
+            print(f"  {exp.name}: requests do not pair (closed loop?); skipped")
+            continue
+        print(f"  {engine} {exp.name}: {len(both)} requests")
+        for w in both["workload"].unique(maintain_order=True).to_list():
+            x = both.filter(pl.col("workload") == w)
+            q = [np.percentile(x[c].to_numpy(), v) * 1e3 for c in ("ttft_s", "ttft_s_p")
+                 for v in (50, 90, 99)]
+            print(f"    {w:8s} TTFT p50/p90/p99 measured {q[0]:.0f}/{q[1]:.0f}/{q[2]:.0f} ms, "
+                  f"predicted {q[3]:.0f}/{q[4]:.0f}/{q[5]:.0f} ms")
+        w = max(both["workload"].unique().to_list(), key=lambda n: float(np.percentile(
+            both.filter(pl.col("workload") == n)["ttft_s"].to_numpy(), 99)))
+        print("    the slowest first tokens of " + w + " (s from the start: measured / "
+              "predicted TTFT ms):")
+        slow = both.filter(pl.col("workload") == w).sort("ttft_s", descending=True).head(6)
+        for r in slow.iter_rows(named=True):
+            print(f"      {r['send_s']:6.1f} s: {r['ttft_s'] * 1e3:6.0f} / "
+                  f"{r['ttft_s_p'] * 1e3:6.0f}")
+        per = (both.filter(pl.col("output_tokens") > 1)
+               .with_columns(b=(pl.col("send_s") // 10).cast(pl.Int32),
+                             itl=(pl.col("e2e_s") - pl.col("ttft_s"))
+                             / (pl.col("output_tokens") - 1),
+                             itl_p=(pl.col("e2e_s_p") - pl.col("ttft_s_p"))
+                             / (pl.col("output_tokens") - 1))
+               .group_by("b").agg(ttft=pl.col("ttft_s").mean(), ttft_p=pl.col("ttft_s_p").mean(),
+                                  itl=pl.col("itl").mean(), itl_p=pl.col("itl_p").mean())
+               .sort("b"))
+        print("    by 10 s of arrivals, mean TTFT and inter-token time, measured / predicted:")
+        for r in per.iter_rows(named=True):
+            print(f"      {r['b'] * 10:3d} s: TTFT {r['ttft'] * 1e3:5.0f} / "
+                  f"{r['ttft_p'] * 1e3:5.0f} ms, ITL {r['itl'] * 1e3:5.2f} / "
+                  f"{r['itl_p'] * 1e3:5.2f} ms "
+                  f"({r['itl'] / r['itl_p'] - 1:+.1%})")
+
+
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
         before(sys.argv[2], sys.argv[3:])
+        return
+    if sys.argv[1:2] == ["pair"]:
+        pair(sys.argv[2])
         return
     what = sys.argv[1:] or ["seeds", "noise", "steps"]
     rows = _rows() if {"seeds", "noise"} & set(what) else {}

@@ -274,3 +274,14 @@ def test_config_overrides_apply_as_vllm_applies_a_dict() -> None:
     bare = overrides(SimpleNamespace(model_type="dummy_gemma4_assistant"))
     assert not hasattr(bare, "text_config") and bare.model_type == "dummy_gemma4_assistant"
 
+
+
+def test_the_next_sessions_suite_loads() -> None:
+    """validation/h200-next.yaml, the engines queued for the next GPU session, is a valid
+    suite (the CI gate requires only h200.yaml's engines to be stored)."""
+    from pathlib import Path
+
+    from capplan.validate.suite import load_suite
+
+    nxt = Path(__file__).resolve().parents[1] / "validation" / "h200-next.yaml"
+    assert load_suite(nxt).engines
