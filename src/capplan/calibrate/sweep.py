@@ -164,6 +164,12 @@ def design_points(max_num_batched_tokens: int = 8192, spec_k: int = 0) -> list[P
         # a few running decodes; few such steps were in the sweeps the floors were fitted on
         # (calibration.md, "A floor under graph-less steps")
         _mixed(4, 512, 512, 8), _mixed(32, 512, 512, 6), _prefill(768),
+        # a chunk within the largest CUDA graph beside many long-context decodes: every heavy
+        # step of a pool with a 512-token budget (the production example's interactive pool,
+        # whose engine decodes 3-7 % slower than predicted in such stretches: validation.md,
+        # "The production plan's decision"); no sweep point had more than 16 decodes at a
+        # context over 1,024 in a piecewise step
+        _mixed(128, 2048, 256, 4), _mixed(64, 4096, 384, 4),
     ]
     out = []
     for p in coarse + fill:
