@@ -4,6 +4,8 @@
     capplan validate measure SUITE --engine NAME # on a GPU host: run it, store it, compare
     capplan validate ingest SUITE RAW            # store runner output under calibration/
     capplan validate compare                     # every stored run, measured vs predicted
+    capplan validate plan --traffic MIX --plan PLAN --out SUITE
+                                                 # the suite that checks a plan's decision
 """
 
 from __future__ import annotations
@@ -226,3 +228,45 @@ def measure(suite_file: Path, engines: tuple[str, ...], root: Path, time_budget_
             click.echo(f"{name}: stored in {dest}", err=True)
     compare.callback(root=root, fmt="table", out=None, write_docs=None, plot=None,  # type: ignore[misc]
                      ratchet=None, loosen=False)
+
+
+@validate.command("plan")
+@click.option("--traffic", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              required=True, help="the traffic mix the plan was sized for")
+@click.option("--plan", "plan_path", type=click.Path(path_type=Path, exists=True,
+              dir_okay=False), required=True, help="`capplan size --out plan.json`")
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="the validation suite to write (YAML)")
+@click.option("--duration-s", type=float, default=None,
+              help="seconds each experiment serves [default: 90]")
+@errors_as_lines
+def plan_cmd(traffic: Path, plan_path: Path, out: Path, duration_s: float | None) -> None:
+    """The suite that puts a plan's decision to real vLLM: per pool, one replica at the share
+    of the traffic one of its N replicas takes, and one of N - 1."""
+    import yaml
+
+    from capplan.deploy.cli import load_plan
+    from capplan.errors import ConfigError
+    from capplan.mix import load_mix
+    from capplan.validate.plan import DURATION_S, plan_suite, suite_yaml
+
+    mix = load_mix(traffic)
+    plan = load_plan(plan_path)
+    unknown = [p.pool for p in plan.pools if p.pool not in {q.name for q in mix.pools}]
+    if unknown:
+        raise ConfigError(f"the plan's pool {unknown[0]!r} is not in {traffic}; give the mix "
+                          "the plan was sized for", file=str(plan_path))
+    suite, skipped = plan_suite(mix, plan, duration_s=duration_s or DURATION_S)
+    for pool, why in skipped.items():
+        click.echo(f"pool {pool}: left out: {why}", err=True)
+    if suite is None:
+        raise ConfigError("no pool of the plan can be replayed on the GPU runner",
+                          file=str(plan_path))
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text("# capplan validate plan: " + f"{plan_path} on {traffic}\n"
+                   + yaml.safe_dump(suite_yaml(suite), sort_keys=False))
+    tmp.replace(out)
+    for e in suite.engines:
+        click.echo(f"{e.name}: " + ", ".join(x.name for x in e.experiments), err=True)
+    click.echo(f"{out}: written; next: capplan validate emit {out} --out JOBS, run the jobs "
+               "on a GPU host, capplan validate ingest, capplan validate compare", err=True)

@@ -1,0 +1,91 @@
+"""A plan's decision, put to the real engine: the validation suite that checks it.
+
+`capplan size` gives a pool N replicas and says whether N - 1 would fail. One replica of the
+pool, served the share of the pool's traffic that one of N replicas takes and then one of
+N - 1, on a GPU, says whether the engine agrees (docs/validation.md, "The production plan's
+decision, on the real engine", measured this way by hand first). `plan_suite` writes that
+suite: per pool, one engine with the plan's configuration, and one experiment per replica
+count with every Poisson or gamma workload's rate divided by it (as a random router spreads
+it: harsher than least-outstanding routing, so a pass is on the safe side). `capplan
+validate emit` turns it into GPU jobs as for any suite.
+
+A pool is left out, with the reason, where the runner cannot replay its traffic: images,
+arrivals that are neither Poisson nor gamma (daily curves, replays), a target prefix hit rate
+instead of shared prefixes, or a workload rate that the plan's growth factor scales.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from capplan.mix import TrafficMix
+from capplan.pool import Pool
+from capplan.profiles import DEFAULT_DRAFT
+from capplan.solve.choose import as_planned
+from capplan.solve.plan import Plan
+from capplan.traffic import GammaArrival, PoissonArrival, Workload
+from capplan.validate.suite import EngineRun, Experiment, Suite
+
+DURATION_S = 90.0
+"""Long enough for a p99 of a few thousand requests a pool at typical plan loads; the
+fourteenth session's runs took 90 s and repeated within 3 % at the failing load."""
+
+
+def _share(w: Workload, replicas: int) -> Workload:
+    """The workload as one of `replicas` replicas receives it (rate / replicas)."""
+    a = w.arrival
+    assert isinstance(a, PoissonArrival | GammaArrival)
+    return w.model_copy(update={"arrival": a.model_copy(update={"rate_rps": a.rate_rps / replicas}),
+                                "pool": "validate"})
+
+
+def _why_not(pool: Pool, workloads: list[Workload]) -> str | None:
+    """Why the runner cannot replay this pool's traffic, or None."""
+    if not workloads:
+        return "no workloads"
+    for w in workloads:
+        if not isinstance(w.arrival, PoissonArrival | GammaArrival):
+            return f"workload {w.name!r} has {w.arrival.kind} arrivals (Poisson or gamma only)"
+        if w.image is not None:
+            return f"workload {w.name!r} sends images (the runner replays text only)"
+        if w.prefix is not None and w.prefix.target_hit_rate is not None:
+            return (f"workload {w.name!r} gives a target hit rate, not shared prefixes")
+    return None
+
+
+def plan_suite(mix: TrafficMix, plan: Plan, *, duration_s: float = DURATION_S
+               ) -> tuple[Suite | None, dict[str, str]]:
+    """The suite checking each pool's replica count (and one fewer), and why any pool was
+    left out. None when no pool can be checked."""
+    if plan.growth != 1:
+        return None, {p.pool: f"the plan scales traffic by {plan.growth:g}; validate the "
+                      "mix it was sized for (growth 1)" for p in plan.pools}
+    engines: list[EngineRun] = []
+    skipped: dict[str, str] = {}
+    for pp in plan.pools:
+        pool = as_planned(mix.pool(pp.pool), pp)
+        workloads = [w for w in mix.workloads if w.pool == pool.name]
+        why = _why_not(pool, workloads)
+        if why is not None:
+            skipped[pp.pool] = why
+            continue
+        n = pp.replicas_for_slo
+        counts = [n, n - 1] if n > 1 else [n]
+        experiments = [
+            Experiment(name=f"{pp.pool}-of{k}", duration_s=duration_s, tags=["plan"],
+                       workloads=[_share(w, k) for w in workloads])
+            for k in counts
+        ]
+        spec = pool.engine.speculative
+        draft = DEFAULT_DRAFT if spec is not None and spec.method == "draft_model" else None
+        engines.append(EngineRun(name=f"plan-{mix.name}-{pp.pool}".replace(" ", "_"),
+                                 pool=pool, draft_model=draft, experiments=experiments))
+    if not engines:
+        return None, skipped
+    return Suite(schema_version=1, gpu=plan.pools[0].gpu, engines=engines), skipped
+
+
+def suite_yaml(suite: Suite) -> dict[str, Any]:
+    """The suite as the YAML a person keeps beside the plan (load_suite reads it back)."""
+    out: dict[str, Any] = suite.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return out
