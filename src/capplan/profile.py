@@ -32,9 +32,12 @@ scripts/calibration_analysis.py floor). Every other step holds the engine core f
 time too, `core_graph_s` for a decode-only step and `core_piecewise_s` for one with a prefill
 chunk: scheduling, preparing inputs, launching (a piecewise step launches its attention layer
 by layer), sampling. They are measured on a serving engine of the model by the validation
-runner's core trace (validate/corelaunch.py; Llama-3.1-8B on an H200 host: 3.0 and 12.7 ms),
-not by the calibration sweep, whose in-process engine has neither the serving engine's input
-and output threads nor its host; a profile without them charges none.
+runner's core trace (validate/corelaunch.py; Llama-3.1-8B on an H200 host: 3.0 and 12.7 ms).
+The calibration runner times them too (runner.py: `cpu_launch_s`, `cpu_update_s`), but its
+in-process engine has neither the serving engine's input and output threads nor its loop's
+other work (0.64-0.87x of serving's for Llama-3.1-8B and Qwen3-32B), so a profile takes the
+calibration's figures only where no serving trace of its model exists
+(calibrate/build.py); a profile with neither charges none.
 
 The GEMM stairs follow the kernel vLLM picks by the token count M
 (scaled_mm_sm90_fp8_dispatch.cuh in vLLM's CUDA sources: past M = 128 the FP8
