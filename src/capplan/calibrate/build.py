@@ -253,6 +253,37 @@ def calibration_core(df: pl.DataFrame, eng: dict[str, Any]) -> dict[str, Any] | 
     return out
 
 
+def core_time(raw: Path, g: Group, df: pl.DataFrame,
+              eng: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """The engine core's own time a step for the profile, and the provenance note: the
+    model's serving core trace (`core_launch`), else what this engine's calibration measured
+    (its own run, else its core scan `<model>--<key>--core`; `calibration_core`), recorded
+    beside the serving figures when both exist. The calibration engine runs in-process,
+    without the serving core's input and output threads: on one host it measured 0.77x and
+    0.64x of Llama-3.1-8B's serving figures (docs/calibration.md, "The engine core's own time
+    a step")."""
+    timed, timed_run = calibration_core(df, eng), g.main
+    scan = f"{g.model}--{g.key}--core"
+    scan_path = store.runner_jsonl(raw, scan)
+    if timed is None and scan_path is not None:
+        timed, timed_run = calibration_core(store.read_runner_jsonl(scan_path), eng), scan
+    if timed is not None:
+        timed["run"] = timed_run
+    served = core_launch(raw, g.model)
+    if served is not None:
+        note = (f"core_graph_s {served['core_graph_s'] * 1e3:.2f} ms and core_piecewise_s "
+                f"{served['core_piecewise_s'] * 1e3:.2f} ms: the serving engine core's own "
+                f"time a step, from the core trace of {served['engine']} "
+                f"(core-launch/{g.model}.json)")
+        return ({**served, "calibration": timed} if timed is not None else served), note
+    if timed is not None:
+        return timed, (f"core_graph_s {timed['core_graph_s'] * 1e3:.2f} ms and core_piecewise_s "
+                       f"{timed['core_piecewise_s'] * 1e3:.2f} ms: the engine core's own time a "
+                       f"step as the in-process calibration engine measured it ({timed_run}; "
+                       "no serving core trace of this model)")
+    return None, ""
+
+
 def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                   gpu: str, git_commit: str, seed: int = 0) -> tuple[Profile, dict[str, Any],
                                                                       pl.DataFrame]:
@@ -371,35 +402,11 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                          + f" a token from {graph_run}"
                          + (f" ({secs / 60:.1f} GPU-minutes more, engine start included)"
                             if secs else ""))
-    # the engine core's own time a step: the model's serving core trace, else what this
-    # engine's calibration measured (its own run, else its core scan). The calibration
-    # engine runs in-process, without the serving core's input and output threads: on one
-    # host it measured 0.77x and 0.64x of Llama-3.1-8B's serving figures (docs/calibration.md,
-    # "The engine core's own time a step")
-    core = core_launch(raw, g.model)
-    timed, timed_run = calibration_core(df, eng), g.main
-    core_path = store.runner_jsonl(raw, f"{g.model}--{g.key}--core")
-    if timed is None and core_path is not None:
-        timed = calibration_core(store.read_runner_jsonl(core_path), eng)
-        timed_run = f"{g.model}--{g.key}--core"
-    if timed is not None:
-        timed["run"] = timed_run
-    if core is not None:
-        notes.append(f"core_graph_s {core['core_graph_s'] * 1e3:.2f} ms and core_piecewise_s "
-                     f"{core['core_piecewise_s'] * 1e3:.2f} ms: the serving engine core's own "
-                     f"time a step, from the core trace of {core['engine']} "
-                     f"(core-launch/{g.model}.json)")
-        if timed is not None:
-            core = {**core, "calibration": timed}
-    elif timed is not None:
-        core = timed
-        notes.append(f"core_graph_s {core['core_graph_s'] * 1e3:.2f} ms and core_piecewise_s "
-                     f"{core['core_piecewise_s'] * 1e3:.2f} ms: the engine core's own time a "
-                     f"step as the in-process calibration engine measured it ({timed_run}; "
-                     "no serving core trace of this model)")
+    core, note = core_time(raw, g, df, eng)
     if core is not None:
         step = step.model_copy(update={"core_graph_s": core["core_graph_s"],
                                        "core_piecewise_s": core["core_piecewise_s"]})
+        notes.append(note)
     reserved = image_reservation(g.metas, g.image_metas)
     if reserved is not None:
         kv = kv.model_copy(update={"image_reservation_tokens": reserved})
