@@ -47,6 +47,8 @@ def test_a_plan_quotes_its_binding_metric_only_where_rows_exist() -> None:
     assert f.margin_after_p10 == pytest.approx(margin_after(0.6, -0.34))
     assert fidelity_of("h200/m/fp8", "ttft_p99_s", 0.6, table) is None
     assert fidelity_of("h200/m/bf16", "ttft_p95_s", 0.6, table) is None
-    over = summarise([_row("h200/m/bf16", 1.0, 1.2)])  # never under: nothing to take off
+    few = summarise([_row("h200/m/bf16", 1.0, p) for p in (0.5, 0.9, 1.0, 1.1)])
+    assert fidelity_of("h200/m/bf16", "ttft_p99_s", 0.6, few) is None  # too few rows to quote
+    over = summarise([_row("h200/m/bf16", 1.0, 1.2)] * 5)  # never under: nothing to take off
     g = fidelity_of("h200/m/bf16", "ttft_p99_s", 0.6, over)
     assert g is not None and g.worst_under == 0.0 and g.margin_after_worst == pytest.approx(0.6)
