@@ -27,13 +27,14 @@ if TYPE_CHECKING:
     from capplan.validate.compare import Row
 
 FILE = "fidelity.json"
-METRICS = ("output_tok_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "e2e_p99_s")
 
 
 def summarise(rows: Iterable[Row]) -> dict[str, dict[str, dict[str, float]]]:
     """{profile: {metric: {rows, p10, p50, p90, min, max}}}: the signed errors' spread over
     the open-loop rows whose prediction used that profile (rows with no finite error left
     out)."""
+    from capplan.validate.compare import METRICS
+
     errors: defaultdict[str, defaultdict[str, list[float]]] = defaultdict(
         lambda: defaultdict(list))
     for r in rows:

@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Any
 
 from capplan.mix import TrafficMix
-from capplan.pool import Pool
 from capplan.profiles import DEFAULT_DRAFT
 from capplan.solve.choose import as_planned
 from capplan.solve.plan import Plan
@@ -39,7 +38,7 @@ def _share(w: Workload, replicas: int) -> Workload:
                                 "pool": "validate"})
 
 
-def _why_not(pool: Pool, workloads: list[Workload]) -> str | None:
+def _why_not(workloads: list[Workload]) -> str | None:
     """Why the runner cannot replay this pool's traffic, or None."""
     if not workloads:
         return "no workloads"
@@ -49,7 +48,7 @@ def _why_not(pool: Pool, workloads: list[Workload]) -> str | None:
         if w.image is not None:
             return f"workload {w.name!r} sends images (the runner replays text only)"
         if w.prefix is not None and w.prefix.target_hit_rate is not None:
-            return (f"workload {w.name!r} gives a target hit rate, not shared prefixes")
+            return f"workload {w.name!r} gives a target hit rate, not shared prefixes"
     return None
 
 
@@ -65,7 +64,7 @@ def plan_suite(mix: TrafficMix, plan: Plan, *, duration_s: float = DURATION_S
     for pp in plan.pools:
         pool = as_planned(mix.pool(pp.pool), pp)
         workloads = [w for w in mix.workloads if w.pool == pool.name]
-        why = _why_not(pool, workloads)
+        why = _why_not(workloads)
         if why is not None:
             skipped[pp.pool] = why
             continue
