@@ -132,6 +132,11 @@ def _header(plan: Plan, description: str = "") -> str:
         out += (f'<div class="warn"><b>⚠ Analytic profile:</b> {names} sized from a datasheet '
                 "roofline, not from step times measured on the GPU. Treat these GPU counts as "
                 "estimates; run <code>capplan calibrate</code> for a measured profile.</div>")
+    if plan.guard != "none":
+        items = "".join(f"<li>{_e(line)}</li>" for line in plan.guarded)
+        out += (f"<div class='note'><b>Guarded ({_e(plan.guard)}):</b> SLO limits tightened by "
+                "how far the simulator has run under real vLLM on each pool's profile; the "
+                f"limits below are the tightened ones.<ul>{items}</ul></div>")
     extrap = [p for p in plan.pools if p.extrapolated_steps]
     if extrap:
         names = ", ".join(f"<b>{_e(p.pool)}</b> ({p.extrapolated_steps:,} steps)" for p in extrap)

@@ -70,6 +70,12 @@ def print_plan(plan: Plan, console: Console, elapsed_s: float | None = None) -> 
             _pct(p.binding_margin), _pct(p.utilisation), f"{p.cost.usd_per_month:,.0f}",
         )
     console.print(table)
+    if plan.guard != "none":
+        console.print(f"guard {plan.guard}: SLO limits tightened by the simulator's validated "
+                      f"error ({len(plan.guarded)}; the limits below are the tightened ones)",
+                      highlight=False)
+        for line in plan.guarded:
+            console.print(f"  {line}", highlight=False)
     for p in plan.pools:
         _print_pool(p, console)
     if elapsed_s is not None:
@@ -174,10 +180,13 @@ _quick = click.option("--quick", is_flag=True,
               help="also write the plan's HTML report (as `capplan report` does)")
 @click.option("--verbose", "-v", is_flag=True,
               help="explain each search step (every simulation and what it found) on stderr")
+@click.option("--guard", type=click.Choice(["p10", "worst"]), default=None,
+              help="tighten each SLO limit by how far the simulator has run under real vLLM "
+              "on the pool's profile (its validation rows' 10th-percentile or worst error)")
 @_errors_as_lines
 def size(traffic: Path, fmt: str, out: Path | None, growth: float, spare: int,
          seed: int | None, quick: bool, workers: int | None, report_out: Path | None,
-         verbose: bool) -> None:
+         verbose: bool, guard: str | None) -> None:
     """Fewest GPUs per pool that hold every workload's SLOs, with cost and why."""
     t0 = time.perf_counter()
     from capplan.mix import load_mix
@@ -185,12 +194,22 @@ def size(traffic: Path, fmt: str, out: Path | None, growth: float, spare: int,
     # bad input is one line before any worker starts (a worker half-started when the
     # process exits prints its own traceback)
     mix = load_mix(traffic)
+    guarded: list[str] = []
+    if guard is not None:
+        from capplan.solve.guard import guarded as guard_mix
+
+        mix, guarded = guard_mix(mix, guard)  # type: ignore[arg-type]
     n = _start_workers(workers)
     from capplan.solve.options import size_mix
 
     with _Feedback(verbose) as fb:
         plan = size_mix(mix, growth=growth, spare=spare, seed=seed, quick=quick,
                         log=fb.log, on_pool=fb.pool, workers=n)
+    if guard is not None:
+        # the guard has taken the validated error into the limits: quoting it again against
+        # them would count it twice
+        pools = [p.model_copy(update={"fidelity": None}) for p in plan.pools]
+        plan = plan.model_copy(update={"guard": guard, "guarded": guarded, "pools": pools})
     elapsed = time.perf_counter() - t0
     if out is not None:
         _write_plan(plan, out)

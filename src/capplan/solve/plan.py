@@ -238,6 +238,10 @@ class Plan(BaseModel):
     seed: int
     quick: bool
     pools: list[PoolPlan]
+    guard: Literal["none", "p10", "worst"] = Field(
+        default="none", description="SLO limits tightened by the simulator's validated error "
+        "(capplan/solve/guard.py); the pools' limit_s are the tightened ones")
+    guarded: list[str] = Field(default_factory=list, description="each limit tightened, why")
 
     @property
     def gpus(self) -> int:
@@ -379,13 +383,13 @@ def pool_plan(
         auto=auto or [],
         reasoning=reasoning,
         fidelity=(fidelity_of(res.pool.profile, check.key, _finite(check.margin),
-                              _fidelity_table(pool.gpu))
+                              fidelity_table(pool.gpu))
                   if check and res.pool.profile_source.startswith("measured") else None),
     )
 
 
 @functools.cache
-def _fidelity_table(gpu: str) -> dict[str, dict[str, dict[str, float]]]:
+def fidelity_table(gpu: str) -> dict[str, dict[str, dict[str, float]]]:
     """The shipped validation summary for `gpu` (capplan/fidelity.py), read once."""
     from capplan import fidelity
     from capplan.profiles import CALIBRATION_DIR

@@ -1,0 +1,71 @@
+"""`capplan size --guard`: SLO limits tightened by the simulator's validated error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from capplan import fidelity
+from capplan.cli import main
+from capplan.mix import load_mix
+from capplan.profiles import CALIBRATION_DIR
+from capplan.solve.guard import guarded
+
+ROOT = Path(__file__).resolve().parents[1]
+MIX = ROOT / "examples" / "production-mix.yaml"
+
+
+@pytest.mark.parametrize(("guard", "stat"), [("p10", "p10"), ("worst", "min")])
+def test_limits_tighten_by_the_profiles_error(guard: str, stat: str) -> None:
+    """The interactive pool (Llama-3.1-8B BF16, measured, with open-loop validation rows)
+    has each limit scaled by 1 + its metric's error; the batch and vision pools, whose
+    profiles have no open-loop rows, keep theirs."""
+    mix = load_mix(MIX)
+    table = fidelity.load(fidelity.path_for(CALIBRATION_DIR, "h200"))["h200/llama-3.1-8b/bf16"]
+    out, lines = guarded(mix, guard)  # type: ignore[arg-type]
+    before = {w.name: w for w in mix.workloads}
+    for w in out.workloads:
+        for t, t0 in zip(w.slo.targets, before[w.name].slo.targets, strict=True):
+            if w.pool == "interactive":
+                e = table[t.key][stat]
+                assert e < 0 and t.limit_s == pytest.approx(t0.limit_s * (1 + e))
+            else:
+                assert t.limit_s == t0.limit_s
+    n = sum(len(w.slo.targets) for w in mix.workloads if w.pool == "interactive")
+    assert len(lines) == n and all("h200/llama-3.1-8b/bf16" in line for line in lines)
+
+
+def test_an_analytic_profile_is_not_guarded() -> None:
+    mix = load_mix(ROOT / "tests" / "data" / "size-small.yaml")
+    out, lines = guarded(mix, "worst")
+    assert lines == [] and out.workloads == mix.workloads
+
+
+def test_cli_guarded_plan_says_so(tmp_path: Path) -> None:
+    """The plan records the guard and each tightened limit; its SLO lines carry the tightened
+    limits, and it quotes no fidelity line beside them (the error is in the limits)."""
+    out = tmp_path / "plan.json"
+    r = CliRunner().invoke(main, ["size", "--traffic", str(MIX), "--quick", "--guard", "p10",
+                                  "--out", str(out), "--workers", "1"])
+    assert r.exit_code == 0, r.output
+    assert "guard p10: SLO limits tightened" in r.output and "fidelity:" not in r.output
+    plan = json.loads(out.read_text())
+    assert plan["guard"] == "p10" and len(plan["guarded"]) == 6
+    inter = next(p for p in plan["pools"] if p["pool"] == "interactive")
+    limits = {(w["name"], s["key"]): s["limit_s"] for w in inter["workloads"] for s in w["slo"]}
+    assert limits[("agent", "ttft_p99_s")] < 1.0 and inter["fidelity"] is None
+
+
+def test_report_says_the_plan_was_guarded(tmp_path: Path) -> None:
+    from capplan.report import render_report
+    from capplan.solve.plan import Plan
+
+    out = tmp_path / "plan.json"
+    r = CliRunner().invoke(main, ["size", "--traffic", str(MIX), "--quick", "--guard", "worst",
+                                  "--out", str(out), "--workers", "1"])
+    assert r.exit_code == 0, r.output
+    page = render_report(Plan.model_validate_json(out.read_text()), None)
+    assert "Guarded (worst)" in page and "agent ttft_p99_s 1 -&gt;" in page
