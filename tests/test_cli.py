@@ -116,6 +116,21 @@ def test_sizing_bad_input_is_one_line_from_a_real_process(tmp_path: Path, comman
     assert "max_num_seqs" in lines[0] and str(path) in lines[0]
 
 
+def test_a_quick_sizing_ends_without_a_workers_traceback() -> None:
+    """A sizing done before its worker processes have all started waits for them at exit
+    (solve/jobs.py: _close_all): a worker left starting as the process ends would print a
+    traceback of its own after the plan."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "capplan.cli", "size", "--traffic",
+                          str(Path(__file__).resolve().parents[1] / "examples" / "chat-only.yaml"),
+                          "--quick", "--workers", "2"], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr and "plan for" in res.stdout
+
+
 def test_missing_pool_lists_the_pools(tmp_path: Path) -> None:
     """--pool naming no pool of the mix fails with the list of pools."""
     path = write_mix(tmp_path)

@@ -162,6 +162,10 @@ _workers = click.option("--workers", type=click.IntRange(min=1), default=None,
                         "the CPU count; 1: all in this process); the plan is the same")
 _quick = click.option("--quick", is_flag=True,
                       help="short probes, confirm at probe length (rougher, faster)")
+_guard = click.option("--guard", type=click.Choice(["p10", "worst"]), default=None,
+                      help="tighten each SLO limit by how far the simulator has run under "
+                      "real vLLM on the pool's profile (its validation rows' 10th-percentile "
+                      "or worst error)")
 
 
 @click.command()
@@ -180,9 +184,7 @@ _quick = click.option("--quick", is_flag=True,
               help="also write the plan's HTML report (as `capplan report` does)")
 @click.option("--verbose", "-v", is_flag=True,
               help="explain each search step (every simulation and what it found) on stderr")
-@click.option("--guard", type=click.Choice(["p10", "worst"]), default=None,
-              help="tighten each SLO limit by how far the simulator has run under real vLLM "
-              "on the pool's profile (its validation rows' 10th-percentile or worst error)")
+@_guard
 @_errors_as_lines
 def size(traffic: Path, fmt: str, out: Path | None, growth: float, spare: int,
          seed: int | None, quick: bool, workers: int | None, report_out: Path | None,
@@ -191,9 +193,7 @@ def size(traffic: Path, fmt: str, out: Path | None, growth: float, spare: int,
     t0 = time.perf_counter()
     from capplan.mix import load_mix
 
-    # bad input is one line before any worker starts (a worker half-started when the
-    # process exits prints its own traceback)
-    mix = load_mix(traffic)
+    mix = load_mix(traffic)  # bad input is one line, before any worker starts
     guarded: list[str] = []
     if guard is not None:
         from capplan.solve.guard import guarded as guard_mix
@@ -321,13 +321,20 @@ def _plot(rows: list[dict[str, Any]], path: Path, console: Console) -> None:
 @_seed
 @_quick
 @_workers
+@_guard
 @_errors_as_lines
 def sweep(traffic: Path, growth_text: str, out: Path | None, plot: Path | None, spare: int,
-          seed: int | None, quick: bool, workers: int | None) -> None:
+          seed: int | None, quick: bool, workers: int | None, guard: str | None) -> None:
     """GPUs per pool as traffic grows: the capacity-planning curve."""
     from capplan.mix import load_mix
 
     mix = load_mix(traffic)  # bad input is one line before any worker starts (size, above)
+    if guard is not None:
+        from capplan.solve.guard import guarded
+
+        mix, lines = guarded(mix, guard)  # type: ignore[arg-type]
+        for line in lines:
+            click.echo(f"guard {guard}: {line}", err=True)
     n_workers = _start_workers(workers)
     import polars as pl
 

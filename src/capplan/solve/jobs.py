@@ -14,6 +14,7 @@ A simulation's result depends on its inputs only, so where it runs changes nothi
 
 from __future__ import annotations
 
+import atexit
 import functools
 import heapq
 import itertools
@@ -173,6 +174,13 @@ class _Dispatcher:
         for _, _, out, _, _ in queued:
             out.cancel()
 
+    def close(self) -> None:
+        """Drop what is queued and let the workers end. A process that exits while its fork
+        server is still starting a worker leaves that worker to fail on a semaphore already
+        gone, printing its traceback after the command's output; waiting here avoids it."""
+        self.drop_queued()
+        self._ex.shutdown(wait=True, cancel_futures=True)
+
     def _feed(self) -> None:
         while True:
             with self._cond:
@@ -275,6 +283,15 @@ def drop_queued() -> None:
         dispatchers = list(_DISPATCHERS.values())
     for d in dispatchers:
         d.drop_queued()
+
+
+@atexit.register
+def _close_all() -> None:
+    """Every dispatcher's workers ended before the interpreter's own teardown."""
+    with _LOCK:
+        dispatchers = list(_DISPATCHERS.values())
+    for d in dispatchers:
+        d.close()
 
 
 def _ready() -> None:
