@@ -34,14 +34,20 @@ def test_limits_tighten_by_the_profiles_error(guard: str, stat: str) -> None:
                 assert e < 0 and t.limit_s == pytest.approx(t0.limit_s * (1 + e))
             else:
                 assert t.limit_s == t0.limit_s
+    tightened = [line for line in lines if " -> " in line]
     n = sum(len(w.slo.targets) for w in mix.workloads if w.pool == "interactive")
-    assert len(lines) == n and all("h200/llama-3.1-8b/bf16" in line for line in lines)
+    assert len(tightened) == n and all("h200/llama-3.1-8b/bf16" in x for x in tightened)
+    # the others say why they were kept
+    kept = [line for line in lines if " kept at " in line]
+    assert {x.split()[0] for x in kept} == {"summarise", "vision"}
+    assert all("fewer than 5 validation rows" in x for x in kept)
 
 
 def test_an_analytic_profile_is_not_guarded() -> None:
     mix = load_mix(ROOT / "tests" / "data" / "size-small.yaml")
     out, lines = guarded(mix, "worst")
-    assert lines == [] and out.workloads == mix.workloads
+    assert out.workloads == mix.workloads
+    assert lines and all(" kept at " in x and "a measured profile" in x for x in lines)
 
 
 def test_cli_guarded_plan_says_so(tmp_path: Path) -> None:
@@ -53,7 +59,7 @@ def test_cli_guarded_plan_says_so(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert "guard p10: SLO limits tightened" in r.output and "fidelity:" not in r.output
     plan = json.loads(out.read_text())
-    assert plan["guard"] == "p10" and len(plan["guarded"]) == 6
+    assert plan["guard"] == "p10" and sum(" -> " in x for x in plan["guarded"]) == 6
     inter = next(p for p in plan["pools"] if p["pool"] == "interactive")
     limits = {(w["name"], s["key"]): s["limit_s"] for w in inter["workloads"] for s in w["slo"]}
     assert limits[("agent", "ttft_p99_s")] < 1.0 and inter["fidelity"] is None

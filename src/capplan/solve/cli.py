@@ -71,8 +71,9 @@ def print_plan(plan: Plan, console: Console, elapsed_s: float | None = None) -> 
         )
     console.print(table)
     if plan.guard != "none":
+        n = sum(" -> " in line for line in plan.guarded)
         console.print(f"guard {plan.guard}: SLO limits tightened by the simulator's validated "
-                      f"error ({len(plan.guarded)}; the limits below are the tightened ones)",
+                      f"error ({n} of {len(plan.guarded)}; the limits below are these)",
                       highlight=False)
         for line in plan.guarded:
             console.print(f"  {line}", highlight=False)

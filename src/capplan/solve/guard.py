@@ -46,8 +46,9 @@ def _profiles(pool: Pool) -> list[str]:
 
 
 def guarded(mix: TrafficMix, guard: Guard) -> tuple[TrafficMix, list[str]]:
-    """The mix with its SLO limits tightened (module docstring), and one line per limit
-    changed: `<workload> <target> <old> -> <new> s (<stat> of <n> rows of <profile>)`."""
+    """The mix with its SLO limits tightened (module docstring), and one line per limit:
+    `<workload> <target> <old> -> <new> s (<guard> error <e> over <n> rows of <profile>)`,
+    or `kept at` with the reason."""
     stat = "p10" if guard == "p10" else "min"
     lines: list[str] = []
     workloads: list[Workload] = []
@@ -64,6 +65,10 @@ def guarded(mix: TrafficMix, guard: Guard) -> tuple[TrafficMix, list[str]]:
             e, n, key = min(found) if found else (0.0, 0, "")
             if e >= 0:
                 targets.append(t)
+                why = (f"never under-predicted over {n} rows of {key}" if found else
+                       f"fewer than {FIDELITY_MIN_ROWS} validation rows of it on "
+                       + (", ".join(profiles[w.pool]) or "a measured profile"))
+                lines.append(f"{w.name} {t.key} kept at {t.limit_s:g} s ({why})")
                 continue
             e = max(e, FLOOR)
             limit = t.limit_s * (1 + e)
