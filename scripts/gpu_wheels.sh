@@ -4,22 +4,24 @@
 # the vLLM bundle of ../shared/gpu leaves out. docs/calibration.md says why.
 #
 #   fetch    (here, with network) download the wheels into .whl/ (ignored by git): the small
-#            ones in .whl/b, the 88 MB CUDA 13 library cut into .whl/a/cu13_00 to 03
-#            (22.1 MB each) so that each call's carry, the working tree's ~40 MB included,
+#            ones in .whl/b, the 88 MB CUDA 13 library cut into .whl/a/cu13_00 to 05
+#            (15 MB each) so that each call's carry, the working tree's ~46 MB included,
 #            stays under 64 MiB
 #   install  (on the GPU host, after the parts were carried and copied to /tmp/whl, the
 #            last one perhaps only carried) put them together and install into
 #            /tmp/cdsl-site; then `source` this file's last line or let
 #            scripts/gpu_session.sh pick /tmp/cdsl-site up
 #
-# Carry plan, on a fresh host (the working tree is ~40 MB; 2026-11-30, fourteenth session;
-# the vLLM bundle's part01 cut into .bundle/p1s_00 to 02 of 22 MB, `split -b 22020096`):
-#   calls 1-3: .bundle/p1s_00 (+ vllm-bundle.sha256, vllm-install.sh), p1s_01, p1s_02
-#              (cp each to /tmp/vllm-parts; the third cats them into vllm-bundle.part01)
-#   call 4: .bundle/vllm-bundle.part02 (cp to /tmp/vllm-parts)
-#   call 5: .whl/b (mkdir -p /tmp/whl; cp .whl/b/*.whl /tmp/whl)
-#   calls 6-8: .whl/a/cu13_00, 01, 02 (cp to /tmp/whl)
-#   call 9: .whl/a/cu13_03 + .whl/a/NAME: bash scripts/gpu_wheels.sh install && ... gpu_session.sh
+# Carry plan, on a fresh host (the working tree is ~46 MB after the fourteenth session; the
+# vLLM bundle's part01 cut into .bundle/p1q_00 to 03 of 15 MB, `split -b 15728640`, as that
+# session's last lease needed):
+#   calls 1-4: .bundle/p1q_00 (+ vllm-bundle.sha256, vllm-install.sh), p1q_01, p1q_02, p1q_03
+#              (cp each to /tmp/vllm-parts; the fourth cats them into vllm-bundle.part01)
+#   call 5: .bundle/vllm-bundle.part02 (18.2 MB; cp to /tmp/vllm-parts)
+#   call 6: .whl/b (mkdir -p /tmp/whl; cp .whl/b/*.whl /tmp/whl)
+#   calls 7-11: .whl/a/cu13_00 to 04 (cp to /tmp/whl)
+#   call 12: .whl/a/cu13_05 + .whl/a/NAME: bash scripts/gpu_wheels.sh install && ... gpu_session.sh
+# Each call costs a few seconds of device time; the machine is given back 30 s after a call.
 set -euo pipefail
 case ${1:?usage: gpu_wheels.sh fetch|install} in
 fetch)
@@ -32,7 +34,7 @@ fetch)
     nvidia-cutlass-dsl-libs-core==4.6.0 nvidia-cutlass-dsl-libs-cu13==4.6.0 \
     quack-kernels==0.6.0 cuda-python==13.4.4 nvidia-cuda-nvdisasm==13.5.37 protobuf==6.33.6
   mv .whl/b/nvidia_cutlass_dsl_libs_cu13-*.whl .whl/
-  (cd .whl && split -b 22100000 -d nvidia_cutlass_dsl_libs_cu13-*.whl a/cu13_ &&
+  (cd .whl && split -b 15000000 -d nvidia_cutlass_dsl_libs_cu13-*.whl a/cu13_ &&
    basename nvidia_cutlass_dsl_libs_cu13-*.whl > a/NAME && rm nvidia_cutlass_dsl_libs_cu13-*.whl)
   du -sh .whl/a .whl/b
   ;;
