@@ -79,6 +79,7 @@ _RULES: dict[str, list[str]] = {
              "`engine.speculative` may then be `auto`"],
     "EngineConfig": ["`max_num_batched_tokens` ≥ `max_num_seqs` (vLLM 0.26.0 refuses to start "
                      "otherwise; `auto` tries only caps within the budget)",
+                     "`max_model_len` at most the model's context length (vLLM refuses more)",
                      "with `speculative.method: ngram`, `async_scheduling` is false (vLLM "
                      "cannot run that drafter asynchronously)"],
     "Workload": ["`input_tokens` and `output_tokens` are required unless `arrival` is `replay`",

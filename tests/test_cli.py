@@ -159,6 +159,17 @@ def test_lengths_over_max_model_len(tmp_path: Path) -> None:
     assert_one_line_error(sim(path), ConfigError.exit_code, "max_model_len", str(path))
 
 
+def test_max_model_len_past_the_models_context(tmp_path: Path) -> None:
+    """vLLM 0.26.0 refuses a max_model_len above the model's context length
+    (vllm/config/model.py); so does capplan, naming the field and the most it may be."""
+    bad = json.loads(json.dumps(MIX))
+    bad["pools"][0]["engine"]["max_model_len"] = 200_000
+    path = write_mix(tmp_path, bad)
+    line = assert_one_line_error(sim(path), ConfigError.exit_code, str(path),
+                                 "pools.0.engine.max_model_len", "131072")
+    assert "refuses" in line
+
+
 def test_replicas_must_be_positive(tmp_path: Path) -> None:
     """--replicas 0 is a usage error (click's exit code 2), not a crash."""
     path = write_mix(tmp_path)

@@ -139,7 +139,18 @@ def max_model_len(pool: Pool, spec: ModelSpec) -> int:
 
 
 def check_lengths(mix: TrafficMix, specs: dict[str, ModelSpec]) -> None:
-    """Every request must fit max_model_len (vLLM rejects longer prompts outright)."""
+    """No pool's max_model_len may exceed its model's context (vLLM refuses to start:
+    vllm/config/model.py, _get_and_verify_max_len, unless VLLM_ALLOW_LONG_MAX_MODEL_LEN), and
+    every request must fit max_model_len (vLLM rejects longer prompts outright)."""
+    for j, pool in enumerate(mix.pools):
+        context = specs[pool.model].max_position_embeddings
+        if pool.engine.max_model_len is not None and pool.engine.max_model_len > context:
+            raise ConfigError(
+                f"{pool.engine.max_model_len} is above {pool.model}'s context length "
+                f"{context}, which vLLM 0.26.0 refuses to start with; lower it to {context} "
+                "or less, or leave it out",
+                file=mix.source, field=f"pools.{j}.engine.max_model_len",
+            )
     for i, w in enumerate(mix.workloads):
         pool = mix.pool(w.pool)
         limit = max_model_len(pool, specs[pool.model])
