@@ -75,3 +75,21 @@ def test_report_says_the_plan_was_guarded(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     page = render_report(Plan.model_validate_json(out.read_text()), None)
     assert "Guarded (worst)" in page and "agent ttft_p99_s 1 -&gt;" in page
+
+
+def test_report_of_a_guarded_plan_uses_its_limits(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`capplan report plan.json` on a guarded plan reads the mix with the plan's guard."""
+    from capplan.report import cli as report_cli
+
+    out = tmp_path / "plan.json"
+    r = CliRunner().invoke(main, ["size", "--traffic", str(MIX), "--quick", "--guard", "p10",
+                                  "--out", str(out), "--workers", "1"])
+    assert r.exit_code == 0, r.output
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(report_cli, "write_report",
+                        lambda plan, mix, path, **_: seen.setdefault("mix", mix) and 0)
+    report_cli._build(out, MIX, tmp_path / "r.html", True, None, 1)
+    mix = seen["mix"]
+    agent = next(w for w in mix.workloads if w.name == "agent")  # type: ignore[attr-defined]
+    assert agent.slo.targets[0].limit_s < 1.0

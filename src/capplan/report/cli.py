@@ -46,6 +46,10 @@ def _build(plan_path: Path, traffic: Path | None, out: Path, quick: bool,
     if traffic is None and Path(plan.source).is_file():
         traffic = Path(plan.source)
     mix = load_mix(traffic) if traffic is not None else None
+    if mix is not None and plan.guard != "none":
+        from capplan.solve.guard import guarded
+
+        mix, _ = guarded(mix, plan.guard)  # the limits the plan was sized against
     size = write_report(plan, mix, out, quick=quick,
                         sweep=_read_sweep(sweep) if sweep is not None else None, workers=workers)
     return size, time.perf_counter() - t0
