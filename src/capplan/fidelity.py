@@ -27,9 +27,13 @@ if TYPE_CHECKING:
     from capplan.validate.compare import Row
 
 FILE = "fidelity.json"
+MIN_ROWS = 5
+"""Fewer rows of a metric say too little of the error's spread to quote or to size by."""
+
+Table = dict[str, dict[str, dict[str, float]]]
 
 
-def summarise(rows: Iterable[Row]) -> dict[str, dict[str, dict[str, float]]]:
+def summarise(rows: Iterable[Row]) -> Table:
     """{profile: {metric: {rows, p10, p50, p90, min, max}}}: the signed errors' spread over
     the open-loop rows whose prediction used that profile (rows with no finite error left
     out)."""
@@ -44,7 +48,7 @@ def summarise(rows: Iterable[Row]) -> dict[str, dict[str, dict[str, float]]]:
             e = r.error(m)
             if math.isfinite(e):
                 errors[r.profile][m].append(e)
-    out: dict[str, dict[str, dict[str, float]]] = {}
+    out: Table = {}
     for profile in sorted(errors):
         out[profile] = {}
         for m, es in errors[profile].items():
@@ -65,12 +69,18 @@ def save(path: Path, table: dict[str, Any]) -> None:
     path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
 
 
-def load(path: Path) -> dict[str, dict[str, dict[str, float]]]:
+def load(path: Path) -> Table:
     """The stored summary; empty where none was written (a GPU never validated)."""
     if not path.exists():
         return {}
-    out: dict[str, dict[str, dict[str, float]]] = json.loads(path.read_text())
+    out: Table = json.loads(path.read_text())
     return out
+
+
+def lookup(table: Table, profile: str, metric: str) -> dict[str, float] | None:
+    """The metric's summary on the profile, where it has at least MIN_ROWS rows."""
+    f = table.get(profile, {}).get(metric)
+    return f if f is not None and f["rows"] >= MIN_ROWS else None
 
 
 def margin_after(margin: float, error: float) -> float:

@@ -20,6 +20,7 @@ from capplan._cli import one_line as _one_line
 from capplan.errors import ConfigError, InfeasibleError
 
 if TYPE_CHECKING:
+    from capplan.mix import TrafficMix
     from capplan.solve.plan import Plan, PoolPlan
 
 RUNNERS_UP_SHOWN = 8
@@ -39,6 +40,19 @@ def _s(v: float | None) -> str:
 
 def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v:.1%}"
+
+
+def _load(traffic: Path, guard: str | None) -> tuple[TrafficMix, list[str]]:
+    """The mix, its SLO limits tightened by `guard` (solve/guard.py) with a line per limit.
+    Called before any worker starts, so that bad input is one line."""
+    from capplan.mix import load_mix
+
+    mix = load_mix(traffic)
+    if guard is None:
+        return mix, []
+    from capplan.solve.guard import guarded
+
+    return guarded(mix, guard)  # type: ignore[arg-type]
 
 
 def _start_workers(workers: int | None) -> int:
@@ -192,14 +206,7 @@ def size(traffic: Path, fmt: str, out: Path | None, growth: float, spare: int,
          verbose: bool, guard: str | None) -> None:
     """Fewest GPUs per pool that hold every workload's SLOs, with cost and why."""
     t0 = time.perf_counter()
-    from capplan.mix import load_mix
-
-    mix = load_mix(traffic)  # bad input is one line, before any worker starts
-    guarded: list[str] = []
-    if guard is not None:
-        from capplan.solve.guard import guarded as guard_mix
-
-        mix, guarded = guard_mix(mix, guard)  # type: ignore[arg-type]
+    mix, guarded = _load(traffic, guard)
     n = _start_workers(workers)
     from capplan.solve.options import size_mix
 
@@ -327,15 +334,9 @@ def _plot(rows: list[dict[str, Any]], path: Path, console: Console) -> None:
 def sweep(traffic: Path, growth_text: str, out: Path | None, plot: Path | None, spare: int,
           seed: int | None, quick: bool, workers: int | None, guard: str | None) -> None:
     """GPUs per pool as traffic grows: the capacity-planning curve."""
-    from capplan.mix import load_mix
-
-    mix = load_mix(traffic)  # bad input is one line before any worker starts (size, above)
-    if guard is not None:
-        from capplan.solve.guard import guarded
-
-        mix, lines = guarded(mix, guard)  # type: ignore[arg-type]
-        for line in lines:
-            click.echo(f"guard {guard}: {line}", err=True)
+    mix, guarded = _load(traffic, guard)
+    for line in guarded:
+        click.echo(f"guard {guard}: {line}", err=True)
     n_workers = _start_workers(workers)
     import polars as pl
 

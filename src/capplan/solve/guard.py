@@ -6,7 +6,7 @@ profile, have been under real vLLM in the stored validation runs (capplan/fideli
 e < 0: a prediction that has run high is not loosened), with `worst` for the most negative.
 A plan sized so still holds its SLOs where the engine ran that much slower than predicted.
 A pool with settings left `auto` takes, per target, the most negative error over the
-profiles of its candidates; profiles with fewer than FIDELITY_MIN_ROWS rows of the metric,
+profiles of its candidates; profiles with fewer than fidelity.MIN_ROWS rows of the metric,
 and analytic ones, add nothing (the plan's fidelity lines say where none was measured).
 """
 
@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from typing import Literal
 
+from capplan import fidelity
 from capplan.errors import CapplanError
 from capplan.mix import TrafficMix
 from capplan.modelspec import load_model_spec
 from capplan.pool import Pool
 from capplan.profiles import DEFAULT_DRAFT, resolve_profile
 from capplan.solve.choose import candidates
-from capplan.solve.plan import FIDELITY_MIN_ROWS, fidelity_table
+from capplan.solve.plan import fidelity_table
 from capplan.traffic import Workload
 
 Guard = Literal["p10", "worst"]
@@ -58,15 +59,13 @@ def guarded(mix: TrafficMix, guard: Guard) -> tuple[TrafficMix, list[str]]:
         table = fidelity_table(gpus[w.pool])
         targets = []
         for t in w.slo.targets:
-            found = [(table[k][t.key][stat], int(table[k][t.key]["rows"]), k)
-                     for k in profiles[w.pool]
-                     if t.key in table.get(k, {})
-                     and table[k][t.key]["rows"] >= FIDELITY_MIN_ROWS]
+            found = [(f[stat], int(f["rows"]), k) for k in profiles[w.pool]
+                     if (f := fidelity.lookup(table, k, t.key)) is not None]
             e, n, key = min(found) if found else (0.0, 0, "")
             if e >= 0:
                 targets.append(t)
                 why = (f"never under-predicted over {n} rows of {key}" if found else
-                       f"fewer than {FIDELITY_MIN_ROWS} validation rows of it on "
+                       f"fewer than {fidelity.MIN_ROWS} validation rows of it on "
                        + (", ".join(profiles[w.pool]) or "a measured profile"))
                 lines.append(f"{w.name} {t.key} kept at {t.limit_s:g} s ({why})")
                 continue

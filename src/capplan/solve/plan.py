@@ -151,17 +151,15 @@ class Fidelity(BaseModel):
     margin_after_worst: float | None
 
 
-FIDELITY_MIN_ROWS = 5
-
-
 def fidelity_of(profile: str, slo: str, margin: float | None,
                 table: dict[str, dict[str, dict[str, float]]]) -> Fidelity | None:
-    """The binding SLO's Fidelity, where at least FIDELITY_MIN_ROWS validation rows of that
-    profile and metric exist (fewer say too little of the error's spread to quote)."""
-    f = table.get(profile, {}).get(slo)
-    if f is None or f["rows"] < FIDELITY_MIN_ROWS:
+    """The binding SLO's Fidelity, where enough validation rows of that profile and metric
+    exist (capplan/fidelity.py: lookup)."""
+    from capplan.fidelity import lookup, margin_after
+
+    f = lookup(table, profile, slo)
+    if f is None:
         return None
-    from capplan.fidelity import margin_after
 
     def after(e: float) -> float | None:
         return None if margin is None else round(margin_after(margin, e), 6)
