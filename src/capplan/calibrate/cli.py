@@ -68,7 +68,8 @@ def _default_drafter(spec: ModelSpec, method: str) -> str | None:
 def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
               spec_method: str, spec_model: str | None, kv_cache_dtype: str,
               utils: list[float], tp: int, prefix_cache: bool = False,
-              graph_scan: bool = False, core_scan: bool = False) -> list[Job]:
+              graph_scan: bool = False, core_scan: bool = False,
+              repeat: int = 0) -> list[Job]:
     """The engines to start: one timed engine per (precision, k) at 0.90, plus KV-only
     engines for the other utilisations (BF16, k = 0 only: the rest are derived). A
     multimodal model's engines run text-only, and one more KV-only engine at 0.90 keeps the
@@ -77,7 +78,8 @@ def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
     a prefix-cache hit makes (sweep.cache_points); with `graph_scan`, one more per timed
     engine without speculative decoding times a decode-only batch at every CUDA-graph size
     (sweep.graph_points); with `core_scan`, one more per timed engine without speculative
-    decoding times the engine core's CPU time a step (sweep.core_points)."""
+    decoding times the engine core's CPU time a step (sweep.core_points). With `repeat`
+    N, only the timed engines start, as run N of each (`--rN`), whose steps join the fit."""
     if tp != 1:
         raise ConfigError(f"--tp {tp}: only tensor parallel 1 is calibrated so far")
     spec = load_model_spec(model)
@@ -97,6 +99,11 @@ def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
     if spec.vision_encoder_params:
         jobs.append(Job(spec, first, kv_only=True, kv_cache_dtype=kv_cache_dtype))
     timed = [j for j in jobs if not j.kv_only]
+    if repeat:
+        if repeat < 2:
+            raise ConfigError(f"--repeat {repeat}: run 1 is the main run; number a repeat 2 "
+                              "or more")
+        return [replace(j, repeat=repeat) for j in timed]
     if prefix_cache:
         jobs += [replace(j, prefix_cache=True) for j in timed]
     if graph_scan:
@@ -201,11 +208,14 @@ def _refit(raw: Path, out: Path, gpu: str) -> list[Path]:
 @click.option("--core-scan", is_flag=True,
               help="also an engine per timed one (k = 0) that times the engine core's own CPU "
               "time a step (core_graph_s, core_piecewise_s); a full sweep records it too")
+@click.option("--repeat", type=int, default=0,
+              help="start only the timed engines, as run N (`<model>--<key>--rN`) of each: a "
+              "later lease's steps, fitted with the main run's")
 def calibrate(model: str | None, precision: str, spec_tokens: str, spec_method: str,
               spec_model: str | None, kv_cache_dtype: str, utils: str, tp: int,
               budget_s: float, gpu: str, out: Path, raw: Path | None, from_raw: Path | None,
               dry_run: bool, emit_queue: Path | None, prefix_cache: bool,
-              graph_scan: bool, core_scan: bool) -> None:
+              graph_scan: bool, core_scan: bool, repeat: int) -> None:
     """Measure vLLM step times and KV capacity on this GPU and write profiles."""
     if from_raw is not None:
         for d in _refit(from_raw, out, gpu):
@@ -216,8 +226,9 @@ def calibrate(model: str | None, precision: str, spec_tokens: str, spec_method: 
     ks = [int(k) for k in _floats(spec_tokens, "--spec-tokens")]
     us = _floats(utils, "--gpu-memory-utilization") or list(UTILS)
     jobs = plan_jobs(model, _precisions(precision), ks, spec_method, spec_model,
-                     kv_cache_dtype, us, tp, prefix_cache, graph_scan, core_scan)
+                     kv_cache_dtype, us, tp, prefix_cache, graph_scan, core_scan, repeat)
     if emit_queue is not None:
+        emit_queue.parent.mkdir(parents=True, exist_ok=True)
         emit_queue.write_text("".join(queue_line(j, out, budget_s) + "\n" for j in jobs))
         click.echo(str(emit_queue))
         return

@@ -54,6 +54,9 @@ class Job:
     core_scan: bool = False
     """An engine with prefix caching on that times only the core scan (sweep.core_points):
     the engine core's CPU time a step, for a profile whose own run did not record it."""
+    repeat: int = 0
+    """Run number N > 1 of a timed engine (`<model>--<key>--rN`), measured on a later lease:
+    its steps join the main run's in the fit (build.Group.repeats)."""
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int = 32768
@@ -89,6 +92,8 @@ class Job:
         a multimodal model's engine that keeps the image-encoder reservation (the others
         run text-only, `limit_mm_per_prompt={"image": 0}`)."""
         n = f"{self.spec.name}--{self.key}"
+        if self.repeat:
+            n += f"--r{self.repeat}"
         if abs(self.gpu_memory_utilization - 0.90) > 1e-9:
             n += f"--u{round(self.gpu_memory_utilization * 100):d}"
         if self.spec.vision_encoder_params and self.limit_images is None:
