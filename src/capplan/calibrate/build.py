@@ -354,9 +354,23 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
         s = store.samples_of(df, window_tokens=window)
     full_bytes, window_bytes = _context_kv_bytes(g.model, kv_meta, kv_dtype)
     floors = F.physical_floors(full_bytes, GPUS[gpu].hbm_bytes_per_s, window_bytes)
-    res = F.fit_step_model(s, max_num_seqs=eng["max_num_seqs"],
-                           max_num_batched_tokens=eng["max_num_batched_tokens"],
-                           spec_k=k, fixed=fixed, seed=seed, floors=floors, window=window)
+    fit_args = {"max_num_seqs": eng["max_num_seqs"],
+                "max_num_batched_tokens": eng["max_num_batched_tokens"], "spec_k": k,
+                "seed": seed, "floors": floors, "window": window}
+    if g.repeats and "eager_floor_s" not in fixed:
+        # The floor is the CPU's time to launch a graph-less step, and a calibration run's
+        # in-process engine launches faster than a serving engine does (0.64-0.87x of its
+        # core time, calibrate/build.py core_time), by as much as its run's luck (30-50 %
+        # apart run to run): of the runs' own floors, the slowest is the nearest to
+        # serving's (docs/calibration.md, "Repeat runs and the eager floor").
+        per_run = [F.fit_step_model(store.samples_of(df.filter(pl.col("run") == i)), fixed=fixed,
+                                    **fit_args).step.eager_floor_s
+                   for i in range(1, len(g.repeats) + 2)]
+        if min(per_run) > 0:  # (where a run alone finds no floor, the joint fit's stays)
+            fixed = {**fixed, "eager_floor_s": max(per_run)}
+            notes.append("eager_floor_s the slowest of the runs' own (" + ", ".join(
+                f"{f * 1e3:.1f}" for f in per_run) + " ms)")
+    res = F.fit_step_model(s, fixed=fixed, **fit_args)
     step = res.step
     cache_run = f"{g.model}--{g.key}--cache"
     cache_path = store.runner_jsonl(raw, cache_run)
