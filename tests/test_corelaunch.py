@@ -81,7 +81,13 @@ def test_calibration_measures_the_core_itself(run: str) -> None:
     model, key = run.split("--")[:2]
     prov = json.loads((CALIBRATION_DIR / "h200" / "vllm-0.26.0" / model / key
                        / "provenance.json").read_text())
-    assert prov["core_launch"]["calibration"] == {**own, "run": run}
+    got = prov["core_launch"]["calibration"]
+    if got["run"] == run:
+        assert got == {**own, "run": run}
+    else:  # the profile's own timed runs recorded it too, and are taken first
+        assert got["run"] == f"{model}--{key}--r2"
+        assert 0.5 < got["core_graph_s"] / own["core_graph_s"] < 2
+        assert 0.5 < got["core_piecewise_s"] / own["core_piecewise_s"] < 2
 
 
 def test_runs_without_the_cores_time_give_none() -> None:
@@ -96,7 +102,8 @@ def test_without_a_serving_trace_the_profile_takes_the_calibrations(tmp_path: Pa
     """A model with no serving core trace gets what its calibration engine measured."""
     run = "llama-3.1-8b--bf16--core"
     for p in RAW_DIR.glob("llama-3.1-8b--bf16*"):
-        (tmp_path / p.name).symlink_to(p)
+        if "--r" not in p.name:  # run 2 times the core itself (fifteenth session)
+            (tmp_path / p.name).symlink_to(p)
     g = groups(tmp_path)[("llama-3.1-8b", "bf16")]
     profile, prov, _ = build_profile(g, tmp_path, {}, gpu="h200", git_commit="")
     meta = json.loads((RAW_DIR / f"{run}.meta.json").read_text())

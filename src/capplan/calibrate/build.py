@@ -262,7 +262,12 @@ def core_time(raw: Path, g: Group, df: pl.DataFrame,
     without the serving core's input and output threads: on one host it measured 0.77x and
     0.64x of Llama-3.1-8B's serving figures (docs/calibration.md, "The engine core's own time
     a step")."""
-    timed, timed_run = calibration_core(df, eng), g.main
+    timed = calibration_core(df, eng)
+    # the runs whose steps recorded it (runners before the fourteenth session did not)
+    names = [g.main, *g.repeats]
+    timed_run = ", ".join(names[i - 1] for i in sorted(set(
+        df.filter(pl.col("cpu_launch_s").is_not_null())["run"].to_list()))
+    ) if "cpu_launch_s" in df.columns and "run" in df.columns else g.main
     scan = f"{g.model}--{g.key}--core"
     scan_path = store.runner_jsonl(raw, scan)
     if timed is None and scan_path is not None:
