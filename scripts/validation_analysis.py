@@ -22,6 +22,8 @@ every closed-loop row's TTFT p50 again over a range of first waves (the idle cor
 rows; `tried` the twelfth session's rules tried and left; `core` the thirteenth session's
 core traces: the engine core's time a step and where a lone request's TTFT goes; `wake` the
 idle core woken by its input thread, tried and left.
+`reach [ENGINE]` prices the traced plan run's engine steps with and without the shared-prefix
+saving (validation.md, "The production plan's decision").
 `pair ENGINE` pairs each request of an engine's open-loop experiment with its prediction
 (the same requests, in arrival order): TTFT percentiles per workload, the slowest requests of
 the workload with the highest TTFT p99, and measured against predicted TTFT and inter-token
@@ -1100,9 +1102,58 @@ def pair(engine: str) -> None:
                   f"({r['itl'] / r['itl_p'] - 1:+.1%})")
 
 
+def reach(engine: str = "llama-3.1-8b-bf16-plan4t") -> None:
+    """The traced plan run's engine steps priced at their measured composition (each step's
+    decode context from its requests' streamed tokens), with and without the shared-prefix
+    saving: validation.md, "The production plan's decision" (fifteenth session)."""
+    folder = next(p for p in stored_runs() if p.name == engine)
+    reqs, st = pl.read_parquet(folder / "requests.parquet"), pl.read_parquet(
+        folder / "steps.parquet").sort("step")
+    prof = Profile.load(CALIBRATION_DIR / "h200/vllm-0.26.0/llama-3.1-8b/bf16/profile.json")
+    timer = StepTimer(prof, max_num_seqs=512, max_num_batched_tokens=512)
+    t = st["t"].to_numpy()
+    n = len(t)
+    ctx, shared = np.zeros(n), np.zeros(n)
+    groups: dict[tuple[str, int], list[Any]] = {}
+    for q in reqs.iter_rows(named=True):
+        ct = q["send_s"] + np.array(q["chunk_t"], float)
+        got = np.cumsum(np.array(q["chunk_k"], int))
+        if ct.size < 2:
+            continue
+        i0, i1 = np.searchsorted(t, ct[0] + 1e-4), np.searchsorted(t, ct[-1] + 1e-4)
+        ctx[i0:i1] += q["input_tokens"] + got[np.searchsorted(ct, t[i0:i1] - 1e-4) - 1]
+        if q["prefix_tokens"] >= 16:
+            g = groups.setdefault((q["workload"], q["prefix_group"]),
+                                  [np.zeros(n), q["prefix_tokens"] // 16 * 16])
+            g[0][i0:i1] += 1
+    for readers, tokens in groups.values():
+        shared += np.maximum(readers - 1, 0) * tokens
+    pre, dec = st["prefill_tokens"].to_numpy(), st["decode_reqs"].to_numpy()
+    n_pre = st["prefill_reqs"].to_numpy()
+    pa = np.where(pre > 0, pre * (1800 + pre / 2), 0.0)  # a chunk's prior context: ~half a prompt
+    dt = np.diff(t, prepend=np.nan)
+    ok = np.isfinite(dt) & (dt < 0.2)
+
+    def priced(s: np.ndarray) -> np.ndarray:
+        return np.array([timer.step_time_s(int(p + d), int(d + k), float(a), int(c),
+                                           shared_ctx=int(x))
+                         for p, d, k, a, c, x in zip(pre, dec, n_pre, pa, ctx, s, strict=True)])
+
+    plain, saved = priced(np.zeros(n)), priced(shared)
+    print(f"{engine}: {ok.sum()} steps, mean decode context {ctx[ok].mean():.0f}, "
+          f"shared {shared[ok].mean():.0f} tokens")
+    for name, k in (("mixed", ok & (pre > 0)), ("decode-only", ok & (pre == 0)), ("all", ok)):
+        m = dt[k].sum()
+        print(f"  {name:11s} {k.sum():5d} steps, measured {m:6.2f} s; priced without the "
+              f"saving {m / plain[k].sum() - 1:+.1%}, with it {m / saved[k].sum() - 1:+.1%}")
+
+
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
         before(sys.argv[2], sys.argv[3:])
+        return
+    if sys.argv[1:2] == ["reach"]:
+        reach(*sys.argv[2:3])
         return
     if sys.argv[1:2] == ["pair"]:
         pair(sys.argv[2])
