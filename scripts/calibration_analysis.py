@@ -5,6 +5,7 @@ drafter's cost and the stairs of its verify steps.
     python scripts/calibration_analysis.py [table|sanity|graph|floor|drafter|stairs|...]
     (also: repeats, cached, decode, firstuse, finishes, graphs, idle)
     python scripts/calibration_analysis.py points MODEL/KEY   # e.g. gemma-4-31b/fp8
+    python scripts/calibration_analysis.py composition MODEL/KEY  # each run's own steps
 
 With no argument it prints sanity and graph.
 """
@@ -441,10 +442,34 @@ def idle() -> None:
               f"{(over & ~piped).sum() / max(over.sum(), 1):.0%} of them from idle")
 
 
+def composition(profile: str) -> None:
+    """Each sweep point of one profile by its own steps: those of the composition it was
+    built to time (the point's most common token and sequence count, its setup steps left
+    out), the median of each run's and the fit's price (docs/calibration.md, "Repeat runs
+    and the eager floor")."""
+    prof, s, sizes = _fit_inputs(PROFILES / profile)
+    pred = _predicted(prof, s, sizes)
+    raw = store.read_samples(PROFILES / profile)
+    run = raw["run"].to_numpy() if "run" in raw.columns else np.ones(len(pred), int)
+    df = pl.DataFrame({"point": s["point"], "run": run,
+                       "tokens": s["tokens"], "seqs": s["seqs"], "step_s": s["step_s"],
+                       "fit_s": pred, "warmup": s["warmup"]}).filter(~pl.col("warmup"))
+    runs = sorted(df["run"].unique().to_list())
+    for name in dict.fromkeys(df["point"].to_list()):
+        d = df.filter(pl.col("point") == name)
+        top = d.group_by("tokens", "seqs").len().sort("len", descending=True).row(0)
+        d = d.filter((pl.col("tokens") == top[0]) & (pl.col("seqs") == top[1]))
+        by_run = "  ".join(
+            f"run {r} {x['step_s'].median() * 1e3:7.2f}" if (x := d.filter(
+                pl.col("run") == r)).height else f"run {r}       -" for r in runs)
+        print(f"  {name:28s} {top[0]:5d} tokens {top[1]:4d} seqs: {by_run} ms; "
+              f"fit {d['fit_s'].median() * 1e3:7.2f} ms")
+
+
 def main() -> None:
     what = sys.argv[1:] or ["sanity", "graph"]
-    if what[0] == "points":
-        points(what[1])
+    if what[0] in ("points", "composition"):
+        {"points": points, "composition": composition}[what[0]](what[1])
         return
     for name in what:
         print(f"== {name}")

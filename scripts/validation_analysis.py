@@ -54,7 +54,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from capplan.calibrate import store
 from capplan.calibrate.store import CALIBRATION_DIR
+from capplan.hardware import GPUS
+from capplan.modelspec import load_model_spec
 from capplan.profile import Profile, StepTimer
 from capplan.sim.run import simulate
 from capplan.tracefit import parse_metrics
@@ -1140,8 +1143,23 @@ def reach(engine: str = "llama-3.1-8b-bf16-plan4t") -> None:
                          for p, d, k, a, c, x in zip(pre, dec, n_pre, pa, ctx, s, strict=True)])
 
     plain, saved = priced(np.zeros(n)), priced(shared)
+    layer = load_model_spec("llama-3.1-8b").kv_bytes_per_layer_token()
     print(f"{engine}: {ok.sum()} steps, mean decode context {ctx[ok].mean():.0f}, "
           f"shared {shared[ok].mean():.0f} tokens")
+    for (workload, _), (readers, tokens) in groups.items():
+        if workload != "rag":
+            continue
+        k = ok & (readers > 1)
+        gap = ctx[k] / readers[k] * layer / 2**20
+        print(f"  a {tokens}-token RAG prompt: {readers[k].mean():.1f} readers a step, "
+              f"{np.median(gap):.0f} MiB of a layer's KV between two (L2: "
+              f"{GPUS['h200'].l2_bytes / 2**20:.0f} MiB)")
+    cache = store.read_runner_jsonl(store.runner_jsonl(CALIBRATION_DIR / "_raw",
+                                                       "llama-3.1-8b--bf16--cache"))
+    for point in sorted({p for p in cache["point"].to_list() if p.startswith("shared-")}):
+        ctx_tokens = int(point.split("-")[2][1:])  # shared-bB-cC-sP: every request reads it
+        print(f"  calibration {point}: {ctx_tokens * layer / 2**20:.0f} MiB between two "
+              "readers (one request's context)")
     for name, k in (("mixed", ok & (pre > 0)), ("decode-only", ok & (pre == 0)), ("all", ok)):
         m = dt[k].sum()
         print(f"  {name:11s} {k.sum():5d} steps, measured {m:6.2f} s; priced without the "

@@ -106,14 +106,17 @@ class ModelSpec(BaseModel):
         linear = self.linear_params * precision.weight_bytes_per_param
         return int(linear + 2 * (self.embedding_params + self.vision_encoder_params))
 
+    def kv_bytes_per_layer_token(self, kv_dtype_bytes: int = 2) -> int:
+        """KV bytes one token takes in one full-attention layer (K and V)."""
+        g_heads = self.num_global_kv_heads or self.num_kv_heads
+        return 2 * g_heads * (self.global_head_dim or self.head_dim) * kv_dtype_bytes
+
     def kv_bytes_per_token(self, kv_dtype_bytes: int = 2) -> int:
         """KV bytes one token takes across all layers (K and V)."""
         global_layers = self.num_layers - self.sliding_window_layers
-        g_heads = self.num_global_kv_heads or self.num_kv_heads
-        g_dim = self.global_head_dim or self.head_dim
-        per_global = 2 * g_heads * g_dim * kv_dtype_bytes
         per_local = 2 * self.num_kv_heads * self.head_dim * kv_dtype_bytes
-        return global_layers * per_global + self.sliding_window_layers * per_local
+        return (global_layers * self.kv_bytes_per_layer_token(kv_dtype_bytes)
+                + self.sliding_window_layers * per_local)
 
     def flops_per_token(self) -> float:
         """Matmul FLOPs per token through the linears and LM head (2 per multiply-add)."""

@@ -262,12 +262,11 @@ def core_time(raw: Path, g: Group, df: pl.DataFrame,
     without the serving core's input and output threads: on one host it measured 0.77x and
     0.64x of Llama-3.1-8B's serving figures (docs/calibration.md, "The engine core's own time
     a step")."""
-    timed = calibration_core(df, eng)
-    # the runs whose steps recorded it (runners before the fourteenth session did not)
-    names = [g.main, *g.repeats]
-    timed_run = ", ".join(names[i - 1] for i in sorted(set(
-        df.filter(pl.col("cpu_launch_s").is_not_null())["run"].to_list()))
-    ) if "cpu_launch_s" in df.columns and "run" in df.columns else g.main
+    timed, timed_run = calibration_core(df, eng), g.main
+    if timed is not None:  # named by the runs that recorded it (runners since 64a61b4)
+        names = [g.main, *g.repeats]
+        recorded = df.filter(pl.col("cpu_launch_s").is_not_null())["run"].unique().sort()
+        timed_run = ", ".join(names[i - 1] for i in recorded)
     scan = f"{g.model}--{g.key}--core"
     scan_path = store.runner_jsonl(raw, scan)
     if timed is None and scan_path is not None:
@@ -365,7 +364,7 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     if g.repeats and "eager_floor_s" not in fixed:
         # The floor is the CPU's time to launch a graph-less step, and a calibration run's
         # in-process engine launches faster than a serving engine does (0.64-0.87x of its
-        # core time, calibrate/build.py core_time), by as much as its run's luck (30-50 %
+        # core time, core_time above), by as much as its run's luck (30-50 %
         # apart run to run): of the runs' own floors, the slowest is the nearest to
         # serving's (docs/calibration.md, "Repeat runs and the eager floor").
         per_run = [F.fit_step_model(store.samples_of(df.filter(pl.col("run") == i)), fixed=fixed,

@@ -648,8 +648,8 @@ class EngineCore:
         shared blocks still in L2 only if those fit beside them (`l2_kv_tokens`); else it
         reads them from HBM again and saves nothing. Measured: one group read by every
         running request saves 36-52 % of its decode attention (the calibration's shared
-        points, 16 to 128 readers, 8-17 MB of a layer's KV between two); RAG's four
-        3,000-token prompts, ~5 readers each among ~50 running requests (~80 MB between two),
+        points, 16 to 128 readers, 4-16 MiB of a layer's KV between two); RAG's four
+        3,000-token prompts, 4-5 readers each among ~100,000 tokens of context (~100 MiB),
         save none that the serving engine's traced steps show (validation.md)."""
         reach = self.cfg.l2_kv_tokens
         if not reach:

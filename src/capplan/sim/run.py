@@ -115,11 +115,8 @@ def l2_kv_tokens(st: PoolSetup) -> int:
     gpu = GPUS.get(st.pool.gpu)
     if gpu is None or not gpu.l2_bytes:
         return 0
-    spec = st.spec
     kv_bytes = 1 if st.pool.engine.kv_cache_dtype == "fp8" else 2
-    per_layer = 2 * (spec.num_global_kv_heads or spec.num_kv_heads) * (
-        spec.global_head_dim or spec.head_dim) * kv_bytes
-    return gpu.l2_bytes // per_layer
+    return gpu.l2_bytes // st.spec.kv_bytes_per_layer_token(kv_bytes)
 
 
 def setup_pool(pool: Pool, *, profile: Profile | None = None, source: str = "") -> PoolSetup:
