@@ -56,7 +56,6 @@ import polars as pl
 
 from capplan.calibrate import store
 from capplan.calibrate.store import CALIBRATION_DIR
-from capplan.hardware import GPUS
 from capplan.modelspec import load_model_spec
 from capplan.profile import Profile, StepTimer
 from capplan.sim.run import simulate
@@ -1152,8 +1151,7 @@ def reach(engine: str = "llama-3.1-8b-bf16-plan4t") -> None:
         k = ok & (readers > 1)
         gap = ctx[k] / readers[k] * layer / 2**20
         print(f"  a {tokens}-token RAG prompt: {readers[k].mean():.1f} readers a step, "
-              f"{np.median(gap):.0f} MiB of a layer's KV between two (L2: "
-              f"{GPUS['h200'].l2_bytes / 2**20:.0f} MiB)")
+              f"{np.median(gap):.0f} MiB of a layer's KV between two")
     cache = store.read_runner_jsonl(store.runner_jsonl(CALIBRATION_DIR / "_raw",
                                                        "llama-3.1-8b--bf16--cache"))
     for point in sorted({p for p in cache["point"].to_list() if p.startswith("shared-")}):

@@ -212,3 +212,27 @@ def test_a_repeat_run_joins_its_engine_not_the_kv_points(tmp_path: Path) -> None
         (tmp_path / f"{name}.jsonl").write_text("")
     g = groups(tmp_path)[("m", "fp8")]
     assert (g.main, g.repeats, len(g.metas)) == ("m--fp8", ["m--fp8--r2"], 2)
+
+
+def test_repeat_runs_take_the_slowest_runs_launch_terms() -> None:
+    """The terms that price the CPU's launches (build.LAUNCH_COEFS) come from the slowest
+    of the runs' own fits, each run refitted alone here from the shipped samples; the other
+    terms are fitted on every run with them fixed (docs/calibration.md, "Repeat runs and
+    the CPU's launches"). Llama-3.1-8B BF16's run 2 launched faster than run 1."""
+    from capplan.calibrate.build import LAUNCH_COEFS
+
+    d = CALIBRATION_DIR / "h200" / "vllm-0.26.0" / "llama-3.1-8b" / "bf16"
+    prof = Profile.load(d)
+    prov = json.loads((d / "provenance.json").read_text())
+    df = store.read_samples(d)
+    fixed = {k: v for k, v in prov["fit"]["fixed_coefficients"].items()
+             if k not in LAUNCH_COEFS}
+    own = [F.fit_step_model(store.samples_of(df.filter(pl.col("run") == run)),
+                            max_num_seqs=int(prof.engine["max_num_seqs"]),  # type: ignore[call-overload]
+                            max_num_batched_tokens=int(prof.engine["max_num_batched_tokens"]),  # type: ignore[call-overload]
+                            fixed=fixed, seed=prov["fit"]["seed"],
+                            floors=prov["fit"]["floors"]).step for run in (1, 2)]
+    assert own[1].eager_floor_s < 0.8 * own[0].eager_floor_s  # run 2's CPU was faster
+    for c in LAUNCH_COEFS:
+        assert getattr(prof.step, c) == pytest.approx(max(getattr(r, c) for r in own)), c
+        assert prov["fit"]["fixed_coefficients"][c] == getattr(prof.step, c)

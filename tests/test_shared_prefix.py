@@ -60,17 +60,14 @@ def _mix(caching: bool) -> TrafficMix:
     })
 
 
-def _recount(core: EngineCore, decode_ctx: int | None = None) -> float:
+def _recount(core: EngineCore) -> float:
     """S from scratch: per prefix group among the running requests, (readers - 1) x their
-    mean shared tokens; with the step's `decode_ctx`, only the groups within L2's reach
-    (decode_ctx / readers <= cfg.l2_kv_tokens)."""
+    mean shared tokens."""
     groups: defaultdict[int, list[int]] = defaultdict(list)
     for r in core.running:
         if r.prefix_blocks:
             groups[r.prefix_base].append(r.prefix_blocks * core.cfg.block_size)
-    reach = core.cfg.l2_kv_tokens
-    return sum((len(v) - 1) * sum(v) / len(v) for v in groups.values() if len(v) > 1
-               and (decode_ctx is None or not reach or decode_ctx <= reach * len(v)))
+    return sum((len(v) - 1) * sum(v) / len(v) for v in groups.values() if len(v) > 1)
 
 
 @pytest.mark.parametrize("blocks", [None, 3000], ids=["plenty", "preempting"])
@@ -78,14 +75,13 @@ def test_shared_reads_follow_the_running_requests(monkeypatch: pytest.MonkeyPatc
                                                    blocks: int | None) -> None:
     """The engine keeps S as requests start, finish and are preempted; at every step it
     equals a recount over the running list (also when KV runs short and preemption sends
-    readers back to the queue), and the step is charged the groups within L2's reach."""
+    readers back to the queue)."""
     seen: list[tuple[float, float]] = []
     schedule = EngineCore.schedule
 
     def checked(self: EngineCore) -> StepPlan:
         plan = schedule(self)
-        assert self.shared_ctx == pytest.approx(_recount(self), abs=1e-6)
-        seen.append((plan.shared_ctx, _recount(self, plan.decode_ctx)))
+        seen.append((plan.shared_ctx, _recount(self)))
         return plan
 
     monkeypatch.setattr(EngineCore, "schedule", checked)
@@ -100,31 +96,6 @@ def test_shared_reads_follow_the_running_requests(monkeypatch: pytest.MonkeyPatc
         assert kept == pytest.approx(recount, abs=1e-6)
     if blocks is not None:
         assert res.pool.preemptions > 0
-
-
-def test_a_group_reads_in_common_only_within_l2_reach() -> None:
-    """Between two readers of a prefix the step reads decode_ctx / readers tokens of each
-    layer's KV; the later one finds the prefix in L2 only if those fit (l2_kv_tokens). The
-    H200's 50 MiB hold 12,800 tokens of one Llama-3.1-8B layer (8 KV heads x 128 x K and V
-    x 2 bytes): the calibration's one prefix read by 32 requests of 4,096 tokens is within
-    reach, RAG's ~5 readers of a prompt among ~100,000 tokens of context are not."""
-    import random
-
-    from capplan.sim.core import CoreConfig
-    from capplan.sim.run import l2_kv_tokens, setup_pool
-
-    st = setup_pool(_mix(True).pools[0])
-    assert l2_kv_tokens(st) == 50 * 2**20 // 4096 == 12_800
-    core = EngineCore(CoreConfig(num_blocks=100, l2_kv_tokens=12_800), random.Random(0), [0.0])
-    core._readers = {1: [32, 32 * 3686], 2: [5, 5 * 3000]}
-    core._shared_groups = {1, 2}
-    core.shared_ctx = 31 * 3686 + 4 * 3000
-    assert core._shared_in_reach(32 * 4096) == 31 * 3686
-    assert core._shared_in_reach(100_000) == 31 * 3686
-    assert core._shared_in_reach(60_000) == core.shared_ctx
-    unlimited = EngineCore(CoreConfig(num_blocks=100), random.Random(0), [0.0])
-    unlimited.shared_ctx = 123.0
-    assert unlimited._shared_in_reach(10**9) == 123.0
 
 
 def test_no_prefix_caching_no_shared_reads(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -35,9 +35,6 @@ class GpuSpec(BaseModel):
     bf16_flops: float
     fp8_flops: float
     fp4_flops: float | None  # None: no FP4 tensor cores (4-bit runs weight-only)
-    l2_bytes: int = 0
-    """The L2 cache: how far apart two reads of one KV block may be and still share one
-    trip to HBM (sim/core.py: shared prefixes); 0: unknown, no such limit."""
     source: str
 
     def matmul_flops(self, precision: Precision) -> float:
@@ -57,7 +54,6 @@ GPUS: dict[str, GpuSpec] = {
         bf16_flops=989e12,
         fp8_flops=1979e12,
         fp4_flops=None,
-        l2_bytes=50 * 2**20,  # the GH100 die's, as the H100's (NVIDIA Hopper whitepaper)
         source="NVIDIA H200 Tensor Core GPU datasheet (SXM), dense figures",
     ),
     "h100": GpuSpec(
@@ -67,7 +63,6 @@ GPUS: dict[str, GpuSpec] = {
         bf16_flops=989e12,
         fp8_flops=1979e12,
         fp4_flops=None,
-        l2_bytes=50 * 2**20,  # NVIDIA H100 Tensor Core GPU Architecture whitepaper
         source="NVIDIA H100 Tensor Core GPU datasheet (SXM), dense figures",
     ),
 }

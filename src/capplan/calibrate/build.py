@@ -42,6 +42,10 @@ MIN_DECODE_CONTEXT = 2048
 # are (1 + k) x its requests, and its prefills are a few setup steps. Such a profile takes
 # `draft_token_s` from the analytic model and says so.
 MIN_DRAFT_POINTS = 8
+# The step model's terms that price the CPU launching a step rather than the GPU running it
+# (profile.py): the floor under a graph-less step, a graph-less step's own cost and a
+# piecewise step's (its attention launched layer by layer)
+LAUNCH_COEFS = ("eager_floor_s", "eager_step_s", "prefill_step_s")
 _NAME = re.compile(
     r"^(?P<model>[^-].*?)--(?P<key>[a-z0-9_-]+?)(?:--r(?P<r>\d+))?(?:--u(?P<u>\d+))?"
     r"(?P<img>--img)?(?P<cache>--cache)?(?P<graphs>--graphs)?(?P<core>--core)?$")
@@ -361,19 +365,24 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     fit_args = {"max_num_seqs": eng["max_num_seqs"],
                 "max_num_batched_tokens": eng["max_num_batched_tokens"], "spec_k": k,
                 "seed": seed, "floors": floors, "window": window}
-    if g.repeats and "eager_floor_s" not in fixed:
-        # The floor is the CPU's time to launch a graph-less step, and a calibration run's
-        # in-process engine launches faster than a serving engine does (0.64-0.87x of its
-        # core time, core_time above), by as much as its run's luck (30-50 %
-        # apart run to run): of the runs' own floors, the slowest is the nearest to
-        # serving's (docs/calibration.md, "Repeat runs and the eager floor").
-        per_run = [F.fit_step_model(store.samples_of(df.filter(pl.col("run") == i)), fixed=fixed,
-                                    **fit_args).step.eager_floor_s
+    launch = [c for c in LAUNCH_COEFS if c not in fixed]
+    if g.repeats and launch:
+        # The terms that price the CPU's launches: a calibration run's in-process engine
+        # launches faster than a serving engine does (0.64-0.87x of its core time,
+        # core_time above), by as much as its run's luck (30-50 % apart run to run): of the
+        # runs' own fits, the slowest is the nearest to serving's; the other terms are
+        # fitted on every run's steps with them (docs/calibration.md, "Repeat runs and the
+        # CPU's launches").
+        per_run = [F.fit_step_model(store.samples_of(df.filter(pl.col("run") == i)),
+                                    fixed=fixed, **fit_args).step
                    for i in range(1, len(g.repeats) + 2)]
-        if min(per_run) > 0:  # (where a run alone finds no floor, the joint fit's stays)
-            fixed = {**fixed, "eager_floor_s": max(per_run)}
-            notes.append("eager_floor_s the slowest of the runs' own (" + ", ".join(
-                f"{f * 1e3:.1f}" for f in per_run) + " ms)")
+        # (only where every run alone finds a floor: one that does not prices its graph-less
+        # steps by eager_step_s instead, and its terms do not compare; the joint fit stays)
+        if min(r.eager_floor_s for r in per_run) > 0:
+            fixed = {**fixed, **{c: max(getattr(r, c) for r in per_run) for c in launch}}
+            notes.append("the CPU's launch terms the slowest of the runs' own (" + "; ".join(
+                f"{c} " + ", ".join(f"{getattr(r, c) * 1e3:.2f}" for r in per_run) + " ms"
+                for c in launch) + ")")
     res = F.fit_step_model(s, fixed=fixed, **fit_args)
     step = res.step
     cache_run = f"{g.model}--{g.key}--cache"

@@ -257,9 +257,6 @@ class CoreConfig:
     sw_block_size: int = 16  # tokens per block of a sliding-window group (divides block_size)
     sw_window: int = 0  # tokens a sliding layer attends
     max_in_flight_tokens: int = 0  # VllmConfig.max_in_flight_tokens (admission cap)
-    # KV tokens of one layer the GPU's L2 holds (GpuSpec.l2_bytes / a full-attention layer's
-    # KV bytes a token); 0: no limit on reading a shared prefix in common (_shared_in_reach)
-    l2_kv_tokens: int = 0
 
 
 class EngineCore:
@@ -288,7 +285,6 @@ class EngineCore:
         # and S of profile.py, the tokens later readers read in common, kept as they change
         self._readers: dict[int, list[int]] = {}
         self.shared_ctx = 0.0
-        self._shared_groups: set[int] = set()  # the prefix groups of two readers or more
         self.sw = cfg.sw_groups  # sliding-window groups (0: one full-attention group)
         if self.sw:
             sbs = cfg.sw_block_size
@@ -631,35 +627,10 @@ class EngineCore:
         n += joins
         tokens += joins * r.prefix_blocks * self.cfg.block_size
         self.shared_ctx += (tokens * (n - 1) / n if n > 1 else 0.0) - before
-        if n > 1:
-            self._shared_groups.add(r.prefix_base)
-        else:
-            self._shared_groups.discard(r.prefix_base)
         if n:
             group[0], group[1] = n, tokens
         else:
             del self._readers[r.prefix_base]
-
-    def _shared_in_reach(self, decode_ctx: int) -> float:
-        """S of the groups whose readers are near enough to share one read. A step's
-        attention reads the running requests' KV one after another, in the running list's
-        order, where a prefix group's readers lie scattered: between two of them it reads
-        about decode_ctx / readers other tokens of each layer. The later reader finds the
-        shared blocks still in L2 only if those fit beside them (`l2_kv_tokens`); else it
-        reads them from HBM again and saves nothing. Measured: one group read by every
-        running request saves 36-52 % of its decode attention (the calibration's shared
-        points, 16 to 128 readers, 4-16 MiB of a layer's KV between two); RAG's four
-        3,000-token prompts, 4-5 readers each among ~100,000 tokens of context (~100 MiB),
-        save none that the serving engine's traced steps show (validation.md)."""
-        reach = self.cfg.l2_kv_tokens
-        if not reach:
-            return self.shared_ctx
-        s = 0.0
-        for base in self._shared_groups:
-            n, tokens = self._readers[base]
-            if decode_ctx <= reach * n:
-                s += tokens * (n - 1) / n
-        return s
 
     def _preempt(self, r: SimRequest) -> None:
         """Scheduler._preempt_request: recompute preemption, back to the waiting front."""
@@ -695,7 +666,7 @@ class EngineCore:
                 self._join_cohort(plan, cohort)
         if cohort is not None:
             cohort.sched_done = plan.idx
-        plan.shared_ctx = self._shared_in_reach(plan.decode_ctx) if self.shared_ctx else 0.0
+        plan.shared_ctx = self.shared_ctx
         return plan
 
     def _schedule_with_cohort(

@@ -19,7 +19,6 @@ import numpy as np
 import simpy
 
 from capplan.errors import ConfigError
-from capplan.hardware import GPUS
 from capplan.kvlayout import KvLayout, derive_layout, max_in_flight_tokens
 from capplan.mix import TrafficMix, max_model_len
 from capplan.modelspec import ModelSpec, load_model_spec
@@ -106,17 +105,6 @@ def pool_layout(profile: Profile, spec: ModelSpec, pool: Pool) -> tuple[KvLayout
     if ref.block_bytes != layout.block_bytes:
         blocks = blocks * ref.block_bytes // layout.block_bytes
     return layout, blocks
-
-
-def l2_kv_tokens(st: PoolSetup) -> int:
-    """KV tokens of one full-attention layer that fit the GPU's L2 (0: L2 unknown): how far
-    apart two reads of a shared prefix may lie and still share one trip to HBM
-    (sim/core.py: EngineCore._shared_in_reach)."""
-    gpu = GPUS.get(st.pool.gpu)
-    if gpu is None or not gpu.l2_bytes:
-        return 0
-    kv_bytes = 1 if st.pool.engine.kv_cache_dtype == "fp8" else 2
-    return gpu.l2_bytes // st.spec.kv_bytes_per_layer_token(kv_bytes)
 
 
 def setup_pool(pool: Pool, *, profile: Profile | None = None, source: str = "") -> PoolSetup:
@@ -305,7 +293,6 @@ class _Run:
             long_prefill_token_threshold=eng.long_prefill_token_threshold,
             decode_cohort=decode_cohort,
             workloads=len(workloads),
-            l2_kv_tokens=l2_kv_tokens(st),
             **({} if layout is None else {
                 "sw_groups": layout.sliding_groups,
                 "sw_block_size": layout.sliding_block_size,
