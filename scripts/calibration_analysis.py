@@ -446,7 +446,7 @@ def composition(profile: str) -> None:
     """Each sweep point of one profile by its own steps: those of the composition it was
     built to time (the point's most common token and sequence count, its setup steps left
     out), the median of each run's and the fit's price (docs/calibration.md, "Repeat runs
-    and the eager floor")."""
+    and the CPU's launches")."""
     prof, s, sizes = _fit_inputs(PROFILES / profile)
     pred = _predicted(prof, s, sizes)
     raw = store.read_samples(PROFILES / profile)
