@@ -276,12 +276,12 @@ def test_profiles_runs() -> None:
 
 def test_profiles_show_the_measured_shared_prefix_saving() -> None:
     """Each profile says whether it carries a measured shared-prefix saving, and how much
-    (Llama-3.1-8B BF16's prefix-cache engine measured 38 %)."""
+    (Llama-3.1-8B BF16's prefix-cache engine measured 37 % of its decode_ctx_s)."""
     res = run("profiles")
     assert res.exit_code == 0, res.output
     assert "shared-prefix saving" in res.stdout
     line = next(ln for ln in res.stdout.splitlines() if "llama-3.1-8b" in ln and "│ bf16 " in ln)
-    assert "38%" in line
+    assert "37%" in line
 
 
 def test_profiles_show_which_graph_sizes_were_timed() -> None:
