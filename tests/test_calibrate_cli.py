@@ -256,3 +256,28 @@ def test_speculative_jobs_find_their_drafter() -> None:
     assert drafter("gemma-4-31b", "mtp") == "models/gemma-4-31b-assistant"
     assert drafter("llama-3.1-8b", "draft_model") == "models/llama-3.2-1b"
     assert drafter("qwen3-32b", "mtp") is None
+
+
+def test_speculative_graph_scan_batches_land_on_its_graph_sizes() -> None:
+    """Under speculative decoding a decode-only step of B requests runs B (1 + k) tokens:
+    the graph scan's batches fill each of vLLM's graph sizes for that k, once each (up to
+    max_num_seqs requests)."""
+    from capplan.calibrate.sweep import graph_points
+    from capplan.profile import cudagraph_capture_sizes
+
+    for k in (0, 2, 4):
+        pts = [p for p in graph_points(256, 8192, k) if p["context"] == 128]
+        sizes = [s for s in cudagraph_capture_sizes(256, 8192, k) if s // (1 + k) <= 256]
+        assert [p["batch"] * (1 + k) for p in pts] == sizes
+
+
+def test_mixlen_pairs_read_as_much_kv_as_their_twins() -> None:
+    """Each batch of unequal lengths follows a twin of one length with as many requests and
+    (to a token a request) the same context summed: what the step model prices alike."""
+    from capplan.calibrate.sweep import mixlen_points
+
+    pts = mixlen_points()
+    for twin, mix in zip(pts[::2], pts[1::2], strict=True):
+        assert twin["batch"] == mix["batch"] and "groups" in mix and "groups" not in twin
+        summed = sum(n * c for n, c in mix["groups"])
+        assert 0 <= summed - twin["batch"] * twin["context"] < twin["batch"]

@@ -14,7 +14,14 @@ from typing import Any
 import pytest
 
 from capplan.calibrate import jobs
-from capplan.calibrate.sweep import _cached, _graphs, _shared, cache_points, design_points
+from capplan.calibrate.sweep import (
+    _cached,
+    _decode_mix,
+    _graphs,
+    _shared,
+    cache_points,
+    design_points,
+)
 
 RUNNER = Path(jobs.__file__).with_name("runner.py")
 
@@ -248,6 +255,19 @@ def test_graph_scan_point_decodes_its_batch_together(runner: Any) -> None:
     ramp = [r for r in _driver(runner, budget=256).point({**p, "even": False})
             if r["decode_seqs"] == 8 and not r["prefill_seqs"]]
     assert len(full) >= 6 > len(ramp)
+
+
+def test_mixlen_point_decodes_unequal_lengths_together(runner: Any) -> None:
+    """A mixlen point's groups (2 requests of 300 tokens, 6 of 20) all decode its steps
+    together, each step reading their contexts summed (plus what the early ones decoded
+    while the last prefilled), and about the longest as max_ctx."""
+    p = {**_decode_mix(((2, 300), (6, 20))), "steps": 5}
+    recs = _driver(runner, budget=128).point(p)
+    full = [r for r in recs if r["decode_seqs"] == 8 and not r["prefill_seqs"]]
+    assert len(full) >= 5
+    summed = 2 * 300 + 6 * 20
+    assert summed <= full[0]["decode_ctx"] < summed + 8 * 128 // 20
+    assert 300 < full[0]["max_ctx"] < 310
 
 
 def test_cached_point_times_the_tail_behind_a_cache_hit(runner: Any) -> None:

@@ -48,7 +48,7 @@ MIN_DRAFT_POINTS = 8
 LAUNCH_COEFS = ("eager_floor_s", "eager_step_s", "prefill_step_s")
 _NAME = re.compile(
     r"^(?P<model>[^-].*?)--(?P<key>[a-z0-9_-]+?)(?:--r(?P<r>\d+))?(?:--u(?P<u>\d+))?"
-    r"(?P<img>--img)?(?P<cache>--cache)?(?P<graphs>--graphs)?(?P<core>--core)?$")
+    r"(?P<img>--img)?(?P<cache>--cache)?(?P<graphs>--graphs)?(?P<core>--core)?(?P<mixlen>--mixlen)?$")
 _KEY = re.compile(r"^(?P<prec>bf16|fp8|nvfp4|awq)(?P<kv>-kvfp8)?(?:-(?P<m>[a-z_]+?)(?P<k>\d+))?$")
 
 
@@ -90,9 +90,9 @@ def groups(raw: Path) -> dict[tuple[str, str], Group]:
     for meta_path in sorted(raw.glob("*.meta.json")):
         name = meta_path.name.removesuffix(".meta.json")
         m = _NAME.match(name)
-        if m is None or m["cache"] or m["graphs"] or m["core"]:
-            # not a run; or an engine with prefix caching on, a graph scan or a core scan
-            # (each read beside its profile's fit, not fitted with it)
+        if m is None or m["cache"] or m["graphs"] or m["core"] or m["mixlen"]:
+            # not a run; or an engine with prefix caching on, a graph scan, a core scan or a
+            # mixlen scan (each read beside its profile's fit, not fitted with it)
             continue
         meta = json.loads(meta_path.read_text())
         if "kv" not in meta:
@@ -404,11 +404,11 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     graph_run = f"{g.model}--{g.key}--graphs"
     graph_path = store.runner_jsonl(raw, graph_run)
     graphs: dict[str, Any] | None = None  # the points behind graph_offset_s, for provenance
-    if graph_path is not None and not k:
+    if graph_path is not None:
         scan = store.samples_of(store.read_runner_jsonl(graph_path))
-        sizes = cudagraph_capture_sizes(eng["max_num_seqs"], eng["max_num_batched_tokens"])
+        sizes = cudagraph_capture_sizes(eng["max_num_seqs"], eng["max_num_batched_tokens"], k)
         fitted = F.graph_scan(scan, step, sizes, floors.get("decode_ctx_s", 0.0), window,
-                              floors.get("decode_window_s", 0.0))
+                              floors.get("decode_window_s", 0.0), spec_k=k)
         if fitted is not None:
             step = step.model_copy(update={"graph_offset_s": fitted.offsets,
                                            "graph_ctx_s": fitted.ctx_s,

@@ -69,15 +69,17 @@ def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
               spec_method: str, spec_model: str | None, kv_cache_dtype: str,
               utils: list[float], tp: int, prefix_cache: bool = False,
               graph_scan: bool = False, core_scan: bool = False,
-              repeat: int = 0) -> list[Job]:
+              repeat: int = 0, mixlen_scan: bool = False) -> list[Job]:
     """The engines to start: one timed engine per (precision, k) at 0.90, plus KV-only
     engines for the other utilisations (BF16, k = 0 only: the rest are derived). A
     multimodal model's engines run text-only, and one more KV-only engine at 0.90 keeps the
     image-encoder reservation: the difference is what the reservation costs in KV. With
     `prefix_cache`, one more engine per timed one, with prefix caching on, times the steps
     a prefix-cache hit makes (sweep.cache_points); with `graph_scan`, one more per timed
-    engine without speculative decoding times a decode-only batch at every CUDA-graph size
-    (sweep.graph_points); with `core_scan`, one more per timed engine without speculative
+    engine times a decode-only batch at every CUDA-graph size (sweep.graph_points); with
+    `mixlen_scan`, one more per timed engine without speculative decoding times decode
+    batches of unequal lengths beside their twins of one length (sweep.mixlen_points); with
+    `core_scan`, one more per timed engine without speculative
     decoding times the engine core's CPU time a step (sweep.core_points). With `repeat`
     N, only the timed engines start, as run N of each (`--rN`), whose steps join the fit."""
     if tp != 1:
@@ -107,7 +109,9 @@ def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
     if prefix_cache:
         jobs += [replace(j, prefix_cache=True) for j in timed]
     if graph_scan:
-        jobs += [replace(j, graph_scan=True) for j in timed if not j.spec_k]
+        jobs += [replace(j, graph_scan=True) for j in timed]
+    if mixlen_scan:
+        jobs += [replace(j, mixlen_scan=True) for j in timed if not j.spec_k]
     if core_scan:
         jobs += [replace(j, core_scan=True) for j in timed if not j.spec_k]
     return jobs
@@ -116,6 +120,7 @@ def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
 def _plan(job: Job, budget_s: float) -> dict[str, object]:
     return make_plan(job.spec, job.precision, budget_s=budget_s * 1.6, spec_k=job.spec_k,
                      cache=job.prefix_cache, graphs=job.graph_scan, core=job.core_scan,
+                     mixlen=job.mixlen_scan,
                      max_num_seqs=job.max_num_seqs)
 
 
@@ -203,8 +208,11 @@ def _refit(raw: Path, out: Path, gpu: str) -> list[Path]:
               help="also an engine with prefix caching on per timed one, that times the steps "
               "a prefix-cache hit makes (analysed beside the profile, not fitted)")
 @click.option("--graph-scan", is_flag=True,
-              help="also an engine per timed one (k = 0) that times a decode-only batch at "
-              "every CUDA-graph size: the profile's per-size offsets (graph_offset_s)")
+              help="also an engine per timed one that times a decode-only batch at every "
+              "CUDA-graph size: the profile's per-size offsets (graph_offset_s)")
+@click.option("--mixlen-scan", is_flag=True,
+              help="also an engine per timed one (k = 0) that times decode batches of unequal "
+              "lengths beside their twins of one length (a test of the model, not fitted)")
 @click.option("--core-scan", is_flag=True,
               help="also an engine per timed one (k = 0) that times the engine core's own CPU "
               "time a step (core_graph_s, core_piecewise_s); a full sweep records it too")
@@ -215,7 +223,7 @@ def calibrate(model: str | None, precision: str, spec_tokens: str, spec_method: 
               spec_model: str | None, kv_cache_dtype: str, utils: str, tp: int,
               budget_s: float, gpu: str, out: Path, raw: Path | None, from_raw: Path | None,
               dry_run: bool, emit_queue: Path | None, prefix_cache: bool,
-              graph_scan: bool, core_scan: bool, repeat: int) -> None:
+              graph_scan: bool, mixlen_scan: bool, core_scan: bool, repeat: int) -> None:
     """Measure vLLM step times and KV capacity on this GPU and write profiles."""
     if from_raw is not None:
         for d in _refit(from_raw, out, gpu):
@@ -226,7 +234,8 @@ def calibrate(model: str | None, precision: str, spec_tokens: str, spec_method: 
     ks = [int(k) for k in _floats(spec_tokens, "--spec-tokens")]
     us = _floats(utils, "--gpu-memory-utilization") or list(UTILS)
     jobs = plan_jobs(model, _precisions(precision), ks, spec_method, spec_model,
-                     kv_cache_dtype, us, tp, prefix_cache, graph_scan, core_scan, repeat)
+                     kv_cache_dtype, us, tp, prefix_cache, graph_scan, core_scan, repeat,
+                     mixlen_scan)
     if emit_queue is not None:
         emit_queue.parent.mkdir(parents=True, exist_ok=True)
         emit_queue.write_text("".join(queue_line(j, out, budget_s) + "\n" for j in jobs))

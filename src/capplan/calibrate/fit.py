@@ -297,7 +297,7 @@ class GraphScan:
 
 def graph_scan(s: Samples, step: StepModel, sizes: list[int],
                ctx_floor_s: float = 0.0, window: int = 0,
-               window_floor_s: float = 0.0) -> GraphScan | None:
+               window_floor_s: float = 0.0, spec_k: int = 0) -> GraphScan | None:
     """Fit a graph-scan run (sweep.graph_points) on top of the linear terms of `step`, over
     each point's steady steps (all B requests decoding, no prefill): the decode-only
     context rate from the sizes scanned at two contexts (their residuals' change summed
@@ -308,10 +308,11 @@ def graph_scan(s: Samples, step: StepModel, sizes: list[int],
     which two contexts cannot tell apart: it keeps its full-attention layers' rate
     (`decode_ctx_s`) and takes the sliding layers' decode-only rate (`graph_window_s`, at
     least `window_floor_s`) from the change, and its offsets from the points whose requests
-    stay within the window."""
+    stay within the window. Under speculative decoding (`spec_k` = k) the linear terms
+    include the drafter's and `sizes` are the graphs of multiples of 1 + k."""
     if window:
         s = attention_by_kind(s, window)
-    linear = predict_steps(s, step.model_copy(update={"graph_offset_s": {}}), sizes, 0)
+    linear = predict_steps(s, step.model_copy(update={"graph_offset_s": {}}), sizes, spec_k)
     t_pad = _pad(s["tokens"], sizes)
     resid = s["step_s"] - linear
     steady: dict[str, np.ndarray] = {}

@@ -54,6 +54,9 @@ class Job:
     core_scan: bool = False
     """An engine with prefix caching on that times only the core scan (sweep.core_points):
     the engine core's CPU time a step, for a profile whose own run did not record it."""
+    mixlen_scan: bool = False
+    """An engine that times only decode batches of unequal lengths beside their twins of one
+    length (sweep.mixlen_points): a test of the step model's summed context, not fitted."""
     repeat: int = 0
     """Run number N > 1 of a timed engine (`<model>--<key>--rN`), measured on a later lease:
     its steps join the main run's in the fit (build.Group.repeats)."""
@@ -104,6 +107,8 @@ class Job:
             n += "--graphs"
         if self.core_scan:
             n += "--core"
+        if self.mixlen_scan:
+            n += "--mixlen"
         return n
 
     def model_dir(self, root: Path) -> Path:

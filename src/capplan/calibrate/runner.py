@@ -392,15 +392,19 @@ class Driver:
         kind = p["kind"]
         try:
             if kind == "decode":
-                b, ctx = p["batch"], p["context"]
+                # `groups`: [n, context] pairs, n requests of each context (a batch of
+                # unequal lengths); else `batch` requests of `context`
+                lengths = [c for n, c in p.get("groups", [(p["batch"], p.get("context"))])
+                           for _ in range(n)]
+                ends = [sum(lengths[:i + 1]) for i in range(len(lengths))]
 
-                def completes(n):  # the prefill step the n-th prompt completes in
-                    return math.ceil(n * ctx / self.budget0)
+                def completes(i):  # the prefill step the i-th prompt (from 0) completes in
+                    return math.ceil(ends[i] / self.budget0)
 
-                for i in range(1, b + 1):
+                for i, ctx in enumerate(lengths):
                     # `even`: a request whose prompt completes before the last one's decodes
                     # the steps between, so that all of them decode `steps` steps together
-                    extra = completes(b) - completes(i) if p.get("even") else 0
+                    extra = completes(len(lengths) - 1) - completes(i) if p.get("even") else 0
                     self.add(ctx, p["steps"] + 1 + extra)
                 self.drain()
             elif kind == "prefill":

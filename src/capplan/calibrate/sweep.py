@@ -15,6 +15,9 @@ each carries an analytic cost estimate, so a plan fits a per-engine time budget.
 - `shared` (the same engine): a decode batch whose requests all begin with one `prefix`-token
   prompt, which vLLM keeps once in its prefix cache, so every request's attention reads the
   same KV blocks; timed beside a `decode` point of the same batch and context without one.
+- `decmix-bBcC-…` (a mixlen-scan engine, `mixlen_points`): a `decode` point whose `groups`
+  list [B, C] pairs, B requests at context C each, decoding together (`even`): a decode
+  batch of unequal lengths, beside its twin of one length.
 - `graphs-bB-cC` (a graph-scan engine, `graph_points`): a `decode` point with `even` set, whose
   requests all decode their `steps` steps together (a request whose prompt is done early
   decodes longer), at every CUDA-graph size a decode-only batch can take: the decode-only
@@ -99,14 +102,55 @@ GRAPH_SCAN_LONG = (2048, (16, 32, 64, 128))
 """A few sizes again at this context: whether a size's offset depends on the context."""
 
 
-def graph_points(max_num_seqs: int = 256, max_num_batched_tokens: int = 8192) -> list[Point]:
+def graph_points(max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+                 spec_k: int = 0) -> list[Point]:
     """A decode-only batch at every CUDA-graph capture size up to `max_num_seqs`
-    (profile.cudagraph_capture_sizes), then a few at a long context."""
-    sizes = [b for b in cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens)
-             if b <= max_num_seqs]
+    (profile.cudagraph_capture_sizes), then a few at a long context. Under speculative
+    decoding a decode-only step of B requests runs B x (1 + k) tokens (each request's token
+    and its k drafts), and vLLM captures its graphs at multiples of 1 + k: the scan takes
+    B = size / (1 + k) for each of those sizes, and for the long context the batches nearest
+    the same token counts as without."""
+    q = 1 + spec_k
+    batches = sorted({s // q for s in cudagraph_capture_sizes(max_num_seqs,
+                                                              max_num_batched_tokens, spec_k)
+                      if s // q <= max_num_seqs})
     ctx, long_sizes = GRAPH_SCAN_LONG
-    return ([_graphs(b, GRAPH_SCAN_CONTEXT) for b in sizes]
-            + [_graphs(b, ctx) for b in long_sizes if b <= max_num_seqs])
+    long_batches = sorted({min(batches, key=lambda b: abs(b * q - t)) for t in long_sizes})
+    return ([_graphs(b, GRAPH_SCAN_CONTEXT) for b in batches]
+            + [_graphs(b, ctx) for b in long_batches])
+
+
+MIXLEN_PAIRS: tuple[tuple[tuple[int, int], ...], ...] = (
+    ((16, 3600), (32, 600)),
+    ((2, 8192), (30, 256)),
+    ((8, 8192), (56, 512)),
+    ((64, 4096), (64, 512)),
+)
+"""Decode batches of unequal lengths (B requests at context C, twice), each timed beside a
+batch of as many requests at one context that reads as much KV (mixlen_points)."""
+
+
+def _decode_mix(groups: tuple[tuple[int, int], ...]) -> Point:
+    b = sum(n for n, _ in groups)
+    kv = sum(n * (c + 2 * DECODE_STEPS) for n, c in groups)
+    return {"id": "decmix-" + "-".join(f"b{n}c{c}" for n, c in groups), "kind": "decode",
+            "batch": b, "groups": [list(g) for g in groups], "steps": DECODE_STEPS,
+            "even": True, "kv_tokens": kv}
+
+
+def mixlen_points() -> list[Point]:
+    """The mixlen scan: each decode batch of unequal lengths (MIXLEN_PAIRS: the production
+    mix's chat beside its RAG and agent requests, 600 against 3,600 tokens) after its twin of
+    one length with the same requests and the same context summed, both with `even` set so
+    every request decodes the point's steps together. The step model prices a decode by its
+    context summed (profile.py: decode_ctx_s); the pairs test that on the engine itself."""
+    out = []
+    for groups in MIXLEN_PAIRS:
+        b = sum(n for n, _ in groups)
+        ctx = sum(n * c for n, c in groups) // b
+        out += [{**_decode(b, ctx), "even": True, "kv_tokens": b * (ctx + 2 * DECODE_STEPS)},
+                _decode_mix(groups)]
+    return out
 
 
 def core_points(max_num_seqs: int = 256) -> list[Point]:
@@ -185,7 +229,8 @@ def estimate_point_s(p: Point, spec: ModelSpec, precision: Precision, gpu: str =
     prefill_tok_s = 0.5 * g.matmul_flops(precision) / spec.flops_per_token()
     decode_step_s = spec.weight_bytes(precision) / g.hbm_bytes_per_s + 0.004
     if p["kind"] == "decode":
-        return float(p["batch"] * p["context"] / prefill_tok_s + (p["steps"] + 1) * decode_step_s)
+        prompt = sum(n * c for n, c in p.get("groups", [(p["batch"], p.get("context", 0))]))
+        return float(prompt / prefill_tok_s + (p["steps"] + 1) * decode_step_s)
     if p["kind"] == "prefill":
         return float(p["chunk"] * p["chunks"] / prefill_tok_s + p["chunks"] * 0.004)
     if p["kind"] == "shared":
@@ -210,11 +255,13 @@ def make_plan(
     cache: bool = False,
     graphs: bool = False,
     core: bool = False,
+    mixlen: bool = False,
     max_num_seqs: int = 256,
 ) -> dict[str, Any]:
     """Points in priority order whose estimated cost fits `budget_s` (warm-up first); with
     `cache`, the prefix-cache points (`cache_points`) instead of the sweep, with `graphs`
-    the graph scan (`graph_points`), with `core` the core scan (`core_points`)."""
+    the graph scan (`graph_points`), with `core` the core scan (`core_points`), with
+    `mixlen` the unequal-length decode pairs (`mixlen_points`)."""
     points: list[Point] = [dict(p) for p in _WARMUP]
     total = 0.0
     if cache:
@@ -222,7 +269,9 @@ def make_plan(
     elif core:
         todo = core_points(max_num_seqs)
     elif graphs:
-        todo = graph_points(max_num_seqs, max_num_batched_tokens)
+        todo = graph_points(max_num_seqs, max_num_batched_tokens, spec_k)
+    elif mixlen:
+        todo = mixlen_points()
     else:
         todo = design_points(max_num_batched_tokens, spec_k)
     for p in todo:
