@@ -3,7 +3,7 @@ of its GPU, the steps just past the largest CUDA graph, the floor under them, th
 drafter's cost and the stairs of its verify steps.
 
     python scripts/calibration_analysis.py [table|sanity|graph|floor|drafter|stairs|...]
-    (also: repeats, cached, decode, firstuse, finishes, graphs, idle)
+    (also: repeats, cached, decode, firstuse, finishes, graphs, idle, mixlen, specgraphs)
     python scripts/calibration_analysis.py points MODEL/KEY   # e.g. gemma-4-31b/fp8
     python scripts/calibration_analysis.py composition MODEL/KEY  # each run's own steps
 
@@ -442,6 +442,67 @@ def idle() -> None:
               f"{(over & ~piped).sum() / max(over.sum(), 1):.0%} of them from idle")
 
 
+def specgraphs() -> None:
+    """The speculative profiles' own sweep steps priced with and without their graph scan's
+    offsets (`capplan calibrate --graph-scan` with --spec-tokens, sixteenth session): the
+    median and p95 absolute error of the decode-only steps and of every step."""
+    for key in ("gemma-4-31b/fp8-mtp2", "gemma-4-31b/fp8-mtp4",
+                "llama-3.1-8b/bf16-draft_model2", "llama-3.1-8b/bf16-draft_model4"):
+        prof, s, sizes = _fit_inputs(PROFILES / key)
+        if not prof.step.graph_offset_s:
+            why = next((x for x in prof.provenance.note.split("; ")
+                        if x.startswith("graph scan")), "no graph scan")
+            print(f"  {key}: no offsets ({why})")
+            continue
+        keep = ~s["warmup"].astype(bool)
+        s = {c: v[keep] for c, v in s.items()}
+        linear = prof.model_copy(update={"step": prof.step.model_copy(
+            update={"graph_offset_s": {}})})
+        with_, without = _predicted(prof, s, sizes), _predicted(linear, s, sizes)
+        dec = (s["prefill_tokens"] == 0) & (s["decode_seqs"] > 0)
+        for label, k in (("decode-only steps", dec), ("all steps", np.ones_like(dec))):
+            e0 = np.abs(without[k] / s["step_s"][k] - 1)
+            e1 = np.abs(with_[k] / s["step_s"][k] - 1)
+            print(f"  {key} {label} ({k.sum()}): median {np.median(e0):.1%} -> "
+                  f"{np.median(e1):.1%}, p95 {np.percentile(e0, 95):.1%} -> "
+                  f"{np.percentile(e1, 95):.1%} (without -> with the offsets)")
+
+
+def mixlen() -> None:
+    """Runs of mixlen-scan engines (`capplan calibrate --mixlen-scan`,
+    calibration/_raw/<model>--<key>--mixlen.jsonl[.gz]): each decode batch of unequal lengths
+    beside its twin of one length (sweep.mixlen_points), over the steps where the whole batch
+    decodes: measured, by the profile, and the unequal one against its twin."""
+    raw = CALIBRATION_DIR / "_raw"
+    runs = sorted({*raw.glob("*--mixlen.jsonl"), *raw.glob("*--mixlen.jsonl.gz")})
+    if not runs:
+        print("  no mixlen runs yet (capplan calibrate --mixlen-scan)")
+    for path in runs:
+        model, key = path.name.split(".jsonl")[0].removesuffix("--mixlen").split("--")
+        prof, _, sizes = _fit_inputs(PROFILES / model / key)
+        df = store.read_runner_jsonl(path).filter(~pl.col("warmup"))
+        s = store.samples_of(df, window_tokens=prof.step.window_tokens)
+        pred = _predicted(prof, s, sizes)
+        twin: tuple[float, float] | None = None
+        for name in dict.fromkeys(s["point"]):
+            k = np.flatnonzero(s["point"] == name)
+            b = (int(name.split("-b")[1].split("-")[0]) if name.startswith("decode-")
+                 else sum(int(g.split("c")[0]) for g in name.removeprefix("decmix-b")
+                          .split("-b")))
+            k = k[(s["decode_seqs"][k] == b) & (s["prefill_tokens"][k] == 0)]
+            meas, by = float(np.median(s["step_s"][k])), float(np.median(pred[k]))
+            ctx = float(np.median(s["decode_ctx"][k]))
+            line = (f"  {model}/{key} {name:26s} {b:4d} seqs, context {ctx:9,.0f}: "
+                    f"{meas * 1e3:6.2f} ms measured, {by * 1e3:6.2f} by the profile "
+                    f"({meas / by - 1:+.1%}; {len(k)} steps)")
+            if name.startswith("decode-"):
+                twin = (meas, by)
+            elif twin is not None:
+                line += (f"; against its twin {meas / twin[0] - 1:+.1%} measured, "
+                         f"{by / twin[1] - 1:+.1%} priced")
+            print(line)
+
+
 def composition(profile: str) -> None:
     """Each sweep point of one profile by its own steps: those of the composition it was
     built to time (the point's most common token and sequence count, its setup steps left
@@ -476,7 +537,7 @@ def main() -> None:
         {"table": table, "sanity": sanity, "graph": graph, "finishes": finishes,
          "repeats": repeats, "cached": cached, "decode": decode, "firstuse": firstuse,
          "floor": floor, "drafter": drafter, "stairs": stairs, "graphs": graphs,
-         "idle": idle}[name]()
+         "idle": idle, "mixlen": mixlen, "specgraphs": specgraphs}[name]()
 
 
 if __name__ == "__main__":

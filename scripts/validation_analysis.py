@@ -1109,13 +1109,30 @@ def reach(engine: str = "llama-3.1-8b-bf16-plan4t") -> None:
     decode context from its requests' streamed tokens), with and without the shared-prefix
     saving: validation.md, "The production plan's decision" (fifteenth session)."""
     folder = next(p for p in stored_runs() if p.name == engine)
-    reqs, st = pl.read_parquet(folder / "requests.parquet"), pl.read_parquet(
-        folder / "steps.parquet").sort("step")
+    reqs_all = pl.read_parquet(folder / "requests.parquet")
+    steps_all = pl.read_parquet(folder / "steps.parquet")
+    eng = json.loads((folder / "run.json").read_text())["pool"]["engine"]
     prof = Profile.load(CALIBRATION_DIR / "h200/vllm-0.26.0/llama-3.1-8b/bf16/profile.json")
-    timer = StepTimer(prof, max_num_seqs=512, max_num_batched_tokens=512)
+    timer = StepTimer(prof, max_num_seqs=eng["max_num_seqs"],
+                      max_num_batched_tokens=eng["max_num_batched_tokens"])
+    for run in dict.fromkeys(steps_all["run"].to_list()):
+        _reach_run(f"{engine} {run}", timer, reqs_all.filter(pl.col("experiment") == run),
+                   steps_all.filter(pl.col("run") == run).sort("step"))
+    cache = store.read_runner_jsonl(store.runner_jsonl(CALIBRATION_DIR / "_raw",
+                                                       "llama-3.1-8b--bf16--cache"))
+    layer = load_model_spec("llama-3.1-8b").kv_bytes_per_layer_token()
+    for point in sorted({p for p in cache["point"].to_list() if p.startswith("shared-")}):
+        ctx_tokens = int(point.split("-")[2][1:])  # shared-bB-cC-sP: every request reads it
+        print(f"  calibration {point}: {ctx_tokens * layer / 2**20:.0f} MiB between two "
+              "readers (one request's context)")
+
+
+def _reach_run(label: str, timer: StepTimer, reqs: pl.DataFrame, st: pl.DataFrame) -> None:
+    """reach() for one experiment's steps: each priced at its composition, a decode-only
+    step also by how unequal its requests' contexts are (the longest against the mean)."""
     t = st["t"].to_numpy()
     n = len(t)
-    ctx, shared = np.zeros(n), np.zeros(n)
+    ctx, shared, longest, seen = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
     groups: dict[tuple[str, int], list[Any]] = {}
     for q in reqs.iter_rows(named=True):
         ct = q["send_s"] + np.array(q["chunk_t"], float)
@@ -1123,7 +1140,10 @@ def reach(engine: str = "llama-3.1-8b-bf16-plan4t") -> None:
         if ct.size < 2:
             continue
         i0, i1 = np.searchsorted(t, ct[0] + 1e-4), np.searchsorted(t, ct[-1] + 1e-4)
-        ctx[i0:i1] += q["input_tokens"] + got[np.searchsorted(ct, t[i0:i1] - 1e-4) - 1]
+        own = q["input_tokens"] + got[np.searchsorted(ct, t[i0:i1] - 1e-4) - 1]
+        ctx[i0:i1] += own
+        longest[i0:i1] = np.maximum(longest[i0:i1], own)
+        seen[i0:i1] += 1
         if q["prefix_tokens"] >= 16:
             g = groups.setdefault((q["workload"], q["prefix_group"]),
                                   [np.zeros(n), q["prefix_tokens"] // 16 * 16])
@@ -1134,7 +1154,11 @@ def reach(engine: str = "llama-3.1-8b-bf16-plan4t") -> None:
     n_pre = st["prefill_reqs"].to_numpy()
     pa = np.where(pre > 0, pre * (1800 + pre / 2), 0.0)  # a chunk's prior context: ~half a prompt
     dt = np.diff(t, prepend=np.nan)
-    ok = np.isfinite(dt) & (dt < 0.2)
+    # a step is priced only where the streams account for its decodes: past the run's end the
+    # engine still decodes requests the client no longer records (the plan run's last 7 s),
+    # whose contexts would be missing from the price
+    whole = np.abs(seen - dec) <= np.maximum(2, 0.05 * dec)
+    ok = np.isfinite(dt) & (dt < 0.2) & whole
 
     def priced(s: np.ndarray) -> np.ndarray:
         return np.array([timer.step_time_s(int(p + d), int(d + k), float(a), int(c),
@@ -1143,7 +1167,8 @@ def reach(engine: str = "llama-3.1-8b-bf16-plan4t") -> None:
 
     plain, saved = priced(np.zeros(n)), priced(shared)
     layer = load_model_spec("llama-3.1-8b").kv_bytes_per_layer_token()
-    print(f"{engine}: {ok.sum()} steps, mean decode context {ctx[ok].mean():.0f}, "
+    print(f"{label}: {ok.sum()} steps ({(~whole).sum()} left out, their decodes not all in the "
+          f"client's streams), mean decode context {ctx[ok].mean():.0f}, "
           f"shared {shared[ok].mean():.0f} tokens")
     for (workload, _), (readers, tokens) in groups.items():
         if workload != "rag":
@@ -1152,16 +1177,20 @@ def reach(engine: str = "llama-3.1-8b-bf16-plan4t") -> None:
         gap = ctx[k] / readers[k] * layer / 2**20
         print(f"  a {tokens}-token RAG prompt: {readers[k].mean():.1f} readers a step, "
               f"{np.median(gap):.0f} MiB of a layer's KV between two")
-    cache = store.read_runner_jsonl(store.runner_jsonl(CALIBRATION_DIR / "_raw",
-                                                       "llama-3.1-8b--bf16--cache"))
-    for point in sorted({p for p in cache["point"].to_list() if p.startswith("shared-")}):
-        ctx_tokens = int(point.split("-")[2][1:])  # shared-bB-cC-sP: every request reads it
-        print(f"  calibration {point}: {ctx_tokens * layer / 2**20:.0f} MiB between two "
-              "readers (one request's context)")
     for name, k in (("mixed", ok & (pre > 0)), ("decode-only", ok & (pre == 0)), ("all", ok)):
         m = dt[k].sum()
+        if not k.any():
+            continue
         print(f"  {name:11s} {k.sum():5d} steps, measured {m:6.2f} s; priced without the "
               f"saving {m / plain[k].sum() - 1:+.1%}, with it {m / saved[k].sum() - 1:+.1%}")
+    # decode-only steps by how unequal their contexts are: the longest over the mean
+    spread = np.where(dec > 0, longest / np.maximum(ctx / np.maximum(dec, 1), 1), 0.0)
+    for lo, hi in ((0, 1.5), (1.5, 3), (3, 1e9)):
+        k = ok & (pre == 0) & (spread >= lo) & (spread < hi)
+        if k.sum() >= 20:
+            m = dt[k].sum()
+            print(f"  decode-only, longest {lo:g}-{hi:g}x the mean context: {k.sum():5d} steps, "
+                  f"measured {m:6.2f} s, {m / saved[k].sum() - 1:+.1%} against priced")
 
 
 def main() -> None:

@@ -542,14 +542,15 @@ class StepTimer:
                               else prefill_attn_window)
         if prefill_attn:
             t += self._prefill_step
-        elif self._graph_offset is not None and not encoder_tokens:
-            t += self._graph_ctx * decode_ctx
+        elif (self._graph_offset is not None and not encoder_tokens
+              and 0 <= tokens <= self._graph_max):
+            # a full CUDA graph's replay (past the largest graph, under speculative decoding,
+            # a decode-only step runs piecewise: vllm/v1/worker/gpu_model_runner.py)
+            t += self._graph_ctx * decode_ctx + self._graph_offset[tokens]
             if self._graph_win and seqs and decode_ctx:
                 w = self._window[0]  # type: ignore[index]
                 mean = decode_ctx / seqs
                 t += self._graph_win * seqs * (mean if mean < w else w)
-            if 0 <= tokens <= self._graph_max:
-                t += self._graph_offset[tokens]
         if self._stairs is not None:
             t += self._stairs[tokens] if 0 <= tokens <= self._graph_max else self.stairs(t_pad)
         launch = 0.0

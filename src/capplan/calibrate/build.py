@@ -409,6 +409,13 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
         sizes = cudagraph_capture_sizes(eng["max_num_seqs"], eng["max_num_batched_tokens"], k)
         fitted = F.graph_scan(scan, step, sizes, floors.get("decode_ctx_s", 0.0), window,
                               floors.get("decode_window_s", 0.0), spec_k=k)
+        spikes = F.graph_scan_spikes(fitted.points) if fitted is not None else []
+        if len(spikes) > F.GRAPH_SCAN_MAX_SPIKES:
+            notes.append(f"graph scan {graph_run} not used: {len(spikes)} sizes "
+                         f"({', '.join(spikes)}) took {F.GRAPH_SCAN_SPIKE:.2f}x or more of "
+                         "both neighbours' step, the engine running at two speeds; "
+                         "decode-only steps keep the linear terms")
+            fitted = None
         if fitted is not None:
             step = step.model_copy(update={"graph_offset_s": fitted.offsets,
                                            "graph_ctx_s": fitted.ctx_s,

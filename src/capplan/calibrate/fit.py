@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import lsq_linear
 
+from capplan.calibrate.sweep import GRAPH_SCAN_CONTEXT
 from capplan.errors import CalibrationError
 from capplan.profile import (
     GEMM_ROW_TOKENS,
@@ -259,13 +260,14 @@ def predict_steps(s: Samples, step: StepModel, sizes: list[int], spec_k: int) ->
     out = _steps(design(s, step.knee_tokens, sizes, spec_k), beta, _eager(s, sizes),
                  step.eager_floor_s)
     if step.graph_offset_s:
-        dec = _decode_only(s)
+        # a decode-only step within the largest CUDA graph (past it, under speculative
+        # decoding, the step runs piecewise like a prefill's)
+        dec = _decode_only(s) & (s["tokens"] <= max(sizes, default=0))
         out = out + np.where(dec, (step.graph_ctx_s - step.decode_ctx_s) * s["decode_ctx"], 0.0)
         if step.graph_window_s and step.window_tokens and "decode_ctx_window" in s:
             out = out + np.where(dec, (step.graph_window_s - step.decode_window_s)
                                  * s["decode_ctx_window"], 0.0)
         t_pad = _pad(s["tokens"], sizes)
-        dec &= s["tokens"] <= max(sizes, default=0)
         offsets = {int(p): graph_offset(step.graph_offset_s, int(p)) for p in set(t_pad[dec])}
         out = out + np.where(dec, [offsets.get(int(p), 0.0) for p in t_pad], 0.0)
     return out
@@ -281,6 +283,25 @@ def _decode_only(s: Samples) -> np.ndarray:
 
 GRAPH_SCAN_MIN_STEPS = 8
 """Steps of one size a graph scan needs before its median stands for that size."""
+
+
+GRAPH_SCAN_SPIKE = 1.25
+"""A scanned size whose median step is this much over both neighbours' (at the scan's short
+context) is a slow stretch of the engine, not its graph: vLLM's FP8 stairs jump at most
+15 % over the size below and the sizes above cost the same (docs/calibration.md)."""
+GRAPH_SCAN_MAX_SPIKES = 1
+"""More such sizes than this and the scan ran at two speeds: its offsets are not used."""
+
+
+def graph_scan_spikes(points: list[dict[str, Any]]) -> list[str]:
+    """The points of a graph scan (GraphScan.points) at its short context whose median step
+    is GRAPH_SCAN_SPIKE times both neighbours' or more."""
+    short = sorted((p for p in points if p["point"].endswith(f"-c{GRAPH_SCAN_CONTEXT}")),
+                   key=lambda p: p["size"])
+    m = [p["measured_s"] for p in short]
+    return [short[i]["point"] for i in range(len(m))
+            if all(m[i] >= GRAPH_SCAN_SPIKE * m[j] for j in (i - 1, i + 1) if 0 <= j < len(m))
+            and len(m) > 1]
 
 
 @dataclass
