@@ -3,7 +3,7 @@
     python scripts/ingest_calibration.py SESSION LANE_DIR... [--replace NAME...] [--dry-run]
 
 Each LANE_DIR is an unpacked `raw.tgz` of scripts/gpu_calibrate.sh (NAME.jsonl, NAME.meta.json,
-NAME.log, rc.txt). Every run there whose rc.txt line ended rc=0 is stored as
+NAME.log, rc.txt; a KV-only engine has no NAME.jsonl). Every run there whose rc.txt line ended rc=0 is stored as
 `calibration/_raw/NAME.jsonl.gz` + `NAME.meta.json` (the meta gains `runner_commit`: the last
 commit that touched the runner, or --runner-commit), its log as
 `_raw/logs-SESSION/NAME.log.gz`, its rc.txt line appended to `_raw/rc.txt`. A run already
@@ -59,11 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     plan: list[tuple[str, Path, str]] = []
     for lane in args.lanes:
         for name, line in finished(lane).items():
-            if not (lane / f"{name}.jsonl").exists() or not (lane / f"{name}.meta.json").exists():
-                sys.exit(f"{lane}: {name} ended rc=0 but its .jsonl or .meta.json is missing")
-            stored = (RAW / f"{name}.jsonl.gz").exists()
+            if not (lane / f"{name}.meta.json").exists():
+                sys.exit(f"{lane}: {name} ended rc=0 but its .meta.json is missing")
+            kv_only = json.loads((lane / f"{name}.meta.json").read_text()).get(
+                "args", {}).get("kv_only")
+            if not kv_only and not (lane / f"{name}.jsonl").exists():
+                sys.exit(f"{lane}: {name} ended rc=0 but its .jsonl is missing (a timed run)")
+            stored = (RAW / f"{name}.meta.json").exists()
             if stored and name not in args.replace:
-                sys.exit(f"{RAW / name}.jsonl.gz is stored already; pass --replace {name} to "
+                sys.exit(f"{RAW / name} is stored already; pass --replace {name} to "
                          "supersede it, or store the new run as NAME--rN")
             plan.append((name, lane, line))
     unknown = set(args.replace) - {name for name, _, _ in plan}
@@ -84,14 +88,16 @@ def main(argv: list[str] | None = None) -> int:
         if name in args.replace:
             old.mkdir(exist_ok=True)
             for suffix in (".jsonl.gz", ".meta.json"):
-                shutil.move(RAW / f"{name}{suffix}", old / f"{name}{suffix}")
+                if (RAW / f"{name}{suffix}").exists():
+                    shutil.move(RAW / f"{name}{suffix}", old / f"{name}{suffix}")
             moved = [x for x in rc_lines if x.split(" ", 1)[0] == name]
             rc_lines = [x for x in rc_lines if x.split(" ", 1)[0] != name]
             with open(old / "rc.txt", "a") as f:
                 f.writelines(x + "\n" for x in moved)
-        with open(lane / f"{name}.jsonl", "rb") as src, gzip.open(RAW / f"{name}.jsonl.gz",
-                                                                   "wb") as dst:
-            shutil.copyfileobj(src, dst)
+        if (lane / f"{name}.jsonl").exists():  # a KV-only engine times no steps
+            with open(lane / f"{name}.jsonl", "rb") as src, gzip.open(
+                    RAW / f"{name}.jsonl.gz", "wb") as dst:
+                shutil.copyfileobj(src, dst)
         meta = json.loads((lane / f"{name}.meta.json").read_text())
         meta["runner_commit"] = commit
         (RAW / f"{name}.meta.json").write_text(json.dumps(meta, indent=1) + "\n")

@@ -64,6 +64,8 @@ class Group:
     repeats: list[str] = field(default_factory=list)
     """Further runs of the main engine (`<model>--<key>--r<N>`): their steps join the fit."""
     seconds: float = 0.0
+    run_seconds: dict[str, float] = field(default_factory=dict)
+    """Seconds each of the profile's engines held the GPU, by run name (rc.txt)."""
 
     @property
     def parts(self) -> re.Match[str]:
@@ -99,6 +101,7 @@ def groups(raw: Path) -> dict[tuple[str, str], Group]:
             continue  # the engine never started: nothing measured
         g = out.setdefault((m["model"], m["key"]), Group(m["model"], m["key"]))
         g.seconds += secs.get(name, 0.0)
+        g.run_seconds[name] = secs.get(name, 0.0)
         if m["r"] is not None:
             if store.runner_jsonl(raw, name) is not None:
                 g.repeats.append(name)
@@ -496,6 +499,11 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
         extra["runner_commit"] = runner_commit.read_text().strip()
     if "extra_packages" in meta:
         extra["extra_packages"] = meta["extra_packages"]
+    # the issue's budget is per engine run: the timed run alone (engine start included),
+    # beside the total of every engine the profile draws on (gpu_minutes)
+    if g.main is not None and g.run_seconds.get(g.main):
+        extra["main_run_gpu_minutes"] = round(g.run_seconds[g.main] / 60, 2)
+    extra["gpu_minutes_by_run"] = {n: round(x / 60, 2) for n, x in sorted(g.run_seconds.items())}
     prov = store.provenance(meta, git_commit=git_commit, gpu_seconds=g.seconds,
                             note="; ".join(notes), extra=extra)
     profile = Profile(
