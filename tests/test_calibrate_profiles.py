@@ -101,9 +101,10 @@ def test_graph_terms_refit_from_their_graph_scan(d: Path) -> None:
     """graph_ctx_s and graph_offset_s come from the graph-scan run on top of the profile's
     linear terms, recomputed from the shipped raw run: every CUDA-graph size a decode-only
     batch of up to 256 requests can take has its offset (B (1 + k) tokens under speculative
-    decoding), no size of the scan is a slow stretch of the engine (fit.graph_scan_spikes), and the decode-only KV read is no faster than
-    the HBM's peak bandwidth allows (a sliding-window model's offsets from the points within
-    its window; its full-attention rate its fitted one, its sliding layers' from the scan)."""
+    decoding), no size of the scan is a slow stretch of the engine (fit.graph_scan_spikes),
+    and the decode-only KV read is no faster than the HBM's peak bandwidth allows (a
+    sliding-window model's offsets from the points within its window; its full-attention
+    rate its fitted one, its sliding layers' from the scan)."""
     prof = Profile.load(d)
     prov = json.loads((d / "provenance.json").read_text())
     raw = store.runner_jsonl(CALIBRATION_DIR / "_raw", prov["graph_scan"]["run"])
