@@ -4,8 +4,8 @@
 
 Each LANE_DIR is an unpacked `raw.tgz` of scripts/gpu_calibrate.sh (NAME.jsonl, NAME.meta.json,
 NAME.log, rc.txt; a KV-only engine has no NAME.jsonl). Every run there whose rc.txt line
-ended rc=0 is stored as `calibration/_raw/NAME.jsonl.gz` + `NAME.meta.json` (the meta gains `runner_commit`: the last
-commit that touched the runner, or --runner-commit), its log as
+ended rc=0 is stored as `calibration/_raw/NAME.jsonl.gz` + `NAME.meta.json` (the meta gains
+`runner_commit`: the last commit that touched the runner, or --runner-commit), its log as
 `_raw/logs-SESSION/NAME.log.gz`, its rc.txt line appended to `_raw/rc.txt`. A run already
 stored is kept unless named in --replace, when the stored files move to
 `_raw/superseded-SESSION/` first (with their rc.txt lines). Nothing is written until every
