@@ -484,19 +484,26 @@ def mixlen() -> None:
         s = store.samples_of(df, window_tokens=prof.step.window_tokens)
         pred = _predicted(prof, s, sizes)
         twin: tuple[float, float] | None = None
+        mixed0: str | None = None  # the first mixed point: the others' reference
         for name in dict.fromkeys(s["point"]):
             k = np.flatnonzero(s["point"] == name)
-            b = (int(name.split("-b")[1].split("-")[0]) if name.startswith("decode-")
+            b = (int(name.split("-b")[1].split("-")[0]) if name.startswith(("decode-", "mixed-"))
                  else sum(int(g.split("c")[0]) for g in name.removeprefix("decmix-b")
                           .split("-b")))
-            k = k[(s["decode_seqs"][k] == b) & (s["prefill_tokens"][k] == 0)]
+            # a mixed point's steps of all its decodes beside one chunk; the others' decode-only
+            k = k[(s["decode_seqs"][k] == b) & ((s["prefill_seqs"][k] == 1)
+                                                if name.startswith("mixed-")
+                                                else (s["prefill_tokens"][k] == 0))]
+            if not len(k):
+                continue
             meas, by = float(np.median(s["step_s"][k])), float(np.median(pred[k]))
             ctx = float(np.median(s["decode_ctx"][k]))
             line = (f"  {model}/{key} {name:26s} {b:4d} seqs, context {ctx:9,.0f}: "
                     f"{meas * 1e3:6.2f} ms measured, {by * 1e3:6.2f} by the profile "
                     f"({meas / by - 1:+.1%}; {len(k)} steps)")
-            if name.startswith("decode-"):
+            if name.startswith("decode-") or (name.startswith("mixed-") and mixed0 is None):
                 twin = (meas, by)
+                mixed0 = name if name.startswith("mixed-") else None
             elif twin is not None:
                 line += (f"; against its twin {meas / twin[0] - 1:+.1%} measured, "
                          f"{by / twin[1] - 1:+.1%} priced")

@@ -130,6 +130,10 @@ MIXLEN_PAIRS: tuple[tuple[tuple[int, int], ...], ...] = (
 batch of as many requests at one context that reads as much KV (mixlen_points)."""
 
 
+MIXLEN_MIXED: tuple[tuple[int, int], ...] = ((128, 2048), (64, 4096), (32, 8192))
+"""Mixed steps' decodes (B requests at context C) of one summed context (mixlen_points)."""
+
+
 def _decode_mix(groups: tuple[tuple[int, int], ...]) -> Point:
     b = sum(n for n, _ in groups)
     kv = sum(n * (c + 2 * DECODE_STEPS) for n, c in groups)
@@ -142,14 +146,21 @@ def mixlen_points() -> list[Point]:
     """The mixlen scan: each decode batch of unequal lengths (MIXLEN_PAIRS: the production
     mix's chat beside its RAG and agent requests, 600 against 3,600 tokens) after its twin of
     one length with the same requests and the same context summed, both with `even` set so
-    every request decodes the point's steps together. The step model prices a decode by its
-    context summed (profile.py: decode_ctx_s); the pairs test that on the engine itself."""
+    every request decodes the point's steps together; then mixed steps whose decodes read one
+    summed context as few long or many short requests (MIXLEN_MIXED). The step model prices
+    a decode by its context summed (profile.py: decode_ctx_s); the points test that on the
+    engine itself."""
     out = []
     for groups in MIXLEN_PAIRS:
         b = sum(n for n, _ in groups)
         ctx = sum(n * c for n, c in groups) // b
         out += [{**_decode(b, ctx), "even": True, "kv_tokens": b * (ctx + 2 * DECODE_STEPS)},
                 _decode_mix(groups)]
+    # then the same in a step with a prefill chunk (piecewise graphs, the decodes' attention
+    # launched with the chunk's): 262,144 tokens of decode context as 128 x 2,048, 64 x 4,096
+    # and 32 x 8,192 beside a 384-token chunk. Llama-3.1-8B BF16 took 21.0 ms for the first
+    # and 26.0 for the second, where the profile prices 22.1 and 22.7 (calibration.md)
+    out += [_mixed(b, ctx, 384, 4) for b, ctx in MIXLEN_MIXED]
     return out
 
 
