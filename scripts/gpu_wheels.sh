@@ -12,16 +12,10 @@
 #            /tmp/cdsl-site; then `source` this file's last line or let
 #            scripts/gpu_session.sh pick /tmp/cdsl-site up
 #
-# Carry plan, on a fresh host (the working tree is ~46 MB after the fourteenth session; the
-# vLLM bundle's part01 cut into .bundle/p1q_00 to 03 of 15 MB, `split -b 15728640`, as that
-# session's last lease needed):
-#   calls 1-4: .bundle/p1q_00 (+ vllm-bundle.sha256, vllm-install.sh), p1q_01, p1q_02, p1q_03
-#              (cp each to /tmp/vllm-parts; the fourth cats them into vllm-bundle.part01)
-#   call 5: .bundle/vllm-bundle.part02 (18.2 MB; cp to /tmp/vllm-parts)
-#   call 6: .whl/b (mkdir -p /tmp/whl; cp .whl/b/*.whl /tmp/whl)
-#   calls 7-11: .whl/a/cu13_00 to 04 (cp to /tmp/whl)
-#   call 12: .whl/a/cu13_05 + .whl/a/NAME: bash scripts/gpu_wheels.sh install && ... gpu_session.sh
-# Each call costs a few seconds of device time; the machine is given back 30 s after a call.
+# Carry plan: `bash scripts/gpu_pieces.sh --gemma` cuts the vLLM bundle and the CUDA 13 wheel
+# into pieces that fit beside today's working tree (into .whl/c) and prints the calls that
+# carry them; its last call does what `install` does. Each call costs a few seconds of device
+# time; the machine is given back 30 s after a call.
 set -euo pipefail
 case ${1:?usage: gpu_wheels.sh fetch|install} in
 fetch)
@@ -40,8 +34,9 @@ fetch)
   ;;
 install)
   # the parts copied by earlier calls, and any carried by this one
-  for part in .whl/a/cu13_*; do [[ -e /tmp/whl/${part##*/} ]] || cp "$part" /tmp/whl/; done
-  cat /tmp/whl/cu13_* > "/tmp/whl/$(cat .whl/a/NAME)"
+  dir=.whl/c; [[ -f $dir/NAME ]] || dir=.whl/a  # gpu_pieces.sh's cut, or fetch's own
+  for part in "$dir"/cu13_*; do [[ -e /tmp/whl/${part##*/} ]] || cp "$part" /tmp/whl/; done
+  cat /tmp/whl/cu13_* > "/tmp/whl/$(cat "$dir/NAME")"
   rm -f /tmp/whl/cu13_*
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
     --target /tmp/cdsl-site /tmp/whl/*.whl
