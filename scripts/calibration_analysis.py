@@ -73,7 +73,9 @@ def table() -> None:
               f"| {_pct(f.get('point_cv_median_ape'))} / {_pct(f.get('point_cv_p95_ape'))} "
               f"({f.get('point_cv_points', 0)}) "
               f"| {_pct(f['single_step_median_ape'])} / {_pct(f['single_step_p95_ape'])} "
-              f"| {kv} | {prov.get('main_run_gpu_minutes', 0):.1f} / {prov['gpu_minutes']:.1f} |")
+              f"| {kv} | {prov.get('main_run_gpu_minutes', 0):.1f}"
+              + (f" ({prov['main_run_calls']} calls)" if prov.get("main_run_calls", 1) > 1 else "")
+              + f" / {prov['gpu_minutes']:.1f} |")
 
 
 def sanity() -> None:

@@ -77,12 +77,20 @@ class Group:
 
 def _rc_seconds(raw: Path) -> dict[str, float]:
     out: dict[str, float] = {}
+    for name, s in _rc_lines(raw):
+        out[name] = out.get(name, 0.0) + s
+    return out
+
+
+def _rc_lines(raw: Path) -> list[tuple[str, float]]:
+    """(run, seconds) of every line of rc.txt: a run resumed in a later call has one a call."""
     rc = raw / "rc.txt"
+    out = []
     if rc.exists():
         for line in rc.read_text().splitlines():
             name, *kv = line.split()
             fields = dict(x.split("=", 1) for x in kv)
-            out[name] = out.get(name, 0.0) + float(fields.get("s", 0))
+            out.append((name, float(fields.get("s", 0))))
     return out
 
 
@@ -503,6 +511,7 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     # beside the total of every engine the profile draws on (gpu_minutes)
     if g.main is not None and g.run_seconds.get(g.main):
         extra["main_run_gpu_minutes"] = round(g.run_seconds[g.main] / 60, 2)
+        extra["main_run_calls"] = sum(1 for n, _ in _rc_lines(raw) if n == g.main)
     extra["gpu_minutes_by_run"] = {n: round(x / 60, 2) for n, x in sorted(g.run_seconds.items())}
     prov = store.provenance(meta, git_commit=git_commit, gpu_seconds=g.seconds,
                             note="; ".join(notes), extra=extra)
