@@ -21,8 +21,9 @@ Step-time model (one engine step, seconds), physically shaped:
       + gemm_switch_s if T_pad > 128                   # quantized GEMMs' tile stairs:
       + gemm_rows_s * (ceil(T_pad / 256) - 1)          #   see below
       + eager_step_s if T > the largest capture size   # no CUDA graph at all
-      + graph_offset_s[T_pad] if decode-only           # the graph size's own offset,
-          + (graph_ctx_s - decode_ctx_s) * sum(context)  #   and its own KV read
+      + graph_offset_s[T_pad] if decode-only and       # the graph size's own offset,
+          within the largest CUDA graph                #   and its own KV read
+          + (graph_ctx_s - decode_ctx_s) * sum(context)
 
 where a step past the largest capture size costs at least `eager_floor_s` before the drafter's
 and encoder's terms: without a graph the CPU launches every kernel, and a small such step
@@ -57,7 +58,11 @@ sweep.graph_points), the median of its steps less the terms above; a size betwee
 scanned ones takes the line between their offsets, one outside them none. The same scan
 times a few sizes again at a longer context, and their difference gives the decode-only
 step's own cost of a context token, `graph_ctx_s`: the fit's `decode_ctx_s` serves the
-steps that hold a prefill chunk too, whose attention runs outside the graph.
+steps that hold a prefill chunk too, whose attention runs outside the graph. Under
+speculative decoding a decode-only step of B requests runs B (1 + k) tokens, graphs come in
+multiples of 1 + k, and the scan times B = size / (1 + k) at each; a decode-only step past
+the largest graph (more than 102 requests at k = 4) runs without a graph and takes
+neither term.
 
 S counts the context tokens that running requests read in common with another: a
 prefix-cache hit takes the cached KV blocks themselves (vllm/v1/core/kv_cache_manager.py
@@ -544,8 +549,9 @@ class StepTimer:
             t += self._prefill_step
         elif (self._graph_offset is not None and not encoder_tokens
               and 0 <= tokens <= self._graph_max):
-            # a full CUDA graph's replay (past the largest graph, under speculative decoding,
-            # a decode-only step runs piecewise: vllm/v1/worker/gpu_model_runner.py)
+            # a full CUDA graph's replay (past the largest graph, as under speculative
+            # decoding a decode-only step can be, no graph at all: vllm/v1/cudagraph_dispatcher.py
+            # CudagraphDispatcher.dispatch returns CUDAGraphMode.NONE)
             t += self._graph_ctx * decode_ctx + self._graph_offset[tokens]
             if self._graph_win and seqs and decode_ctx:
                 w = self._window[0]  # type: ignore[index]

@@ -260,8 +260,8 @@ def predict_steps(s: Samples, step: StepModel, sizes: list[int], spec_k: int) ->
     out = _steps(design(s, step.knee_tokens, sizes, spec_k), beta, _eager(s, sizes),
                  step.eager_floor_s)
     if step.graph_offset_s:
-        # a decode-only step within the largest CUDA graph (past it, under speculative
-        # decoding, the step runs piecewise like a prefill's)
+        # a decode-only step within the largest CUDA graph (past it, as under speculative
+        # decoding it can be, the step runs without a graph: cudagraph_dispatcher.py)
         dec = _decode_only(s) & (s["tokens"] <= max(sizes, default=0))
         out = out + np.where(dec, (step.graph_ctx_s - step.decode_ctx_s) * s["decode_ctx"], 0.0)
         if step.graph_window_s and step.window_tokens and "decode_ctx_window" in s:
