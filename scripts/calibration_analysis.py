@@ -184,6 +184,13 @@ def floor() -> None:
                          f"{np.median(pred[k]) * 1e3:.1f})")
         print(f"  {prof.model}/{prof.key}: eager_floor_s {prof.step.eager_floor_s * 1e3:.1f} ms; "
               + "; ".join(cells))
+        # the steps the floor prices (the additive terms below it): how far they spread
+        at_floor = ~s["warmup"] & (s["tokens"] > 512) & (additive < pred)
+        if at_floor.sum() >= 5:
+            r = s["step_s"][at_floor] / pred[at_floor]
+            print(f"    {at_floor.sum()} steps priced at the floor: measured / floor at "
+                  "p10 / p50 / p90 / p99 " + " / ".join(
+                      f"{x:.2f}" for x in np.percentile(r, [10, 50, 90, 99])))
 
 
 def _point_mean_ms(key: str, point: str) -> float:
