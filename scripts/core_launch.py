@@ -5,6 +5,10 @@ puts the figures in every profile of the model (calibrate/build.py: core_launch)
 
     python scripts/core_launch.py          # write the files, print what they hold
 
+Each model also takes the spread of each kind of step's core time (`spread`, sigma of its
+logarithm; sim/replica.py LaunchSpread): the chosen engine's where its trace has 20 such
+steps, else the median of the model's other traced engines'.
+
 Each model takes the engine measured on the host whose small prefills took what most of the
 suite's hosts took (docs/validation.md, "Where the engine core's time goes"): Llama-3.1-8B
 BF16 on the thirteenth session's third lease (cache-hit TTFT p50 18.9 ms there, 18.0-22.0 ms on
@@ -18,8 +22,10 @@ one traced engine, FP8 (fourteenth session).
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 from capplan.validate.corelaunch import measure
 
@@ -52,7 +58,32 @@ def model_figures(model: str) -> dict[str, object]:
     out["trace"] = str((trace_dir(engine) / f"{engine}.parquet").relative_to(ROOT))
     out["command"] = "python scripts/core_launch.py"
     out["also_measured"] = [one(o) for o in others]
+    out["spread"], out["spread_from"] = spread(out)
     return out
+
+
+def spread(fig: dict[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
+    """Each kind of step's spread (sigma of the log of the core's time, corelaunch.summary):
+    the chosen engine's where its trace has enough such steps, else the median over the
+    model's other traced engines that have; a kind no trace has enough of takes the next
+    kind's (eager from piecewise, piecewise from decode-only): past the largest graph, as in
+    a piecewise step, the core's time is launching, layer by layer."""
+    rows = [fig, *fig["also_measured"]]
+    out: dict[str, float] = {}
+    why: dict[str, str] = {}
+    for kind in ("graph", "piecewise", "eager"):
+        key = f"{kind}_sigma"
+        if key in fig:
+            out[kind], why[kind] = fig[key], str(fig["engine"])
+            continue
+        vals = [r[key] for r in rows if key in r]
+        if vals:
+            out[kind] = round(float(statistics.median(vals)), 4)
+            why[kind] = "median of " + ", ".join(str(r["engine"]) for r in rows if key in r)
+    for kind, fallback in (("piecewise", "graph"), ("eager", "piecewise")):
+        if kind not in out:
+            out[kind], why[kind] = out[fallback], f"as {fallback} (no trace has enough)"
+    return out, why
 
 
 def main() -> None:
@@ -64,7 +95,11 @@ def main() -> None:
         for r in rows:
             print(f"{model:14s} {r['engine']:26s} decode-only {r['core_graph_s'] * 1e3:5.2f} ms "
                   f"({r['graph_steps']} steps), piecewise {r['core_piecewise_s'] * 1e3:5.2f} ms "
-                  f"({r['piecewise_steps']} steps)")
+                  f"({r['piecewise_steps']} steps), eager {r.get('eager_steps', 0)} steps; "
+                  "sigma " + " / ".join(str(r.get(f"{k}_sigma", "-"))
+                                        for k in ("graph", "piecewise", "eager")))
+        print(f"{model:14s} spread taken: " + ", ".join(
+            f"{k} {v} ({fig['spread_from'][k]})" for k, v in fig["spread"].items()))
 
 
 if __name__ == "__main__":

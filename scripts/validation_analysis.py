@@ -732,6 +732,50 @@ def rules() -> None:
         replica.ENGINE_WAKE_S, suite.HARNESS_SEND_S = kept
 
 
+def spread() -> None:
+    """The sixteenth session's core-time spread (simulation.core_spread, sim/replica.py
+    LaunchSpread) tried on the whole suite: rows within target and the mean absolute error
+    (errors capped at 200 %) with it off and on, on three noise streams (the stream's key
+    [seed, 5, i], then 6 and 7); then the production plan with it on."""
+    import capplan.sim.run as simrun
+    import capplan.validate.suite as suite
+
+    targets = {"output_tok_s": .05, "ttft_p50_s": .05, "ttft_p99_s": .10, "itl_p50_s": .05,
+               "itl_p99_s": .10, "e2e_p99_s": .10}
+    made = simrun.LaunchSpread
+
+    def keyed(key: int) -> Callable[[np.random.Generator], Any]:
+        def make(rng: np.random.Generator) -> Any:
+            # the same replica's stream under another key: [seed, key, i] for [seed, 5, i]
+            seed = rng.bit_generator.seed_seq.entropy  # type: ignore[attr-defined]
+            return made(np.random.default_rng([seed[0], key, seed[2]]))
+        return make
+
+    try:
+        for label, on, key in (("off", False, 5), ("on, stream 5", True, 5),
+                               ("on, stream 6", True, 6), ("on, stream 7", True, 7)):
+            suite.CORE_SPREAD = on
+            simrun.LaunchSpread = keyed(key)  # type: ignore[assignment,misc]
+            rows = compare_all()
+            within = {m: sum(abs(r.error(m)) <= t for r in rows) for m, t in targets.items()}
+            mean = {m: round(100 * float(np.mean([min(abs(r.error(m)), 2.0) for r in rows])), 2)
+                    for m in targets}
+            print(f"  {label} ({len(rows)} rows): within {within}; mean |error| % {mean}")
+    finally:
+        suite.CORE_SPREAD = False
+        simrun.LaunchSpread = made  # type: ignore[misc]
+    from capplan.mix import load_mix
+    from capplan.solve.options import size_mix
+
+    mix = load_mix(ROOT / "examples" / "production-mix.yaml")
+    for on in (False, True):
+        m = mix.model_copy(update={"simulation": mix.simulation.model_copy(
+            update={"core_spread": on})})
+        plan = size_mix(m)
+        print(f"  production plan, core_spread {on}: " + ", ".join(
+            f"{p.pool} {p.gpus} GPUs (margin {p.binding_margin:.1%})" for p in plan.pools))
+
+
 GAP_ROWS = (("llama-3.1-8b-bf16-waves", "chat-c32-r2"), ("llama-3.1-8b-fp8", "chat-p44"),
             ("llama-3.1-8b-fp8-loop", "prefix90-on-c32"),
             ("llama-3.1-8b-bf16-loop", "prefix90-on-c32"),
@@ -1210,7 +1254,7 @@ def main() -> None:
         "seeds": lambda: seeds(rows), "noise": lambda: noise(rows), "steps": steps,
         "trial": trial, "idle": idle, "graph": graph, "gemma": gemma, "prefix": prefix,
         "waves": waves, "band": band, "rules": rules, "gaps": gaps, "loop": loop,
-        "tried": tried, "core": core, "wake": wake,
+        "tried": tried, "core": core, "wake": wake, "spread": spread,
     }
     for name in what:
         if name not in commands:

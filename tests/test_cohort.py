@@ -64,6 +64,12 @@ CASES = {
         {"max_model_len": 4096}, [USERS, CHAT], 1, 15.0,
         {"client_send_s": 0.4e-3, "output_jitter_s": 0.14e-3},
     ),
+    # each step's core time drawn about its median (simulation.core_spread)
+    "core-time spread, priority, budget-bound chunks": (
+        {"max_model_len": 4096, "scheduling_policy": "priority", "max_num_batched_tokens": 512,
+         "max_num_seqs": 512},
+        [CHAT, RAG], 1, 15.0, {"core_spread": True},
+    ),
 }
 
 

@@ -61,6 +61,14 @@ class SimulationSettings(BaseModel):
         "measured about 0.14 ms: ITL p99 about 0.5 ms above p50 at concurrency 1)",
     )
 
+    core_spread: bool = Field(
+        default=False,
+        description="draw each step's engine-core time about its median with the spread the "
+        "profile's serving core trace measured (core_graph_sigma, core_piecewise_sigma, "
+        "eager_sigma; sim/replica.py LaunchSpread); false (the default until the spread of "
+        "graph-less steps is measured under load, docs/validation.md): the median every step",
+    )
+
     @model_validator(mode="after")
     def _window(self) -> SimulationSettings:
         if self.warmup_s is not None and self.warmup_s >= self.duration_s:

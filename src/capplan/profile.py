@@ -241,6 +241,21 @@ class StepModel(BaseModel):
         "which runs piecewise graphs and launches its attention layer by layer (0: not "
         "measured)",
     )
+    core_graph_sigma: float = Field(
+        default=0.0, ge=0,
+        description="spread of the serving core's time on a decode-only step: the sigma of "
+        "its logarithm, ln(p90 / p10) / 2.563 over the traced steps (validate/corelaunch.py "
+        "summary; 0: none measured). The simulator draws each step's core time as "
+        "core_graph_s x exp(sigma z) (simulation.core_spread)",
+    )
+    core_piecewise_sigma: float = Field(
+        default=0.0, ge=0, description="the same for a step with a prefill chunk within the "
+        "largest CUDA graph",
+    )
+    eager_sigma: float = Field(
+        default=0.0, ge=0, description="the same for a step past the largest CUDA graph, "
+        "whose core time is the CPU's launches (eager_floor_s)",
+    )
     eager_step_s: float = Field(
         default=0.0, ge=0,
         description="per step of more tokens than the largest CUDA graph: vLLM runs it "
@@ -416,6 +431,7 @@ class StepTimer:
         "_c",
         "_core",
         "_draft",
+        "_sigma",
         "_eager",
         "_eager_above",
         "_eager_floor",
@@ -458,6 +474,7 @@ class StepTimer:
         self._eager = s.eager_step_s
         self._eager_floor = s.eager_floor_s
         self._core = (s.core_graph_s, s.core_piecewise_s)
+        self._sigma = (s.core_graph_sigma, s.core_piecewise_sigma, s.eager_sigma)
         self._window = ((float(s.window_tokens), s.decode_window_s, s.prefill_window_s)
                         if s.window_tokens else None)
         self._graphs = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens, self.k)
@@ -497,6 +514,14 @@ class StepTimer:
         """Seconds for one engine step of this composition (arguments as `step_times`'),
         one step after another: the larger of `step_times`' two."""
         return max(self.step_times(*args, **kwargs))
+
+    def launch_sigma(self, tokens: int, prefill: bool) -> float:
+        """The spread (sigma of the logarithm) of the core's time on a step of `tokens`
+        tokens, with or without a prefill chunk: past the largest CUDA graph the CPU's
+        launches' (`eager_sigma`), else a piecewise or a decode-only step's core time's."""
+        if tokens > self._eager_above:
+            return self._sigma[2]
+        return self._sigma[1] if prefill else self._sigma[0]
 
     def step_times(
         self,

@@ -451,6 +451,11 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     if core is not None:
         step = step.model_copy(update={"core_graph_s": core["core_graph_s"],
                                        "core_piecewise_s": core["core_piecewise_s"]})
+        if "spread" in core:  # a serving trace's: how the core's time varies step to step
+            step = step.model_copy(update={
+                "core_graph_sigma": core["spread"]["graph"],
+                "core_piecewise_sigma": core["spread"]["piecewise"],
+                "eager_sigma": core["spread"]["eager"]})
         notes.append(note)
     reserved = image_reservation(g.metas, g.image_metas)
     if reserved is not None:

@@ -25,15 +25,21 @@ what keeps a closed-loop wave together: measured on the H200, a wave's requests,
 
 Step durations come from the profile's step-time model (`StepTimer`), which was fitted to
 completion-to-completion gaps of the real engine in exactly this mode: a run of steps takes
-the larger of a step's work and its launch each.
+the larger of a step's work and its launch each. The launch is the core's median time for
+such a step; the serving core's own time varies from step to step (its core traces:
+ln(p90 / p10) / 2.563 = 0.10-0.17 for decode-only steps, 0.13-0.27 past the largest graph),
+and with `simulation.core_spread` each step's launch is drawn as the median x exp(sigma z)
+(LaunchSpread, `StepTimer.launch_sigma`).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import simpy
 from simpy.events import NORMAL, URGENT
 
@@ -104,6 +110,25 @@ class _StepEnd:
         self._value = None
 
 
+class LaunchSpread:
+    """Each step's core time about its median: a factor exp(sigma z), z standard normal,
+    drawn a step at a time from the replica's own stream (the median is kept)."""
+
+    __slots__ = ("_at", "_buf", "_rng")
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self._rng = rng
+        self._buf: list[float] = []
+        self._at = 0
+
+    def factor(self, sigma: float) -> float:
+        if self._at == len(self._buf):
+            self._buf = self._rng.standard_normal(4096).tolist()
+            self._at = 0
+        self._at += 1
+        return math.exp(sigma * self._buf[self._at - 1])
+
+
 class Replica:
     """A vLLM engine in a simpy environment."""
 
@@ -118,8 +143,10 @@ class Replica:
         client_latency_s: float = 0.0,
         client: ClientLoop | None = None,
         jitter: OutputJitter | None = None,
+        spread: LaunchSpread | None = None,
     ) -> None:
         self.env = env
+        self.spread = spread  # each step's core time about its median, or the median
         self.latency = client_latency_s  # outputs reach the client this much later
         self.client = client  # one load generator's event loop (sim/client.py), or none
         self.jitter = jitter  # the output path's delay, a step at a time (sim/client.py)
@@ -213,6 +240,10 @@ class Replica:
                 prefill_attn_window=plan.prefill_attn_w,
                 shared_ctx=int(plan.shared_ctx),
             )
+            if self.spread is not None and launch:
+                sigma = self.timer.launch_sigma(plan.total_tokens, plan.prefill_seqs > 0)
+                if sigma:
+                    launch *= self.spread.factor(sigma)
             begin = self._gpu_free if self._gpu_free > now else now
             end = begin + work
             if end < now + launch:

@@ -115,16 +115,30 @@ def step_core_times(trace: pl.DataFrame, meta: dict[str, Any], steps: pl.DataFra
     return pl.DataFrame(rows)
 
 
+SPREAD_MIN_STEPS = 20
+"""Steps of a kind a trace needs before its spread (`<kind>_sigma`) is read from it."""
+Z90 = 1.2815516
+"""The standard normal's 90th percentile: ln(p90 / p10) / (2 Z90) is a log-normal's sigma."""
+
+
 def summary(times: pl.DataFrame) -> dict[str, Any]:
-    """The two figures a profile takes (medians), with their spread and counts."""
+    """The two figures a profile takes (medians), with their spread and counts; and for
+    each kind of step with SPREAD_MIN_STEPS or more (decode-only "graph", "piecewise", and
+    "eager" past the largest CUDA graph), `<kind>_sigma`: ln(p90 / p10) / 2.563, the sigma
+    of a log-normal of the same 10th and 90th percentiles (StepModel.core_graph_sigma)."""
     out: dict[str, Any] = {}
-    for kind, key in (("graph", "core_graph_s"), ("piecewise", "core_piecewise_s")):
+    for kind, key in (("graph", "core_graph_s"), ("piecewise", "core_piecewise_s"),
+                      ("eager", None)):
         x = times.filter(pl.col("kind") == kind)["core_s"].to_numpy()
         if len(x) == 0:
             continue
-        out[key] = round(float(np.median(x)), 6)
+        if key is not None:
+            out[key] = round(float(np.median(x)), 6)
         out[f"{kind}_steps"] = len(x)
-        out[f"{kind}_p10_p90_s"] = [round(float(v), 6) for v in np.percentile(x, [10, 90])]
+        p10, p90 = np.percentile(x, [10, 90])
+        out[f"{kind}_p10_p90_s"] = [round(float(p10), 6), round(float(p90), 6)]
+        if len(x) >= SPREAD_MIN_STEPS and p10 > 0:
+            out[f"{kind}_sigma"] = round(float(np.log(p90 / p10) / (2 * Z90)), 4)
     return out
 
 

@@ -44,6 +44,12 @@ one's outputs reach the client a little late, independently. Two exponential del
 0.14 ms differ by that much (0.135-0.140 ms from the p90, p95 and p99). Measured on the traced
 Llama-3.1-8B BF16 engine's two concurrency-1 runs (llama-3.1-8b-bf16-prefix-trace,
 prefix90-on-c1 and -off-c1), 2026-11-30, twelfth session; every other row is out of sample."""
+CORE_SPREAD = False
+"""Whether the suite's predictions draw each step's core time about its median
+(simulation.core_spread). Off, as in sizing: tried in the sixteenth session, it brought rows
+within target on the tails (TTFT p99 +1 to +12, ITL p99 +2 to +7 over three noise streams)
+and moved the production plan's vision pool from 6 GPUs to 5 at a 0.3 % margin, on a spread
+of graph-less steps no Gemma 4 trace has measured (scripts/validation_analysis.py spread)."""
 CLOSED_ROWS = 4096  # closed-loop request shapes sent to the runner (cycled if exceeded)
 
 
@@ -126,7 +132,8 @@ class EngineRun(BaseModel):
             workloads=[w.model_copy(update=upd) for w in exp.workloads],
             simulation=SimulationSettings(duration_s=exp.duration_s, warmup_s=0.0,
                                           seed=exp.seed, client_send_s=HARNESS_SEND_S,
-                                          output_jitter_s=HARNESS_JITTER_S),
+                                          output_jitter_s=HARNESS_JITTER_S,
+                                          core_spread=CORE_SPREAD),
         )
 
 
