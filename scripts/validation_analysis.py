@@ -57,7 +57,7 @@ import polars as pl
 from capplan.calibrate import store
 from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.modelspec import load_model_spec
-from capplan.profile import Profile, StepTimer
+from capplan.profile import Profile, StepTimer, eager_threshold
 from capplan.sim.run import simulate
 from capplan.tracefit import parse_metrics
 from capplan.traffic import ClosedLoop
@@ -1153,16 +1153,24 @@ def reach(engine: str = "llama-3.1-8b-bf16-plan4t") -> None:
     """The traced plan run's engine steps priced at their measured composition (each step's
     decode context from its requests' streamed tokens), with and without the shared-prefix
     saving: validation.md, "The production plan's decision" (fifteenth session)."""
+    from capplan.profiles import resolve_profile
+
     folder = next(p for p in stored_runs() if p.name == engine)
-    reqs_all = pl.read_parquet(folder / "requests.parquet")
+    run_, reqs_all, _ = load_run(folder)
     steps_all = pl.read_parquet(folder / "steps.parquet")
-    eng = json.loads((folder / "run.json").read_text())["pool"]["engine"]
-    prof = Profile.load(CALIBRATION_DIR / "h200/vllm-0.26.0/llama-3.1-8b/bf16/profile.json")
-    timer = StepTimer(prof, max_num_seqs=eng["max_num_seqs"],
-                      max_num_batched_tokens=eng["max_num_batched_tokens"])
+    eng = run_.pool.engine
+    # the profile the simulator predicts this engine with
+    prof = resolve_profile(run_.pool, load_model_spec(run_.pool.model))
+    timer = StepTimer(prof, max_num_seqs=eng.max_num_seqs,
+                      max_num_batched_tokens=eng.max_num_batched_tokens)
+    print(f"{engine}: priced by {prof.model}/{prof.key}")
     for run in dict.fromkeys(steps_all["run"].to_list()):
         _reach_run(f"{engine} {run}", timer, reqs_all.filter(pl.col("experiment") == run),
-                   steps_all.filter(pl.col("run") == run).sort("step"))
+                   steps_all.filter(pl.col("run") == run).sort("step"),
+                   eng.max_num_batched_tokens, run_.pool.model,
+                   eager_threshold(eng.max_num_seqs, eng.max_num_batched_tokens))
+    if not engine.startswith("llama-3.1-8b-bf16"):
+        return
     cache = store.read_runner_jsonl(store.runner_jsonl(CALIBRATION_DIR / "_raw",
                                                        "llama-3.1-8b--bf16--cache"))
     layer = load_model_spec("llama-3.1-8b").kv_bytes_per_layer_token()
@@ -1172,9 +1180,11 @@ def reach(engine: str = "llama-3.1-8b-bf16-plan4t") -> None:
               "readers (one request's context)")
 
 
-def _reach_run(label: str, timer: StepTimer, reqs: pl.DataFrame, st: pl.DataFrame) -> None:
+def _reach_run(label: str, timer: StepTimer, reqs: pl.DataFrame, st: pl.DataFrame,
+               budget: int, model: str, largest: int) -> None:
     """reach() for one experiment's steps: each priced at its composition, a decode-only
-    step also by how unequal its requests' contexts are (the longest against the mean)."""
+    step also by how unequal its requests' contexts are (the longest against the mean), and
+    the steps past the largest CUDA graph one by one (measured / priced, their spread)."""
     t = st["t"].to_numpy()
     n = len(t)
     ctx, shared, longest, seen = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
@@ -1197,7 +1207,12 @@ def _reach_run(label: str, timer: StepTimer, reqs: pl.DataFrame, st: pl.DataFram
         shared += np.maximum(readers - 1, 0) * tokens
     pre, dec = st["prefill_tokens"].to_numpy(), st["decode_reqs"].to_numpy()
     n_pre = st["prefill_reqs"].to_numpy()
-    pa = np.where(pre > 0, pre * (1800 + pre / 2), 0.0)  # a chunk's prior context: ~half a prompt
+    # a chunk's prior context, on average over the prefilled tokens: a prompt of L tokens cut
+    # into chunks puts its tokens behind L / 2 on average, one that fits the budget behind 0
+    lens = reqs["input_tokens"].to_numpy().astype(float)
+    cut = lens[lens > budget]
+    prior = float((cut ** 2).sum() / (2 * lens.sum())) if lens.sum() else 0.0
+    pa = np.where(pre > 0, pre * (prior + pre / 2), 0.0)
     dt = np.diff(t, prepend=np.nan)
     # a step is priced only where the streams account for its decodes: past the run's end the
     # engine still decodes requests the client no longer records (the plan run's last 7 s),
@@ -1207,14 +1222,14 @@ def _reach_run(label: str, timer: StepTimer, reqs: pl.DataFrame, st: pl.DataFram
 
     def priced(s: np.ndarray) -> np.ndarray:
         return np.array([timer.step_time_s(int(p + d), int(d + k), float(a), int(c),
-                                           shared_ctx=int(x))
+                                           decode_seqs=int(d), shared_ctx=int(x))
                          for p, d, k, a, c, x in zip(pre, dec, n_pre, pa, ctx, s, strict=True)])
 
     plain, saved = priced(np.zeros(n)), priced(shared)
-    layer = load_model_spec("llama-3.1-8b").kv_bytes_per_layer_token()
+    layer = load_model_spec(model).kv_bytes_per_layer_token()
     print(f"{label}: {ok.sum()} steps ({(~whole).sum()} left out, their decodes not all in the "
           f"client's streams), mean decode context {ctx[ok].mean():.0f}, "
-          f"shared {shared[ok].mean():.0f} tokens")
+          f"shared {shared[ok].mean():.0f} tokens, a chunk's prior context {prior:.0f}")
     for (workload, _), (readers, tokens) in groups.items():
         if workload != "rag":
             continue
@@ -1228,6 +1243,23 @@ def _reach_run(label: str, timer: StepTimer, reqs: pl.DataFrame, st: pl.DataFram
             continue
         print(f"  {name:11s} {k.sum():5d} steps, measured {m:6.2f} s; priced without the "
               f"saving {m / plain[k].sum() - 1:+.1%}, with it {m / saved[k].sum() - 1:+.1%}")
+    # through the run, by 10 s: the steps' time against their price
+    cells = []
+    for lo in np.arange(0.0, float(np.nanmax(t)), 10.0):
+        k = ok & (t >= lo) & (t < lo + 10)
+        if k.sum() >= 20:
+            cells.append(f"{lo:.0f} s {dt[k].sum() / saved[k].sum() - 1:+.1%}")
+    if len(cells) > 1:
+        print("  by 10 s, measured against priced: " + ", ".join(cells))
+    # the steps past the largest CUDA graph: the CPU's launches (eager_floor_s), one by one
+    k = ok & (pre + dec > largest)
+    if k.sum() >= 10:
+        r = dt[k] / saved[k]
+        qs = [10, 50, 90, 99]
+        ms = " / ".join(f"{x * 1e3:.1f}" for x in np.percentile(dt[k], qs))
+        print(f"  past the largest graph {k.sum():5d} steps, measured / priced at p10 / p50 / "
+              "p90 / p99: " + " / ".join(f"{x:.2f}" for x in np.percentile(r, qs))
+              + f" (measured {ms} ms)")
     # decode-only steps by how unequal their contexts are: the longest over the mean
     spread = np.where(dec > 0, longest / np.maximum(ctx / np.maximum(dec, 1), 1), 0.0)
     for lo, hi in ((0, 1.5), (1.5, 3), (3, 1e9)):
