@@ -469,8 +469,13 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     if derived:
         notes.append("KV at util " + ", ".join(f"{u:.2f}" for u in derived)
                      + " derived from vLLM's memory profile of the 0.90 engine")
+    shipped = F.heldout_ape(s, step, max_num_seqs=eng["max_num_seqs"],
+                            max_num_batched_tokens=eng["max_num_batched_tokens"], spec_k=k,
+                            seed=seed, window=window)
     extra = {
-        "fit": {"unit": ("one engine step, timed by the GPU's own stamps"
+        "fit": {"heldout_shipped_median_ape": round(float(np.median(shipped)), 5),
+                "heldout_shipped_p95_ape": round(float(np.percentile(shipped, 95)), 5),
+                "unit": ("one engine step, timed by the GPU's own stamps"
                          if F.unit_width(s) == 1 else
                          f"window of {F.WINDOW} consecutive engine steps (CPU stamps)"),
                 "single_step_median_ape": round(float(np.median(res.single_step_ape)), 5),

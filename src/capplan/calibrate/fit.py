@@ -388,6 +388,22 @@ def window_ape(s: Samples, win: np.ndarray, step: StepModel, sizes: list[int],
     return ape
 
 
+def heldout_ape(s: Samples, step: StepModel, *, max_num_seqs: int,
+                max_num_batched_tokens: int, spec_k: int = 0, seed: int = 0,
+                test_fraction: float = 0.2, window: int = 0) -> np.ndarray:
+    """fit_step_model's held-out windows (the same seeded split) priced by `step`: the
+    profile as shipped, with the terms fitted after the linear fit (a graph scan's
+    offsets and decode-only context rate) where the fit's own figures have only its own."""
+    if window:
+        s = attention_by_kind(s, window)
+    eager = s["tokens"] > eager_threshold(max_num_seqs, max_num_batched_tokens)
+    s = {**s, "eager_step": eager.astype(float)}
+    win = windows(s, seed)
+    test = win[np.random.default_rng(seed + 1).random(len(win)) < test_fraction]
+    sizes = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens, spec_k)
+    return window_ape(s, test, step, sizes, spec_k)
+
+
 def fit_step_model(
     s: Samples,
     *,
