@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -259,3 +260,18 @@ def test_a_graph_scan_that_ran_at_two_speeds_is_not_used() -> None:
     assert len(F.graph_scan_spikes(scan.points)) > F.GRAPH_SCAN_MAX_SPIKES
     assert not prof.step.graph_offset_s
     assert "graph scan llama-3.1-8b--bf16-draft_model4--graphs not used" in prof.provenance.note
+
+
+@pytest.mark.parametrize("d", PROFILES, ids=IDS)
+def test_heldout_error_as_shipped_recomputes(d: Path) -> None:
+    """The held-out figures of the profile as shipped (its scan terms included) are the fit's
+    own held-out steps priced by the shipped StepModel, recomputed from samples.parquet."""
+    prof = Profile.load(d)
+    fit = json.loads((d / "provenance.json").read_text())["fit"]
+    s = store.samples_of(store.read_samples(d), window_tokens=prof.step.window_tokens)
+    ape = F.heldout_ape(s, prof.step, max_num_seqs=int(prof.engine["max_num_seqs"]),  # type: ignore[call-overload]
+                        max_num_batched_tokens=int(prof.engine["max_num_batched_tokens"]),  # type: ignore[call-overload]
+                        spec_k=prof.spec_k, seed=fit["seed"], window=prof.step.window_tokens)
+    assert len(ape) == prof.fit.n_test
+    assert round(float(np.median(ape)), 5) == fit["heldout_shipped_median_ape"]
+    assert round(float(np.percentile(ape, 95)), 5) == fit["heldout_shipped_p95_ape"]
