@@ -251,11 +251,17 @@ def profiles() -> None:
         )
         return
     table = Table(title=f"measured profiles under {CALIBRATION_DIR}", title_justify="left")
-    for col in ("gpu", "vllm", "model", "profile", "tp", "source", "fit median/p95 APE",
+    for col in ("gpu", "vllm", "model", "profile", "tp", "source",
+                "held-out median/p95 APE",
                 "box tokens/seqs/context", "shared-prefix saving", "graph sizes"):
         table.add_column(col)
     for p in found:
-        fit = f"{p.fit.median_ape:.1%} / {p.fit.p95_ape:.1%}" if p.fit else "-"
+        fit = "-"
+        if p.fit is not None:  # the profile as shipped where recorded, else the fit's own
+            med, p95 = ((p.fit.shipped_median_ape, p.fit.shipped_p95_ape)
+                        if p.fit.shipped_median_ape is not None and p.fit.shipped_p95_ape
+                        is not None else (p.fit.median_ape, p.fit.p95_ape))
+            fit = f"{med:.1%} / {p95:.1%}"
         box = f"{p.box.max_tokens:,} / {p.box.max_seqs:,} / {p.box.max_context_tokens:,}"
         saving = f"{p.step.shared_ctx_saving:.0%}" if p.step.shared_ctx_saving else "-"
         graphs = str(len(p.step.graph_offset_s)) if p.step.graph_offset_s else "-"

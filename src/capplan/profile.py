@@ -338,13 +338,17 @@ class Box(BaseModel):
 
 
 class FitQuality(BaseModel):
-    """Held-out absolute percentage error of step time."""
+    """Held-out absolute percentage error of step time: by the fit's own terms, and by the
+    profile as shipped (`shipped_*`: the same held-out steps, with the terms fitted after
+    the linear fit, a graph scan's, included; calibrate/fit.py heldout_ape)."""
 
     model_config = _FROZEN
     n_train: int
     n_test: int
     median_ape: float
     p95_ape: float
+    shipped_median_ape: float | None = None
+    shipped_p95_ape: float | None = None
 
 
 class Provenance(BaseModel):

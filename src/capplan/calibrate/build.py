@@ -528,7 +528,10 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     profile = Profile(
         gpu=gpu, model=g.model, precision=prec, kv_cache_dtype=kv_dtype,
         spec_method=method, spec_k=k, vllm_version=str(meta["versions"].get("vllm")),
-        step=step, kv=kv, box=_box(df), fit=res.quality,
+        step=step, kv=kv, box=_box(df),
+        fit=res.quality.model_copy(update={
+            "shipped_median_ape": extra["fit"]["heldout_shipped_median_ape"],
+            "shipped_p95_ape": extra["fit"]["heldout_shipped_p95_ape"]}),
         provenance={"source": "measured", "note": prov["note"],
                     "gpu_minutes": prov["gpu_minutes"], "git_commit": git_commit,
                     "runner_commit": extra.get("runner_commit"), "date": prov["date"],
