@@ -27,7 +27,8 @@ Step durations come from the profile's step-time model (`StepTimer`), which was 
 completion-to-completion gaps of the real engine in exactly this mode: a run of steps takes
 the larger of a step's work and its launch each. The launch is the core's median time for
 such a step; the serving core's own time varies from step to step (its core traces:
-ln(p90 / p10) / 2.563 = 0.10-0.17 for decode-only steps, 0.13-0.27 past the largest graph),
+ln(p90 / p10) / 2.563 = 0.10-0.17 for decode-only steps, 0.14-0.24 for piecewise ones,
+0.20-0.27 past the largest graph),
 and with `simulation.core_spread` each step's launch is drawn as the median x exp(sigma z)
 (LaunchSpread, `StepTimer.launch_sigma`).
 """
