@@ -125,6 +125,17 @@ def test_vision_encoder_reserves_kv_only_for_multimodal_models() -> None:
     assert analytic_profile(LLAMA8, H200, Precision.BF16).kv.image_reservation_tokens == 0
 
 
+def test_vision_encoder_runs_on_every_patch_of_an_image_token() -> None:
+    """Gemma 4 pools 3 x 3 patches into one image token, and its encoder's layers run on
+    every patch: a 280-token picture costs at least its 2,520 patches' linear FLOPs at the
+    matmul peak (2.8 ms on the H200), not one token's (0.3 ms)."""
+    p = analytic_profile(GEMMA, H200, Precision.FP8)
+    tower = 27 * (4 * 1152**2 + 3 * 1152 * 4304)  # vision_config: layers x (attention + MLP)
+    floor = 2 * tower * 280 * 9 / H200.bf16_flops
+    assert p.step.encoder_token_s * 280 > floor > 2.5e-3
+    assert p.step.encoder_token_s * 280 < 4 * floor  # and within the MFU's reach of it
+
+
 def test_sliding_window_layers_cost_less_at_long_max_model_len() -> None:
     """Sliding-window layers keep only the window: per-token KV (vLLM's tokens: requests at
     max_model_len) falls as max_model_len grows past the window plus the tokens in flight

@@ -283,3 +283,94 @@ def test_mixlen_pairs_read_as_much_kv_as_their_twins() -> None:
         assert 0 <= summed - twin["batch"] * twin["context"] < twin["batch"]
     mixed = [p for p in mixlen_points() if p["kind"] == "mixed"]
     assert len({p["batch"] * p["context"] for p in mixed}) == 1 < len(mixed)
+
+
+def test_encoder_scan_engine_allows_images_and_times_only_the_encoder() -> None:
+    """`--encoder-scan` adds one engine per timed one (k = 0), images allowed, whose plan
+    holds only encoder points: 1-8 pictures of the default size, then one of each other
+    size; a model without a vision encoder is refused in one line."""
+    from capplan.calibrate.build import _NAME
+    from capplan.errors import ConfigError
+
+    jobs = ccli.plan_jobs("gemma-4-31b", [ccli.Precision.FP8], [0, 2], "mtp", None, "auto",
+                          [0.90], 1, encoder_scan=True)
+    enc = [j for j in jobs if j.encoder_scan]
+    assert [j.name for j in enc] == ["gemma-4-31b--fp8--encoder"]
+    args = enc[0].runner_args("m", "p.json", "o", "meta", 60)
+    assert "--limit-images" not in args and "--kv-only" not in args
+    plan = ccli._plan(enc[0], 60)
+    points = plan["points"]
+    assert {p["kind"] for p in points} == {"encoder"}
+    assert [(p["images"], p["image_tokens"], p.get("built", False)) for p in points] == [
+        (1, 280, False), (2, 280, False), (4, 280, False), (8, 280, False),
+        (1, 70, True), (1, 140, True), (1, 560, True), (1, 1120, True)]
+    m = _NAME.match("gemma-4-31b--fp8--encoder")
+    assert m and (m["model"], m["key"], m["encoder"]) == ("gemma-4-31b", "fp8", "--encoder")
+    with pytest.raises(ConfigError, match="no vision encoder"):
+        ccli.plan_jobs("llama-3.1-8b", [ccli.Precision.BF16], [0], "draft_model", None,
+                       "auto", [0.90], 1, encoder_scan=True)
+
+
+def _encoder_run(raw: Path, name: str, ms_per_token: float) -> None:
+    """An encoder scan's raw output as runner.py writes it: pictures of the default size
+    cost `ms_per_token` an image token plus 0.3 ms a call; a 1,120-token picture 30 % more
+    an image token (its attention)."""
+    lines = []
+    for images, tokens in ((1, 280), (2, 280), (4, 280), (8, 280), (1, 1120)):
+        pid = f"encoder-i{images}-t{tokens}"
+        wall = (0.3 + ms_per_token * images * tokens * (1.3 if tokens > 280 else 1.0)) / 1e3
+        for rep in range(5):
+            lines.append({"kind": "encoder", "point": pid, "rep": rep, "images": images,
+                          "image_tokens": tokens, "gpu_s": wall * 0.98, "launch_s": 2e-3,
+                          "wall_s": wall * (1 + 0.01 * (rep - 2)), "tokens_out": images * tokens,
+                          "inputs": "vllm-dummy", "pixel_values_shape": None})
+        lines.append({"kind": "point_done", "point": pid, "steps": 5, "point_s": 1.0})
+    (raw / f"{name}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (raw / f"{name}.meta.json").write_text(json.dumps({"kv": {"kv_tokens": 1}}))
+
+
+def test_encoder_scan_prices_an_image_token_and_serves_every_precision(tmp_path: Path) -> None:
+    """The fit takes the default-size pictures' median passes through the origin; the
+    profile of another precision of the same model takes the same scan (the vision tower is
+    not quantized), and one of another model none."""
+    from capplan.calibrate.build import Group, encoder_time
+
+    _encoder_run(tmp_path, "gemma-4-31b--fp8--encoder", 0.024)
+    enc, note = encoder_time(tmp_path, Group("gemma-4-31b", "awq"))
+    assert enc is not None and enc["run"] == "gemma-4-31b--fp8--encoder"
+    # 0.3 ms a call over 280-2,240 tokens: within 2 % of 24 us a token
+    assert enc["encoder_token_s"] == pytest.approx(24e-6, rel=0.02)
+    big = next(p for p in enc["points"] if p["image_tokens"] == 1120)
+    assert big["wall_ms"] / big["priced_ms"] == pytest.approx(1.3, rel=0.02)  # shown, not fitted
+    assert "gemma-4-31b--fp8--encoder" in note and "ms a picture of 280" in note
+    assert encoder_time(tmp_path, Group("qwen3-32b", "fp8")) == (None, "")
+
+
+def test_a_measured_encoder_is_not_replaced_by_the_analytic_one() -> None:
+    """profiles._with_encoder supplies only what calibration did not measure, and keeps
+    the profile's own analytic terms beside the ones it adds."""
+    from capplan.pool import Pool
+    from capplan.profile import Profile
+    from capplan.profiles import _with_encoder
+
+    pool = Pool(name="v", model="gemma-4-31b", gpu="h200", precision="fp8")
+    spec = ccli.load_model_spec("gemma-4-31b")
+    shipped = Profile.load(store.CALIBRATION_DIR / "h200" / "vllm-0.26.0" / "gemma-4-31b"
+                           / "fp8" / "profile.json")
+    text_only = _with_encoder(shipped.model_copy(update={"step": shipped.step.model_copy(
+        update={"encoder_token_s": 0.0})}), pool, spec, None)
+    assert text_only.step.encoder_token_s > 0
+    assert "vision encoder" in text_only.provenance.analytic_terms
+    measured = shipped.model_copy(update={
+        "step": shipped.step.model_copy(update={"encoder_token_s": 20e-6}),
+        "provenance": shipped.provenance.model_copy(update={"analytic_terms": ("x",)})})
+    out = _with_encoder(measured, pool, spec, None)
+    assert out.step.encoder_token_s == 20e-6
+    assert "vision encoder" not in out.provenance.analytic_terms
+    # the measured FP8 profile has its image reservation: nothing to supply
+    assert out is measured
+    bf16 = measured.model_copy(update={"kv": measured.kv.model_copy(
+        update={"image_reservation_tokens": 0.0, "image_reservation_blocks": 0.0})})
+    out = _with_encoder(bf16, pool, spec, None)
+    assert out.step.encoder_token_s == 20e-6
+    assert out.provenance.analytic_terms == ("x", "image KV reservation")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import sys
@@ -82,6 +83,17 @@ class FakeExecutor:
     def execute_model(self, so: NS) -> None:
         return None
 
+    def collective_rpc(self, fn: Any) -> list[Any]:
+        """The worker holds a model whose encoder returns one embedding per picture."""
+        def encode(**batch: Any) -> list[NS]:
+            n = batch["pixel_values"].shape[0]
+            return [NS(shape=(280, 5376))] * n
+
+        runner = NS(model=NS(embed_multimodal=encode),
+                    _get_mm_dummy_batch=lambda modality, n: {
+                        "pixel_values": NS(shape=(n, 2520, 768))})
+        return [fn(NS(model_runner=runner))]
+
     def sample_tokens(self, grammar: object) -> None:
         return None
 
@@ -150,6 +162,7 @@ def runner(monkeypatch: pytest.MonkeyPatch) -> Any:
     inputs.TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}  # type: ignore[attr-defined]
     torch = types.ModuleType("torch")
     torch.cuda = NS(Event=FakeEvent, synchronize=lambda: None)  # type: ignore[attr-defined]
+    torch.inference_mode = contextlib.nullcontext  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
     monkeypatch.setitem(sys.modules, "torch", torch)
@@ -337,3 +350,30 @@ def test_a_point_that_finishes_in_time_is_not_hung(tmp_path: Path) -> None:
         dog.stop()
         time.sleep(2.5)
     assert runner.load_hung(str(tmp_path / "s.jsonl")) == []
+
+
+def test_encoder_point_records_each_timed_pass(runner: Any) -> None:
+    """An encoder point runs its warm passes untimed, then one record a timed pass: the
+    pictures, their image tokens in and out, the input's source, GPU and wall time."""
+    from capplan.calibrate.sweep import _encoder
+
+    p = _encoder(4, 280, built=False)
+    recs = _driver(runner).point(p)
+    assert len(recs) == p["repeats"]
+    assert [r["rep"] for r in recs] == list(range(p["repeats"]))
+    r = recs[0]
+    assert (r["kind"], r["point"], r["images"], r["image_tokens"]) == (
+        "encoder", "encoder-i4-t280", 4, 280)
+    assert (r["inputs"], r["pixel_values_shape"], r["tokens_out"]) == (
+        "vllm-dummy", [4, 2520, 768], 4 * 280)
+    assert r["gpu_s"] == pytest.approx(1e-3)  # the two events, one apart in FakeEvent's clock
+    assert r["wall_s"] >= r["launch_s"] >= 0
+
+
+def test_encoder_grid_holds_exactly_the_image_tokens(runner: Any) -> None:
+    """A built picture's patch grid pools into exactly its image tokens, as near square
+    as they allow (Gemma 4's 70-1,120)."""
+    assert runner.token_grid(280) == (14, 20)
+    assert runner.token_grid(70) == (7, 10)
+    assert runner.token_grid(1120) == (32, 35)
+    assert runner.token_grid(7) == (1, 7)

@@ -222,8 +222,9 @@ def analytic_profile(
         draft_pass_s=d_pass,
         draft_token_s=d_token,
         draft_seq_s=d_token,
-        # a ViT runs ~2 FLOPs per parameter per image token, in BF16, unsharded by TP here
-        encoder_token_s=2.0 * spec.vision_encoder_params / (gpu.bf16_flops * MFU[Precision.BF16]),
+        # the ViT runs on every patch of an image token, in BF16, unsharded by TP here
+        encoder_token_s=spec.encoder_flops_per_image_token()
+        / (gpu.bf16_flops * MFU[Precision.BF16]),
     )
 
     kv = _kv_capacity(spec, gpu, precision, tp, engine, full_kv, local_kv, d_weights, d_kv)

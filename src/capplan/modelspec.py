@@ -63,6 +63,11 @@ class ModelSpec(BaseModel):
     global_head_dim: int | None = Field(default=None, gt=0)
     vision_encoder_params: int = Field(default=0, ge=0)
     image_tokens_per_image: int = Field(default=0, ge=0)
+    vision_patches_per_token: int = Field(
+        default=1, gt=0, description="encoder patches pooled into one image token"
+    )
+    vision_layers: int = Field(default=0, ge=0, description="the vision encoder's layers")
+    vision_hidden_size: int = Field(default=0, ge=0, description="the vision encoder's width")
     vllm_hf_overrides: dict[str, Any] = Field(
         default_factory=dict,
         description="vLLM `hf_overrides` this config needs to build (calibration, validation)",
@@ -105,6 +110,16 @@ class ModelSpec(BaseModel):
         """Bytes of weights one GPU holds at TP=1 (vision encoder in BF16)."""
         linear = self.linear_params * precision.weight_bytes_per_param
         return int(linear + 2 * (self.embedding_params + self.vision_encoder_params))
+
+    def encoder_flops_per_image_token(self) -> float:
+        """FLOPs the vision encoder spends on one image token at `image_tokens_per_image` a
+        picture: it runs on `vision_patches_per_token` patches per token (2 FLOPs a parameter
+        each), and each layer's attention runs over all the picture's patches (4 x width
+        FLOPs a patch pair: scores and values)."""
+        ppt = self.vision_patches_per_token
+        patches = self.image_tokens_per_image * ppt
+        attention = 4 * self.vision_layers * self.vision_hidden_size * patches
+        return float(ppt * (2 * self.vision_encoder_params + attention))
 
     def kv_bytes_per_layer_token(self, kv_dtype_bytes: int = 2) -> int:
         """KV bytes one token takes in one full-attention layer (K and V)."""

@@ -126,15 +126,21 @@ def resolve_profile(
 
 
 def _with_encoder(p: Profile, pool: Pool, spec: ModelSpec, draft: ModelSpec | None) -> Profile:
-    """A measured profile of a multimodal model whose calibration ran text-only gets the
-    vision encoder's cost and KV reservation from the analytic model, and says so; every
-    other term stays measured."""
-    if not spec.vision_encoder_params or p.step.encoder_token_s > 0:
+    """A measured profile of a multimodal model gets what its calibration did not measure
+    from the analytic model, and says so: the vision encoder's cost where no encoder scan
+    timed it (`capplan calibrate --encoder-scan`), the image-encoder KV reservation where no
+    engine with images allowed measured it; every other term stays measured."""
+    if not spec.vision_encoder_params:
         return p
     a = _analytic(pool, spec, Precision(p.precision), p.kv_cache_dtype, p.spec_method,
                   p.spec_k, draft)
-    supplied, terms = "vision encoder cost", ["vision encoder"]
-    kv = p.kv
+    supplied: list[str] = []
+    terms: list[str] = []
+    step, kv = p.step, p.kv
+    if step.encoder_token_s == 0:
+        step = step.model_copy(update={"encoder_token_s": a.step.encoder_token_s})
+        supplied.append("vision encoder cost")
+        terms.append("vision encoder")
     if kv.image_reservation_tokens == 0 and a.kv.image_reservation_tokens > 0:
         # the analytic reservation is in its own tokens; keep its share of the capacity
         share = a.kv.image_reservation_tokens / max(1, a.kv.tokens(0.90))
@@ -142,15 +148,18 @@ def _with_encoder(p: Profile, pool: Pool, spec: ModelSpec, draft: ModelSpec | No
         if kv.pooled:  # and of the pool's blocks
             update["image_reservation_blocks"] = round(share * kv.blocks(0.90))
         kv = kv.model_copy(update=update)
-        supplied += " and image-encoder KV reservation"
+        supplied.append("image-encoder KV reservation")
         terms.append("image KV reservation")
-    note = "; ".join(x for x in (p.provenance.note,
-                                 f"{supplied} from the analytic model (not measured)") if x)
+    if not terms:
+        return p
+    note = "; ".join(x for x in (p.provenance.note, f"{' and '.join(supplied)} from the "
+                                 "analytic model (not measured)") if x)
     return p.model_copy(update={
-        "step": p.step.model_copy(update={"encoder_token_s": a.step.encoder_token_s}),
-        "kv": kv,
+        "step": step, "kv": kv,
         "provenance": p.provenance.model_copy(update={"note": note,
-                                                      "analytic_terms": tuple(terms)}),
+                                                      "analytic_terms": (
+                                                          *p.provenance.analytic_terms,
+                                                          *terms)}),
     })
 
 

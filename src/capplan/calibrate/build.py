@@ -48,7 +48,8 @@ MIN_DRAFT_POINTS = 8
 LAUNCH_COEFS = ("eager_floor_s", "eager_step_s", "prefill_step_s")
 _NAME = re.compile(
     r"^(?P<model>[^-].*?)--(?P<key>[a-z0-9_-]+?)(?:--r(?P<r>\d+))?(?:--u(?P<u>\d+))?"
-    r"(?P<img>--img)?(?P<cache>--cache)?(?P<graphs>--graphs)?(?P<core>--core)?(?P<mixlen>--mixlen)?$")
+    r"(?P<img>--img)?(?P<cache>--cache)?(?P<graphs>--graphs)?(?P<core>--core)?(?P<mixlen>--mixlen)?"
+    r"(?P<encoder>--encoder)?$")
 _KEY = re.compile(r"^(?P<prec>bf16|fp8|nvfp4|awq)(?P<kv>-kvfp8)?(?:-(?P<m>[a-z_]+?)(?P<k>\d+))?$")
 
 
@@ -100,9 +101,11 @@ def groups(raw: Path) -> dict[tuple[str, str], Group]:
     for meta_path in sorted(raw.glob("*.meta.json")):
         name = meta_path.name.removesuffix(".meta.json")
         m = _NAME.match(name)
-        if m is None or m["cache"] or m["graphs"] or m["core"] or m["mixlen"]:
-            # not a run; or an engine with prefix caching on, a graph scan, a core scan or a
-            # mixlen scan (each read beside its profile's fit, not fitted with it)
+        if (m is None or m["cache"] or m["graphs"] or m["core"] or m["mixlen"]
+                or m["encoder"]):
+            # not a run; or an engine with prefix caching on, a graph scan, a core scan, a
+            # mixlen scan or an encoder scan (each read beside its profile's fit, not
+            # fitted with it)
             continue
         meta = json.loads(meta_path.read_text())
         if "kv" not in meta:
@@ -118,6 +121,34 @@ def groups(raw: Path) -> dict[tuple[str, str], Group]:
         if m["u"] is None and not m["img"] and store.runner_jsonl(raw, name) is not None:
             g.main = name
     return out
+
+
+def encoder_time(raw: Path, g: Group) -> tuple[dict[str, Any] | None, str]:
+    """The vision encoder's time an image token, from an encoder scan of this profile's
+    engine (`<model>--<key>--encoder`), else of any engine of the same model: vLLM 0.26.0
+    leaves Gemma 4's vision tower unquantized under FP8, AWQ and NVFP4 alike (gemma4_mm.py
+    quantizes a tower only where its widths divide by 64, and 4,304 does not), so every
+    precision runs the same BF16 encoder. None without a scan (the profile then takes the
+    analytic figure, profiles.py `_with_encoder`)."""
+    own = f"{g.model}--{g.key}--encoder"
+    others = sorted(p.name.removesuffix(".meta.json")
+                    for p in raw.glob(f"{g.model}--*--encoder.meta.json"))
+    runs = [own, *others]
+    run = next((r for r in runs if store.runner_jsonl(raw, r) is not None), None)
+    if run is None:
+        return None, ""
+    path = store.runner_jsonl(raw, run)
+    assert path is not None
+    spec = load_model_spec(g.model)
+    fitted = F.encoder_scan(store.read_encoder_jsonl(path), spec.image_tokens_per_image)
+    secs = _rc_seconds(raw).get(run)
+    out = {"run": run, "encoder_token_s": fitted.token_s, "gpu_seconds": secs,
+           "points": fitted.points}
+    per_image = fitted.token_s * spec.image_tokens_per_image * 1e3
+    note = (f"encoder_token_s {fitted.token_s * 1e6:.2f} us ({per_image:.1f} ms a picture of "
+            f"{spec.image_tokens_per_image} image tokens) from {run}"
+            + (f" ({secs / 60:.1f} GPU-minutes more, engine start included)" if secs else ""))
+    return out, note
 
 
 def _samples(raw: Path, g: Group) -> pl.DataFrame:
@@ -447,6 +478,10 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                          + f" a token from {graph_run}"
                          + (f" ({secs / 60:.1f} GPU-minutes more, engine start included)"
                             if secs else ""))
+    encoder, note = encoder_time(raw, g)
+    if encoder is not None:
+        step = step.model_copy(update={"encoder_token_s": encoder["encoder_token_s"]})
+        notes.append(note)
     core, note = core_time(raw, g, df, eng)
     if core is not None:
         step = step.model_copy(update={"core_graph_s": core["core_graph_s"],
@@ -502,6 +537,8 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
         extra["core_launch"] = core
     if graphs is not None:
         extra["graph_scan"] = graphs
+    if encoder is not None:
+        extra["encoder_scan"] = encoder
     if g.repeats:
         extra["repeat_runs"] = [{"run": i, "name": name, "steps": int((df["run"] == i).sum())}
                                 for i, name in enumerate(g.repeats, 2)]

@@ -69,7 +69,8 @@ def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
               spec_method: str, spec_model: str | None, kv_cache_dtype: str,
               utils: list[float], tp: int, prefix_cache: bool = False,
               graph_scan: bool = False, core_scan: bool = False,
-              repeat: int = 0, mixlen_scan: bool = False) -> list[Job]:
+              repeat: int = 0, mixlen_scan: bool = False,
+              encoder_scan: bool = False) -> list[Job]:
     """The engines to start: one timed engine per (precision, k) at 0.90, plus KV-only
     engines for the other utilisations (BF16, k = 0 only: the rest are derived). A
     multimodal model's engines run text-only, and one more KV-only engine at 0.90 keeps the
@@ -80,7 +81,9 @@ def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
     `mixlen_scan`, one more per timed engine without speculative decoding times decode
     batches of unequal lengths beside their twins of one length (sweep.mixlen_points); with
     `core_scan`, one more per timed engine without speculative
-    decoding times the engine core's CPU time a step (sweep.core_points). With `repeat`
+    decoding times the engine core's CPU time a step (sweep.core_points); with
+    `encoder_scan`, one more per timed engine without speculative decoding, with images
+    allowed, times the vision encoder (sweep.encoder_points). With `repeat`
     N, only the timed engines start, as run N of each (`--rN`), whose steps join the fit."""
     if tp != 1:
         raise ConfigError(f"--tp {tp}: only tensor parallel 1 is calibrated so far")
@@ -114,13 +117,19 @@ def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
         jobs += [replace(j, mixlen_scan=True) for j in timed if not j.spec_k]
     if core_scan:
         jobs += [replace(j, core_scan=True) for j in timed if not j.spec_k]
+    if encoder_scan:
+        if not spec.vision_encoder_params:
+            raise ConfigError(f"--encoder-scan: {spec.name} has no vision encoder "
+                              "(its spec's vision_encoder_params is 0)")
+        jobs += [replace(j, encoder_scan=True, limit_images=None)
+                 for j in timed if not j.spec_k]
     return jobs
 
 
 def _plan(job: Job, budget_s: float) -> dict[str, object]:
     return make_plan(job.spec, job.precision, budget_s=budget_s * 1.6, spec_k=job.spec_k,
                      cache=job.prefix_cache, graphs=job.graph_scan, core=job.core_scan,
-                     mixlen=job.mixlen_scan,
+                     mixlen=job.mixlen_scan, encoder=job.encoder_scan,
                      max_num_seqs=job.max_num_seqs)
 
 
@@ -216,6 +225,9 @@ def _refit(raw: Path, out: Path, gpu: str) -> list[Path]:
 @click.option("--core-scan", is_flag=True,
               help="also an engine per timed one (k = 0) that times the engine core's own CPU "
               "time a step (core_graph_s, core_piecewise_s); a full sweep records it too")
+@click.option("--encoder-scan", is_flag=True,
+              help="also an engine per timed one (k = 0) of a multimodal model, images "
+              "allowed, that times its vision encoder: the profile's encoder_token_s")
 @click.option("--repeat", type=int, default=0,
               help="start only the timed engines, as run N (`<model>--<key>--rN`) of each: a "
               "later lease's steps, fitted with the main run's")
@@ -223,7 +235,8 @@ def calibrate(model: str | None, precision: str, spec_tokens: str, spec_method: 
               spec_model: str | None, kv_cache_dtype: str, utils: str, tp: int,
               budget_s: float, gpu: str, out: Path, raw: Path | None, from_raw: Path | None,
               dry_run: bool, emit_queue: Path | None, prefix_cache: bool,
-              graph_scan: bool, mixlen_scan: bool, core_scan: bool, repeat: int) -> None:
+              graph_scan: bool, mixlen_scan: bool, core_scan: bool, encoder_scan: bool,
+              repeat: int) -> None:
     """Measure vLLM step times and KV capacity on this GPU and write profiles."""
     if from_raw is not None:
         for d in _refit(from_raw, out, gpu):
@@ -235,7 +248,7 @@ def calibrate(model: str | None, precision: str, spec_tokens: str, spec_method: 
     us = _floats(utils, "--gpu-memory-utilization") or list(UTILS)
     jobs = plan_jobs(model, _precisions(precision), ks, spec_method, spec_model,
                      kv_cache_dtype, us, tp, prefix_cache, graph_scan, core_scan, repeat,
-                     mixlen_scan)
+                     mixlen_scan, encoder_scan)
     if emit_queue is not None:
         emit_queue.parent.mkdir(parents=True, exist_ok=True)
         emit_queue.write_text("".join(queue_line(j, out, budget_s) + "\n" for j in jobs))

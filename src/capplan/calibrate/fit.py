@@ -305,6 +305,44 @@ def graph_scan_spikes(points: list[dict[str, Any]]) -> list[str]:
 
 
 @dataclass
+class EncoderScan:
+    """What an encoder scan gives a profile (StepModel.encoder_token_s): the vision
+    encoder's seconds per image token, through the origin over the pictures of the model's
+    default size, and every point's median pass, measured and so priced, for provenance."""
+
+    token_s: float
+    points: list[dict[str, Any]]
+
+
+def encoder_scan(df: Any, default_tokens: int) -> EncoderScan:
+    """Fit an encoder-scan run (sweep.encoder_points; store.read_encoder_jsonl). A pass
+    costs the engine's step the larger of the GPU's time and the CPU's launch, so each
+    point counts its median synchronised wall time (`wall_s`); the fit takes the points of
+    `default_tokens` a picture, the size a traffic file's images have unless it says."""
+    import polars as pl
+
+    med = (df.group_by("point", "images", "image_tokens")
+           .agg(pl.col("wall_s").median(), pl.col("gpu_s").median(),
+                pl.col("launch_s").median(), pl.col("tokens_out").first(),
+                pl.col("inputs").first(), pl.len().alias("passes"))
+           .with_columns(tokens=pl.col("images") * pl.col("image_tokens"))
+           .sort("image_tokens", "images"))
+    base = med.filter(pl.col("image_tokens") == default_tokens)
+    if base.is_empty():
+        raise CalibrationError(f"encoder scan: no point of {default_tokens} image tokens "
+                               "a picture (the model's default size)")
+    x, y = base["tokens"].to_numpy().astype(float), base["wall_s"].to_numpy()
+    token_s = float(x @ y / (x @ x))
+    points = [{"point": r["point"], "images": r["images"], "image_tokens": r["image_tokens"],
+               "passes": r["passes"], "inputs": r["inputs"], "tokens_out": r["tokens_out"],
+               "wall_ms": round(r["wall_s"] * 1e3, 3), "gpu_ms": round(r["gpu_s"] * 1e3, 3),
+               "launch_ms": round(r["launch_s"] * 1e3, 3),
+               "priced_ms": round(token_s * r["tokens"] * 1e3, 3)}
+              for r in med.iter_rows(named=True)]
+    return EncoderScan(token_s, points)
+
+
+@dataclass
 class GraphScan:
     """What a graph-scan run gives a profile (StepModel.graph_ctx_s, graph_window_s,
     graph_offset_s), and each point's median step, measured and by the linear terms, for

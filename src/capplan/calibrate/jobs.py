@@ -57,6 +57,9 @@ class Job:
     mixlen_scan: bool = False
     """An engine that times only decode batches of unequal lengths beside their twins of one
     length (sweep.mixlen_points): a test of the step model's summed context, not fitted."""
+    encoder_scan: bool = False
+    """A multimodal model's engine with images allowed that times only its vision encoder
+    (sweep.encoder_points); its run gives the profile's `encoder_token_s`."""
     repeat: int = 0
     """Run number N > 1 of a timed engine (`<model>--<key>--rN`), measured on a later lease:
     its steps join the main run's in the fit (build.Group.repeats)."""
@@ -99,7 +102,7 @@ class Job:
             n += f"--r{self.repeat}"
         if abs(self.gpu_memory_utilization - 0.90) > 1e-9:
             n += f"--u{round(self.gpu_memory_utilization * 100):d}"
-        if self.spec.vision_encoder_params and self.limit_images is None:
+        if self.spec.vision_encoder_params and self.limit_images is None and not self.encoder_scan:
             n += "--img"
         if self.prefix_cache:
             n += "--cache"
@@ -109,6 +112,8 @@ class Job:
             n += "--core"
         if self.mixlen_scan:
             n += "--mixlen"
+        if self.encoder_scan:
+            n += "--encoder"
         return n
 
     def model_dir(self, root: Path) -> Path:

@@ -337,6 +337,12 @@ class Recorder:
         return out
 
 
+def token_grid(tokens):
+    """The most nearly square rows x cols grid of exactly `tokens` image tokens."""
+    rows = max(d for d in range(1, math.isqrt(tokens) + 1) if tokens % d == 0)
+    return rows, tokens // rows
+
+
 class Driver:
     """Feeds the engine requests of exact shapes and steps it until they finish."""
 
@@ -384,8 +390,75 @@ class Driver:
     def running_decodes(self):
         return sum(1 for r in self.sched.running if r.num_computed_tokens >= r.num_prompt_tokens)
 
+    def encoder(self, p):
+        """An encoder point: `images` pictures of `image_tokens` tokens each through the
+        model's vision encoder, `repeats` times after `warm_passes` untimed ones; one record
+        a pass.
+
+        The engine runs a request's images through `model.embed_multimodal` in the step
+        that schedules their first chunk, eagerly, on the compute stream before the
+        decoder's forward (vllm/v1/worker/gpu/mm/encoder_runner.py execute_mm_encoder in
+        model runner V2, gpu_model_runner.py _execute_mm_encoder in V1; Gemma 4 has no
+        encoder CUDA graph). This calls the same method of the same loaded model, in the
+        engine's own worker. Its input is the batch V1's memory profiling encodes
+        (`_get_mm_dummy_batch`, the processor's dummy picture at the largest size); for
+        another size (`built`), or where that cannot be built (it needs the model's
+        processor files), a batch of the same form: per picture `image_tokens` x k^2 patches
+        of patch^2 x 3 values on a grid, k the pooling kernel (gemma4_mm.py
+        Gemma4ImagePixelInputs)."""
+        import torch
+
+        n, tokens = p["images"], p["image_tokens"]
+
+        def run(worker):
+            runner = getattr(worker, "model_runner", None) or worker.worker.model_runner
+            model = runner.model
+            source, batch = "vllm-dummy", None
+            if not p.get("built"):
+                try:
+                    batch = runner._get_mm_dummy_batch("image", n)
+                except Exception as e:  # any failure: build the tensors ourselves
+                    source = f"built ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+            if batch is None:
+                source = "built" if p.get("built") else source
+                vc = model.config.vision_config
+                k, patch = vc.pooling_kernel_size, vc.patch_size
+                rows, cols = (k * d for d in token_grid(tokens))
+                ys, xs = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
+                pos = torch.stack([xs.flatten(), ys.flatten()], -1)
+                batch = {"pixel_values": torch.rand(n, rows * cols, patch * patch * 3,
+                                                    device=runner.device),
+                         "pixel_position_ids": pos.expand(n, -1, -1).contiguous().to(
+                             runner.device)}
+            shape = list(batch["pixel_values"].shape) if "pixel_values" in batch else None
+            out = []
+            with torch.inference_mode():
+                for i in range(p["warm_passes"] + p["repeats"]):
+                    torch.cuda.synchronize()
+                    e0 = torch.cuda.Event(enable_timing=True)
+                    e1 = torch.cuda.Event(enable_timing=True)
+                    t0 = time.perf_counter()
+                    e0.record()
+                    emb = model.embed_multimodal(**batch)
+                    e1.record()
+                    t1 = time.perf_counter()
+                    torch.cuda.synchronize()
+                    t2 = time.perf_counter()
+                    if i >= p["warm_passes"]:
+                        out.append({"gpu_s": e0.elapsed_time(e1) / 1e3, "launch_s": t1 - t0,
+                                    "wall_s": t2 - t0,
+                                    "tokens_out": int(sum(x.shape[0] for x in emb))})
+            return source, shape, out
+
+        source, shape, passes = self.core.model_executor.collective_rpc(run)[0]
+        return [{"kind": "encoder", "point": p["id"], "rep": i, "images": n,
+                 "image_tokens": tokens, "pixel_values_shape": shape, "inputs": source, **r}
+                for i, r in enumerate(passes)]
+
     def point(self, p):
         """Run one plan point; returns the step records it produced."""
+        if p["kind"] == "encoder":
+            return self.encoder(p)
         self.drain()  # nothing of an earlier point left on the GPU when the clock restarts
         self.rec.point, self.rec.step_no, self.rec.records = p["id"], 0, []
         self.rec.restart_clock()

@@ -72,6 +72,20 @@ def read_runner_jsonl(path: Path) -> pl.DataFrame:
     return with_derived(df)
 
 
+def read_encoder_jsonl(path: Path) -> pl.DataFrame:
+    """An encoder scan's timed passes (runner.py `Driver.encoder`), complete points only."""
+    data = path.read_bytes()
+    lines = (gzip.decompress(data) if path.suffix == ".gz" else data).decode().splitlines()
+    recs = [json.loads(x) for x in lines if x.strip()]
+    done = {r["point"] for r in recs if r.get("kind") == "point_done"}
+    rows = [r for r in recs if r.get("kind") == "encoder" and r["point"] in done]
+    if not rows:
+        raise CalibrationError(f"{path}: no complete encoder points measured")
+    cols = ("point", "rep", "images", "image_tokens", "gpu_s", "launch_s", "wall_s",
+            "tokens_out", "inputs")
+    return pl.DataFrame({c: [r[c] for r in rows] for c in cols})
+
+
 def runner_jsonl(raw: Path, name: str) -> Path | None:
     """The run's samples file: `<name>.jsonl`, or gzipped as shipped."""
     for p in (raw / f"{name}.jsonl", raw / f"{name}.jsonl.gz"):

@@ -24,6 +24,12 @@ each carries an analytic cost estimate, so a plan fits a per-engine time budget.
   step's time at each size, which the linear terms do not follow (profile.py:
   `graph_offset_s`).
 
+An encoder scan (`encoder_points`, a multimodal model's engine with images allowed) times its
+vision encoder apart from the steps: `encoder-iN-tT`, N pictures of T image tokens each
+through `embed_multimodal`, `warm_passes` untimed then `repeats` timed (runner.py:
+`Driver.encoder`); the step that schedules a picture's first chunk runs this before its
+decoder forward (profile.py: `encoder_token_s`).
+
 A core scan (`core_points`) times what the engine core's CPU spends on a step, apart from
 what the GPU does: decode-only steps (one full CUDA graph) across batch sizes, and steps
 with a prefill chunk within the largest CUDA graph (piecewise graphs, attention launched
@@ -164,6 +170,29 @@ def mixlen_points() -> list[Point]:
     return out
 
 
+ENCODER_IMAGES = (1, 2, 4, 8)
+"""Pictures per encoder call at the model's default size: whether the cost is per token."""
+ENCODER_TOKENS = (70, 140, 560, 1120)
+"""Other sizes, one picture each (Gemma 4's 70-1,120 image tokens): the attention over a
+picture's patches grows with its square."""
+
+
+def _encoder(images: int, tokens: int, built: bool) -> Point:
+    p: Point = {"id": f"encoder-i{images}-t{tokens}", "kind": "encoder", "images": images,
+                "image_tokens": tokens, "warm_passes": 3, "repeats": 12, "kv_tokens": 0}
+    if built:  # vLLM's own dummy picture has the default size only
+        p["built"] = True
+    return p
+
+
+def encoder_points(spec: ModelSpec) -> list[Point]:
+    """The encoder scan: 1-8 pictures of the default size (vLLM's dummy picture), then one
+    picture at each other size (tensors of the processor's shape)."""
+    t = spec.image_tokens_per_image
+    return ([_encoder(n, t, False) for n in ENCODER_IMAGES]
+            + [_encoder(1, x, True) for x in ENCODER_TOKENS if x != t])
+
+
 def core_points(max_num_seqs: int = 256) -> list[Point]:
     """The core scan: steps whose launch can bind (sweep docstring). Decode-only batches of
     1-256 requests; a lone prompt of 51-410 tokens on an idle engine, fresh and behind a
@@ -247,6 +276,10 @@ def estimate_point_s(p: Point, spec: ModelSpec, precision: Precision, gpu: str =
     if p["kind"] == "shared":
         return float((p["prefix"] + p["batch"] * (p["context"] - p["prefix"])) / prefill_tok_s
                      + (p["steps"] + 2) * decode_step_s)
+    if p["kind"] == "encoder":
+        per_pass = (p["images"] * p["image_tokens"] * spec.encoder_flops_per_image_token()
+                    / (0.5 * g.bf16_flops) + 0.004)
+        return float((p["warm_passes"] + p["repeats"]) * per_pass)
     if p["kind"] == "cached":
         return float((p["prefix"] + p["tail"] * p["repeats"]) / prefill_tok_s
                      + (p["repeats"] + 1) * (decode_step_s + 0.004))
@@ -267,15 +300,19 @@ def make_plan(
     graphs: bool = False,
     core: bool = False,
     mixlen: bool = False,
+    encoder: bool = False,
     max_num_seqs: int = 256,
 ) -> dict[str, Any]:
     """Points in priority order whose estimated cost fits `budget_s` (warm-up first); with
     `cache`, the prefix-cache points (`cache_points`) instead of the sweep, with `graphs`
     the graph scan (`graph_points`), with `core` the core scan (`core_points`), with
-    `mixlen` the unequal-length decode pairs (`mixlen_points`)."""
-    points: list[Point] = [dict(p) for p in _WARMUP]
+    `mixlen` the unequal-length decode pairs (`mixlen_points`), with `encoder` the encoder
+    scan alone (`encoder_points`: no step is timed, so no warm-up steps)."""
+    points: list[Point] = [] if encoder else [dict(p) for p in _WARMUP]
     total = 0.0
-    if cache:
+    if encoder:
+        todo = encoder_points(spec)
+    elif cache:
         todo = cache_points()
     elif core:
         todo = core_points(max_num_seqs)

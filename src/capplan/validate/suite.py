@@ -74,7 +74,11 @@ class Experiment(BaseModel):
                 raise ValueError(f"workload {w.name!r}: validation replays closed, poisson or "
                                  "gamma arrivals only")
             if w.image is not None:
-                raise ValueError(f"workload {w.name!r}: images are not replayed (text only)")
+                raise ValueError(
+                    f"workload {w.name!r}: images are not replayed (the runner sends token "
+                    "ids to a dummy-weight engine, which has no image processor or tokenizer "
+                    "files to turn a picture into its tokens); drop `image` to validate its "
+                    "text")
             if w.prefix is not None and w.prefix.target_hit_rate is not None:
                 raise ValueError(f"workload {w.name!r}: target_hit_rate is a simulator "
                                  "shortcut; describe shared_tokens and groups instead")
