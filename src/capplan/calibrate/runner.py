@@ -412,7 +412,8 @@ class Driver:
 
         def run(worker):
             runner = getattr(worker, "model_runner", None) or worker.worker.model_runner
-            model = runner.model
+            # the model itself, not V1's CUDA-graph wrapper around it (get_model unwraps)
+            model = runner.get_model() if hasattr(runner, "get_model") else runner.model
             source, batch = "vllm-dummy", None
             if not p.get("built"):
                 try:
