@@ -18,6 +18,7 @@ from itertools import pairwise
 from typing import Any
 
 import numpy as np
+import polars as pl
 from scipy.optimize import lsq_linear
 
 from capplan.calibrate.sweep import GRAPH_SCAN_CONTEXT
@@ -314,13 +315,11 @@ class EncoderScan:
     points: list[dict[str, Any]]
 
 
-def encoder_scan(df: Any, default_tokens: int) -> EncoderScan:
+def encoder_scan(df: pl.DataFrame, default_tokens: int) -> EncoderScan:
     """Fit an encoder-scan run (sweep.encoder_points; store.read_encoder_jsonl). A pass
     costs the engine's step the larger of the GPU's time and the CPU's launch, so each
     point counts its median synchronised wall time (`wall_s`); the fit takes the points of
     `default_tokens` a picture, the size a traffic file's images have unless it says."""
-    import polars as pl
-
     med = (df.group_by("point", "images", "image_tokens")
            .agg(pl.col("wall_s").median(), pl.col("gpu_s").median(),
                 pl.col("launch_s").median(), pl.col("tokens_out").first(),
