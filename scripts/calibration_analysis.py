@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -306,20 +307,27 @@ def repeats() -> None:
                   f"{np.percentile(fit[0], 95):.1%} / {np.percentile(fit[1], 95):.1%}")
 
 
+def _scan_runs(suffix: str, flag: str
+               ) -> Iterator[tuple[Profile, dict[str, np.ndarray], np.ndarray]]:
+    """Each scan run `calibration/_raw/<model>--<key>--<suffix>.jsonl[.gz]` (warm-up points
+    left out): the profile of its key, its samples, and their steps by that profile."""
+    raw = CALIBRATION_DIR / "_raw"
+    runs = sorted({*raw.glob(f"*--{suffix}.jsonl"), *raw.glob(f"*--{suffix}.jsonl.gz")})
+    if not runs:
+        print(f"  no {suffix} runs yet (capplan calibrate {flag})")
+    for path in runs:
+        model, key = path.name.split(".jsonl")[0].removesuffix(f"--{suffix}").split("--")
+        prof, _, sizes = _fit_inputs(PROFILES / model / key)
+        df = store.read_runner_jsonl(path).filter(~pl.col("warmup"))
+        s = store.samples_of(df, window_tokens=prof.step.window_tokens)
+        yield prof, s, _predicted(prof, s, sizes)
+
+
 def cached() -> None:
     """Runs of engines with prefix caching on (`capplan calibrate --prefix-cache`,
     calibration/_raw/<model>--<key>--cache.jsonl[.gz]): each cache point's tail steps (the
     prefix's own prefill left out), measured and by the profile of the same key."""
-    raw = CALIBRATION_DIR / "_raw"
-    runs = sorted({*raw.glob("*--cache.jsonl"), *raw.glob("*--cache.jsonl.gz")})
-    if not runs:
-        print("  no prefix-cache runs yet (capplan calibrate --prefix-cache)")
-    for path in runs:
-        model, key = path.name.split(".jsonl")[0].removesuffix("--cache").split("--")
-        prof, _, sizes = _fit_inputs(PROFILES / model / key)
-        df = store.read_runner_jsonl(path).filter(~pl.col("warmup"))
-        s = store.samples_of(df, window_tokens=prof.step.window_tokens)
-        pred = _predicted(prof, s, sizes)
+    for prof, s, pred in _scan_runs("cache", "--prefix-cache"):
         for name in dict.fromkeys(s["point"]):
             k = np.flatnonzero(s["point"] == name)
             if name.startswith(("shared-", "decode-")):
@@ -328,17 +336,18 @@ def cached() -> None:
                 k = k[(s["decode_seqs"][k] == b) & (s["prefill_tokens"][k] == 0)]
             elif not name.startswith("cached-c0-"):
                 k = k[1:]  # the prefix's own prefill (one step: it fits the token budget)
-            print(f"  {model}/{key} {name}: {np.median(s['step_s'][k]) * 1e3:.2f} ms measured, "
+            print(f"  {prof.model}/{prof.key} {name}: "
+                  f"{np.median(s['step_s'][k]) * 1e3:.2f} ms measured, "
                   f"{np.median(pred[k]) * 1e3:.2f} ms by the profile ({len(k)} steps)")
         # each shared point against its unshared twin, as the profile's build reads them
         saving, pairs = F.shared_ctx_saving(s, prof.step.decode_ctx_s)
         for q in pairs:
-            print(f"  {model}/{key} {q['point']}: {q['shared_s'] * 1e3:.2f} ms against "
+            print(f"  {prof.model}/{prof.key} {q['point']}: {q['shared_s'] * 1e3:.2f} ms against "
                   f"{q['unshared_s'] * 1e3:.2f} ms unshared; saves {q['saving']:.0%} of "
                   f"decode_ctx_s ({prof.step.decode_ctx_s * 1e9:.1f} ns) per later reader's "
                   "prefix token")
         if pairs:
-            print(f"  {model}/{key}: shared_ctx_saving {saving:.1%} (the median)")
+            print(f"  {prof.model}/{prof.key}: shared_ctx_saving {saving:.1%} (the median)")
 
 
 def decode() -> None:
@@ -484,16 +493,7 @@ def mixlen() -> None:
     calibration/_raw/<model>--<key>--mixlen.jsonl[.gz]): each decode batch of unequal lengths
     beside its twin of one length (sweep.mixlen_points), over the steps where the whole batch
     decodes: measured, by the profile, and the unequal one against its twin."""
-    raw = CALIBRATION_DIR / "_raw"
-    runs = sorted({*raw.glob("*--mixlen.jsonl"), *raw.glob("*--mixlen.jsonl.gz")})
-    if not runs:
-        print("  no mixlen runs yet (capplan calibrate --mixlen-scan)")
-    for path in runs:
-        model, key = path.name.split(".jsonl")[0].removesuffix("--mixlen").split("--")
-        prof, _, sizes = _fit_inputs(PROFILES / model / key)
-        df = store.read_runner_jsonl(path).filter(~pl.col("warmup"))
-        s = store.samples_of(df, window_tokens=prof.step.window_tokens)
-        pred = _predicted(prof, s, sizes)
+    for prof, s, pred in _scan_runs("mixlen", "--mixlen-scan"):
         twin: tuple[float, float] | None = None
         mixed0: str | None = None  # the first mixed point: the others' reference
         for name in dict.fromkeys(s["point"]):
@@ -509,7 +509,7 @@ def mixlen() -> None:
                 continue
             meas, by = float(np.median(s["step_s"][k])), float(np.median(pred[k]))
             ctx = float(np.median(s["decode_ctx"][k]))
-            line = (f"  {model}/{key} {name:26s} {b:4d} seqs, context {ctx:9,.0f}: "
+            line = (f"  {prof.model}/{prof.key} {name:26s} {b:4d} seqs, context {ctx:9,.0f}: "
                     f"{meas * 1e3:6.2f} ms measured, {by * 1e3:6.2f} by the profile "
                     f"({meas / by - 1:+.1%}; {len(k)} steps)")
             if name.startswith("decode-") or (name.startswith("mixed-") and mixed0 is None):

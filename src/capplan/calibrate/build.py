@@ -130,15 +130,14 @@ def encoder_time(raw: Path, g: Group) -> tuple[dict[str, Any] | None, str]:
     quantizes a tower only where its widths divide by 64, and 4,304 does not), so every
     precision runs the same BF16 encoder. None without a scan (the profile then takes the
     analytic figure, profiles.py `_with_encoder`)."""
-    own = f"{g.model}--{g.key}--encoder"
     others = sorted(p.name.removesuffix(".meta.json")
                     for p in raw.glob(f"{g.model}--*--encoder.meta.json"))
-    runs = [own, *others]
-    run = next((r for r in runs if store.runner_jsonl(raw, r) is not None), None)
-    if run is None:
+    for run in (f"{g.model}--{g.key}--encoder", *others):
+        path = store.runner_jsonl(raw, run)
+        if path is not None:
+            break
+    else:
         return None, ""
-    path = store.runner_jsonl(raw, run)
-    assert path is not None
     spec = load_model_spec(g.model)
     fitted = F.encoder_scan(store.read_encoder_jsonl(path), spec.image_tokens_per_image)
     secs = _rc_seconds(raw).get(run)
