@@ -1243,6 +1243,16 @@ def _reach_run(label: str, timer: StepTimer, reqs: pl.DataFrame, st: pl.DataFram
             continue
         print(f"  {name:11s} {k.sum():5d} steps, measured {m:6.2f} s; priced without the "
               f"saving {m / plain[k].sum() - 1:+.1%}, with it {m / saved[k].sum() - 1:+.1%}")
+    # by the decodes a step carries: how the price holds as the batch grows (a burst's steps)
+    for name, kind in (("mixed", pre > 0), ("decode-only", pre == 0)):
+        cells = []
+        for lo, hi in ((0, 32), (32, 64), (64, 128), (128, 100_000)):
+            k = ok & kind & (dec >= lo) & (dec < hi)
+            if k.sum() >= 20:
+                cells.append(f"{lo}-{hi if hi < 100_000 else ''}: {k.sum()} steps "
+                             f"{dt[k].sum() / saved[k].sum() - 1:+.1%}")
+        if cells:
+            print(f"  {name} by decodes a step, measured against priced: " + ", ".join(cells))
     # through the run, by 10 s: the steps' time against their price
     cells = []
     for lo in np.arange(0.0, float(np.nanmax(t)), 10.0):

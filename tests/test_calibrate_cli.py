@@ -9,13 +9,15 @@ import shutil
 import sys
 from pathlib import Path
 
+import polars as pl
 import pytest
 from click.testing import CliRunner
 
 from capplan.calibrate import cli as ccli
 from capplan.calibrate import store
 from capplan.cli import main
-from capplan.profile import StepModel
+from capplan.errors import CalibrationError
+from capplan.profile import Profile, StepModel, StepTimer
 
 RAW = store.CALIBRATION_DIR / "_raw"
 
@@ -311,14 +313,17 @@ def test_encoder_scan_engine_allows_images_and_times_only_the_encoder() -> None:
                        "auto", [0.90], 1, encoder_scan=True)
 
 
-def _encoder_run(raw: Path, name: str, ms_per_token: float) -> None:
-    """An encoder scan's raw output as runner.py writes it: pictures of the default size
-    cost `ms_per_token` an image token plus 0.3 ms a call; a 1,120-token picture 30 % more
-    an image token (its attention)."""
+def _encoder_run(raw: Path, name: str, floor_ms: float, us_per_token: float,
+                 ns_per_token2: float) -> None:
+    """An encoder scan's raw output as runner.py writes it (sweep.encoder_points): each
+    picture costs `us_per_token` an image token and `ns_per_token2` a token squared, a pass
+    at least `floor_ms`; the passes of a point spread by +-2 %."""
     lines = []
-    for images, tokens in ((1, 280), (2, 280), (4, 280), (8, 280), (1, 1120)):
+    for images, tokens in ((1, 280), (2, 280), (4, 280), (8, 280),
+                           (1, 70), (1, 140), (1, 560), (1, 1120)):
         pid = f"encoder-i{images}-t{tokens}"
-        wall = (0.3 + ms_per_token * images * tokens * (1.3 if tokens > 280 else 1.0)) / 1e3
+        work = images * (us_per_token * 1e-3 * tokens + ns_per_token2 * 1e-6 * tokens**2)
+        wall = max(floor_ms, work) / 1e3
         for rep in range(5):
             lines.append({"kind": "encoder", "point": pid, "rep": rep, "images": images,
                           "image_tokens": tokens, "gpu_s": wall * 0.98, "launch_s": 2e-3,
@@ -329,21 +334,50 @@ def _encoder_run(raw: Path, name: str, ms_per_token: float) -> None:
     (raw / f"{name}.meta.json").write_text(json.dumps({"kv": {"kv_tokens": 1}}))
 
 
-def test_encoder_scan_prices_an_image_token_and_serves_every_precision(tmp_path: Path) -> None:
-    """The fit takes the default-size pictures' median passes through the origin; the
-    profile of another precision of the same model takes the same scan (the vision tower is
-    not quantized), and one of another model none."""
+def test_encoder_scan_prices_a_pass_and_serves_every_precision(tmp_path: Path) -> None:
+    """The fit recovers a pass's floor, its cost an image token and a token squared from
+    the points' median passes; the profile of another precision of the same model takes
+    the same scan (the vision tower is not quantized), and one of another model none."""
     from capplan.calibrate.build import Group, encoder_time
 
-    _encoder_run(tmp_path, "gemma-4-31b--fp8--encoder", 0.024)
+    _encoder_run(tmp_path, "gemma-4-31b--fp8--encoder", 37.0, 66.0, 40.0)
     enc, note = encoder_time(tmp_path, Group("gemma-4-31b", "awq"))
     assert enc is not None and enc["run"] == "gemma-4-31b--fp8--encoder"
-    # 0.3 ms a call over 280-2,240 tokens: within 2 % of 24 us a token
-    assert enc["encoder_token_s"] == pytest.approx(24e-6, rel=0.02)
-    big = next(p for p in enc["points"] if p["image_tokens"] == 1120)
-    assert big["wall_ms"] / big["priced_ms"] == pytest.approx(1.3, rel=0.02)  # shown, not fitted
-    assert "gemma-4-31b--fp8--encoder" in note and "ms a picture of 280" in note
+    assert enc["encoder_floor_s"] == pytest.approx(37e-3, rel=0.02)
+    assert enc["encoder_token_s"] == pytest.approx(66e-6, rel=0.05)
+    assert enc["encoder_token2_s"] == pytest.approx(40e-9, rel=0.1)
+    for p in enc["points"]:  # every point priced as measured
+        assert p["priced_ms"] == pytest.approx(p["wall_ms"], rel=0.02)
+    assert "gemma-4-31b--fp8--encoder" in note and "one picture of 280" in note
     assert encoder_time(tmp_path, Group("qwen3-32b", "fp8")) == (None, "")
+
+
+def test_encoder_scan_refuses_a_run_that_cannot_separate_its_terms(tmp_path: Path) -> None:
+    """Pictures of one size cannot tell the per-token term from the per-token-squared one."""
+    from capplan.calibrate import fit as F
+
+    _encoder_run(tmp_path, "x--fp8--encoder", 37.0, 66.0, 40.0)
+    df = store.read_encoder_jsonl(tmp_path / "x--fp8--encoder.jsonl")
+    with pytest.raises(CalibrationError, match="2 sizes"):
+        F.encoder_scan(df.filter(pl.col("image_tokens") == 280))
+
+
+def test_a_step_pays_the_encoder_pass_of_its_pictures() -> None:
+    """StepTimer.encoder_pass_s: a lone small picture pays the floor; pictures of one size
+    pay per token and per token squared a picture, so one big picture costs more than as
+    many tokens in small ones; a step adds the pass to its own time."""
+    shipped = Profile.load(store.CALIBRATION_DIR / "h200" / "vllm-0.26.0" / "gemma-4-31b"
+                           / "fp8" / "profile.json")
+    step = shipped.step.model_copy(update={"encoder_token_s": 66e-6,
+                                           "encoder_token2_s": 40e-9, "encoder_floor_s": 37e-3})
+    t = StepTimer(shipped.model_copy(update={"step": step}), max_num_seqs=256,
+                  max_num_batched_tokens=8192)
+    assert t.encoder_pass_s(70, 1) == pytest.approx(37e-3)
+    assert t.encoder_pass_s(8 * 280, 8) == pytest.approx(8 * (66e-6 * 280 + 40e-9 * 280**2))
+    assert t.encoder_pass_s(1120, 1) > t.encoder_pass_s(1120, 4)
+    plain = t.step_time_s(512, 1, 512 * 256, 0)
+    assert t.step_time_s(512, 1, 512 * 256, 0, 280, encoder_images=1) == pytest.approx(
+        plain + 37e-3)
 
 
 def test_a_measured_encoder_is_not_replaced_by_the_analytic_one() -> None:

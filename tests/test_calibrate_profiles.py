@@ -44,6 +44,9 @@ def test_profile_loads_with_complete_provenance(d: Path) -> None:
     assert {p["gpu_memory_utilization"] for p in prof.kv.measured} == {0.85, 0.9, 0.95}
 
 
+ENCODER = ("encoder_token_s", "encoder_token2_s", "encoder_floor_s")
+
+
 @pytest.mark.parametrize("d", PROFILES, ids=IDS)
 def test_refit_from_samples_gives_same_coefficients(d: Path) -> None:
     """Re-fitting samples.parquet with the recorded seed and fixed terms reproduces the
@@ -62,8 +65,11 @@ def test_refit_from_samples_gives_same_coefficients(d: Path) -> None:
                                               "graph_window_s", "graph_offset_s",
                                               "core_graph_s", "core_piecewise_s",
                                               "core_graph_sigma", "core_piecewise_sigma",
-                                              "eager_sigma"}).items():
+                                              "eager_sigma", *ENCODER}).items():
         assert getattr(res.step, k) == pytest.approx(v, rel=1e-6, abs=1e-15), k
+    scan = prov.get("encoder_scan", dict.fromkeys(ENCODER, 0.0))
+    for k in ENCODER:  # the encoder scan's (calibrate/build.py encoder_time), else none
+        assert getattr(prof.step, k) == scan[k], k
     assert res.quality == prof.fit.model_copy(update={"shipped_median_ape": None,
                                                       "shipped_p95_ape": None})
 
@@ -143,11 +149,13 @@ def test_the_validated_bf16_and_fp8_engines_have_a_graph_scan() -> None:
 
 @pytest.mark.parametrize("d", PROFILES, ids=IDS)
 def test_kv_line_meets_measured_point(d: Path) -> None:
-    """The capacity line passes within 0.5 % of the engine's own 0.90 figure."""
+    """The capacity line passes within 1 % of the engine's own 0.90 figure: the points are
+    different engine starts, whose memory outside the cache differs (Gemma 4 MTP k = 2's 0.90
+    engine held 2.2 GB more than its 0.85 and 0.95 ones, docs/calibration.md)."""
     prof = Profile.load(d)
     at90 = next(p for p in prof.kv.measured if p["gpu_memory_utilization"] == 0.9)
     assert at90["derived"] == 0.0
-    assert prof.kv.tokens(0.9) == pytest.approx(at90["tokens"], rel=5e-3)
+    assert prof.kv.tokens(0.9) == pytest.approx(at90["tokens"], rel=1e-2)
 
 
 @pytest.mark.parametrize("d", PROFILES, ids=IDS)

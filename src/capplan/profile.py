@@ -185,6 +185,17 @@ class StepModel(BaseModel):
         default=0.0, ge=0, description="per request in each of the k - 1 later draft passes"
     )
     encoder_token_s: float = Field(default=0.0, ge=0, description="per image token encoded")
+    encoder_token2_s: float = Field(
+        default=0.0, ge=0,
+        description="per picture, per its image tokens squared: the vision tower's attention "
+        "over the picture's patches",
+    )
+    encoder_floor_s: float = Field(
+        default=0.0, ge=0,
+        description="a step's encoder pass at least: the CPU's launches of the vision tower, "
+        "which vLLM runs eagerly (vllm/config/compilation.py: compile_mm_encoder and "
+        "cudagraph_mm_encoder default to off)",
+    )
     prefill_step_s: float = Field(
         default=0.0, ge=0,
         description="per step holding a prefill chunk: vLLM replays full CUDA graphs only "
@@ -472,7 +483,7 @@ class StepTimer:
         # the drafter's k passes, its first pass's per-token cost, its later passes' per request
         self._draft = (self.k * s.draft_pass_s, s.draft_token_s,
                        max(self.k - 1, 0) * s.draft_seq_s)
-        self._enc = s.encoder_token_s
+        self._enc = (s.encoder_token_s, s.encoder_token2_s, s.encoder_floor_s)
         self._shared = s.decode_ctx_s * s.shared_ctx_saving
         self._prefill_step = s.prefill_step_s
         self._eager = s.eager_step_s
@@ -519,6 +530,16 @@ class StepTimer:
         one step after another: the larger of `step_times`' two."""
         return max(self.step_times(*args, **kwargs))
 
+    def encoder_pass_s(self, tokens: int, images: int = 1) -> float:
+        """Seconds of the vision encoder's pass over `images` pictures of `tokens` image
+        tokens in all, taken as of one size (as a workload's are): each picture costs
+        `encoder_token_s` a token and `encoder_token2_s` a token squared, the pass at least
+        `encoder_floor_s`. vLLM encodes every picture a step schedules in one call of the
+        model's embed_multimodal (vllm/v1/worker/gpu_model_runner.py _execute_mm_encoder)."""
+        per_token, per_token2, floor = self._enc
+        t = per_token * tokens + per_token2 * tokens * tokens / max(images, 1)
+        return t if t > floor else floor
+
     def launch_sigma(self, tokens: int, prefill: bool) -> float:
         """The spread (sigma of the logarithm) of the core's time on a step of `tokens`
         tokens, with or without a prefill chunk: past the largest CUDA graph the CPU's
@@ -538,6 +559,7 @@ class StepTimer:
         decode_seqs: int | None = None,
         prefill_attn_window: float | None = None,
         shared_ctx: int = 0,
+        encoder_images: int = 1,
     ) -> tuple[float, float]:
         """(work, launch) seconds of one engine step of this composition. `launch` is the
         engine core's own time for the step, during which it can neither schedule nor hand
@@ -550,7 +572,9 @@ class StepTimer:
         (sliding-window models), `decode_seqs` (default: every sequence) takes the decode
         context's mean, and `prefill_attn_window` is the chunks' `window_pairs` (default:
         the pairs uncapped). `shared_ctx` is S of the module docstring: decode context
-        tokens read in common with another running request (at most `decode_ctx` count)."""
+        tokens read in common with another running request (at most `decode_ctx` count).
+        `encoder_tokens` are the image tokens of the `encoder_images` pictures whose vision
+        encoder runs in this step (`encoder_pass_s`)."""
         fixed, per_tok, knee, p_attn, d_ctx, per_seq = self._c
         max_tokens, max_seqs, max_context = self._box
         if tokens > max_tokens or seqs > max_seqs or (seqs and decode_ctx > max_context * seqs):
@@ -597,7 +621,7 @@ class StepTimer:
             passes, per_token, per_seq_later = self._draft
             extra = passes + per_token * t_pad + per_seq_later * seqs
         if encoder_tokens:
-            extra += self._enc * encoder_tokens
+            extra += self.encoder_pass_s(encoder_tokens, encoder_images)
         if launch:
             return t + extra, launch + extra
         return t + extra, self._core[1] if prefill_attn else self._core[0]

@@ -124,7 +124,7 @@ def groups(raw: Path) -> dict[tuple[str, str], Group]:
 
 
 def encoder_time(raw: Path, g: Group) -> tuple[dict[str, Any] | None, str]:
-    """The vision encoder's time an image token, from an encoder scan of this profile's
+    """The vision encoder's time (fit.encoder_scan), from an encoder scan of this profile's
     engine (`<model>--<key>--encoder`), else of any engine of the same model: vLLM 0.26.0
     leaves Gemma 4's vision tower unquantized under FP8, AWQ and NVFP4 alike (gemma4_mm.py
     quantizes a tower only where its widths divide by 64, and 4,304 does not), so every
@@ -138,14 +138,16 @@ def encoder_time(raw: Path, g: Group) -> tuple[dict[str, Any] | None, str]:
             break
     else:
         return None, ""
-    spec = load_model_spec(g.model)
-    fitted = F.encoder_scan(store.read_encoder_jsonl(path), spec.image_tokens_per_image)
+    size = load_model_spec(g.model).image_tokens_per_image
+    fitted = F.encoder_scan(store.read_encoder_jsonl(path))
     secs = _rc_seconds(raw).get(run)
-    out = {"run": run, "encoder_token_s": fitted.token_s, "gpu_seconds": secs,
-           "points": fitted.points}
-    per_image = fitted.token_s * spec.image_tokens_per_image * 1e3
-    note = (f"encoder_token_s {fitted.token_s * 1e6:.2f} us ({per_image:.1f} ms a picture of "
-            f"{spec.image_tokens_per_image} image tokens) from {run}"
+    out = {"run": run, "encoder_token_s": fitted.token_s, "encoder_token2_s": fitted.token2_s,
+           "encoder_floor_s": fitted.floor_s, "gpu_seconds": secs, "points": fitted.points}
+    note = (f"vision encoder {fitted.token_s * 1e6:.1f} us an image token + "
+            f"{fitted.token2_s * 1e9:.1f} ns a token squared a picture, a pass at least "
+            f"{fitted.floor_s * 1e3:.1f} ms ({fitted.pass_s(1, size) * 1e3:.1f} ms for one "
+            f"picture of {size} image tokens, {fitted.pass_s(8, size) * 1e3 / 8:.1f} ms a "
+            f"picture in eights) from {run}"
             + (f" ({secs / 60:.1f} GPU-minutes more, engine start included)" if secs else ""))
     return out, note
 
@@ -479,7 +481,8 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                             if secs else ""))
     encoder, note = encoder_time(raw, g)
     if encoder is not None:
-        step = step.model_copy(update={"encoder_token_s": encoder["encoder_token_s"]})
+        step = step.model_copy(update={k: encoder[k] for k in (
+            "encoder_token_s", "encoder_token2_s", "encoder_floor_s")})
         notes.append(note)
     core, note = core_time(raw, g, df, eng)
     if core is not None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-from scipy.optimize import lsq_linear
+from scipy.optimize import least_squares, lsq_linear
 
 from capplan.calibrate.sweep import GRAPH_SCAN_CONTEXT
 from capplan.errors import CalibrationError
@@ -307,38 +307,60 @@ def graph_scan_spikes(points: list[dict[str, Any]]) -> list[str]:
 
 @dataclass
 class EncoderScan:
-    """What an encoder scan gives a profile (StepModel.encoder_token_s): the vision
-    encoder's seconds per image token, through the origin over the pictures of the model's
-    default size, and every point's median pass, measured and so priced, for provenance."""
+    """What an encoder scan gives a profile (StepModel.encoder_token_s, encoder_token2_s,
+    encoder_floor_s), and every point's median pass, measured and so priced, for
+    provenance."""
 
     token_s: float
+    token2_s: float
+    floor_s: float
     points: list[dict[str, Any]]
 
+    def pass_s(self, images: int, image_tokens: int) -> float:
+        """A pass over `images` pictures of `image_tokens` each, as the profile prices it
+        (profile.py StepTimer.encoder_pass_s)."""
+        t = images * (self.token_s * image_tokens + self.token2_s * image_tokens**2)
+        return max(t, self.floor_s)
 
-def encoder_scan(df: pl.DataFrame, default_tokens: int) -> EncoderScan:
-    """Fit an encoder-scan run (sweep.encoder_points; store.read_encoder_jsonl). A pass
-    costs the engine's step the larger of the GPU's time and the CPU's launch, so each
-    point counts its median synchronised wall time (`wall_s`); the fit takes the points of
-    `default_tokens` a picture, the size a traffic file's images have unless it says."""
+
+def encoder_scan(df: pl.DataFrame) -> EncoderScan:
+    """Fit an encoder-scan run (sweep.encoder_points; store.read_encoder_jsonl). vLLM runs
+    the vision tower eagerly, every picture a step schedules in one call, so a pass costs
+    the larger of the GPU's work and the CPU's launches of the tower's kernels: each picture
+    `token_s` an image token plus `token2_s` a token squared (the attention over its
+    patches), the pass at least `floor_s` (the launches, whatever the pictures). The three
+    are fitted together, in relative error, to every point's median synchronised wall time
+    (`wall_s`); a run whose points cannot tell them apart is refused."""
     med = (df.group_by("point", "images", "image_tokens")
            .agg(pl.col("wall_s").median(), pl.col("gpu_s").median(),
                 pl.col("launch_s").median(), pl.col("tokens_out").first(),
                 pl.col("inputs").first(), pl.len().alias("passes"))
-           .with_columns(tokens=pl.col("images") * pl.col("image_tokens"))
            .sort("image_tokens", "images"))
-    base = med.filter(pl.col("image_tokens") == default_tokens)
-    if base.is_empty():
-        raise CalibrationError(f"encoder scan: no point of {default_tokens} image tokens "
-                               "a picture (the model's default size)")
-    x, y = base["tokens"].to_numpy().astype(float), base["wall_s"].to_numpy()
-    token_s = float(x @ y / (x @ x))
-    points = [{"point": r["point"], "images": r["images"], "image_tokens": r["image_tokens"],
-               "passes": r["passes"], "inputs": r["inputs"], "tokens_out": r["tokens_out"],
-               "wall_ms": round(r["wall_s"] * 1e3, 3), "gpu_ms": round(r["gpu_s"] * 1e3, 3),
-               "launch_ms": round(r["launch_s"] * 1e3, 3),
-               "priced_ms": round(token_s * r["tokens"] * 1e3, 3)}
-              for r in med.iter_rows(named=True)]
-    return EncoderScan(token_s, points)
+    if med.height < 4 or med["image_tokens"].n_unique() < 2:
+        raise CalibrationError(
+            f"encoder scan: {med.height} points of {med['image_tokens'].n_unique()} picture "
+            "sizes; the fit needs at least 4 points and 2 sizes (sweep.encoder_points)")
+    n = med["images"].to_numpy().astype(float)
+    t = med["image_tokens"].to_numpy().astype(float)
+    y = med["wall_s"].to_numpy()
+
+    def priced(x: np.ndarray) -> np.ndarray:  # x: floor in ms, per token in us, token^2 ns
+        work: np.ndarray = n * (x[1] * 1e-6 * t + x[2] * 1e-9 * t * t)
+        out: np.ndarray = np.maximum(work, x[0] * 1e-3)
+        return out
+
+    start = [float(y.min()) * 1e3, float(np.median(y / (n * t))) * 1e6, 0.0]
+    fit = least_squares(lambda x: np.log(priced(x) / y), start,
+                                 bounds=([0.0, 0.0, 0.0], [np.inf] * 3))
+    floor_s, token_s, token2_s = fit.x[0] * 1e-3, fit.x[1] * 1e-6, fit.x[2] * 1e-9
+    scan = EncoderScan(token_s, token2_s, floor_s, [])
+    scan.points = [{"point": r["point"], "images": r["images"], "image_tokens": r["image_tokens"],
+                    "passes": r["passes"], "inputs": r["inputs"], "tokens_out": r["tokens_out"],
+                    "wall_ms": round(r["wall_s"] * 1e3, 3), "gpu_ms": round(r["gpu_s"] * 1e3, 3),
+                    "launch_ms": round(r["launch_s"] * 1e3, 3),
+                    "priced_ms": round(scan.pass_s(r["images"], r["image_tokens"]) * 1e3, 3)}
+                   for r in med.iter_rows(named=True)]
+    return scan
 
 
 @dataclass

@@ -61,6 +61,7 @@ class SimRequest:
         "first_token_s",
         "hashes",
         "image_tokens",
+        "images",
         "inflight",
         "lag",
         "lag_at",
@@ -112,6 +113,7 @@ class SimRequest:
         measured: bool = True,
         user: int = -1,
         image_tokens: int = 0,
+        images: int = 0,
     ) -> None:
         self.rid = rid
         self.wl = wl
@@ -126,6 +128,7 @@ class SimRequest:
         self.measured = measured
         self.user = user
         self.image_tokens = image_tokens
+        self.images = images  # pictures the image tokens come from
         self.encoded = False  # vision encoder has run (its output lives in the encoder cache)
         self.status = WAITING
         self.computed = 0
@@ -192,6 +195,7 @@ class StepPlan:
         "cohort_size",
         "decode_ctx",
         "emits",
+        "encoder_images",
         "encoder_tokens",
         "idx",
         "preempted",
@@ -222,6 +226,7 @@ class StepPlan:
         self.shared_ctx = 0.0  # context read in common with another running request
         self.preempted = 0
         self.encoder_tokens = 0
+        self.encoder_images = 0
         self.running_scheduled = 0  # RUNNING requests scheduled (explicit or in the cohort)
         self.running_prefill = False  # one of them is a prefill chunk (prefill_scheduled)
         self.idx = idx
@@ -953,6 +958,7 @@ class EngineCore:
                     plan.prefill_attn_w += window_pairs(n, computed, cfg.sw_window)
                 if r.image_tokens and not r.encoded:
                     plan.encoder_tokens += r.image_tokens
+                    plan.encoder_images += r.images
                     r.encoded = True
             budget -= n
             i += 1
@@ -1151,6 +1157,7 @@ class EngineCore:
                 # scheduler.py _try_schedule_encoder_inputs: the image is encoded with the
                 # prompt's first chunk (images sit near the start of chat prompts)
                 plan.encoder_tokens += r.image_tokens
+                plan.encoder_images += r.images
                 r.encoded = True
         r.spec = 0  # consumed; new drafts arrive with the output (or as placeholders)
 

@@ -240,6 +240,7 @@ class Replica:
                 decode_seqs=seqs - plan.prefill_seqs,
                 prefill_attn_window=plan.prefill_attn_w,
                 shared_ctx=int(plan.shared_ctx),
+                encoder_images=plan.encoder_images,
             )
             if self.spread is not None and launch:
                 sigma = self.timer.launch_sigma(plan.total_tokens, plan.prefill_seqs > 0)

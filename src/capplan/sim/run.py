@@ -386,6 +386,7 @@ class _Run:
             self.rid, wl, t, prompt, out, priority=w.priority, prefix_base=prefix_base,
             prefix_blocks=prefix_blocks, pinned_blocks=pinned, measured=measured, user=user,
             image_tokens=image,
+            images=w.image.images_per_request if image and w.image is not None else 0,
         )
         self.rid += 1
         if measured:
