@@ -398,3 +398,29 @@ def test_an_awaited_prefetch_goes_first() -> None:
     assert sorted(d._queue)[1][2] is futures[0]
     d.promote(Future())  # not queued: nothing happens
     assert len(d._queue) == 3
+
+
+def test_a_vision_pool_bound_by_its_itl_says_what_the_encoder_stalls() -> None:
+    """The production mix's vision pool binds on ITL p99, and Gemma 4's measured encoder
+    pass (a lone picture: the pass's floor) is most of its 50 ms limit: the plan says so,
+    with the replicas' image rate. With the limit loosened past the point where the pass
+    matters the advice goes, as it does for a text-only workload."""
+    from capplan.profile import StepTimer
+    from capplan.solve.options import encoder_advice
+
+    mix = load_mix(Path(__file__).resolve().parents[1] / "examples" / "production-mix.yaml")
+    (vision,) = size_mix(mix, quick=True, pools=["vision"]).pools
+    (enc,) = [a for a in vision.advice if a.kind == "encoder"]
+    setup = setup_pool(mix.pool("vision"))
+    eng = setup.pool.engine
+    stall = StepTimer(setup.profile, max_num_seqs=eng.max_num_seqs,
+                      max_num_batched_tokens=eng.max_num_batched_tokens).encoder_pass_s(280, 1)
+    assert vision.binding_slo == "itl_p99_s" and stall > 0.2 * 0.05
+    assert f"stalls every decode in it by {stall * 1e3:.1f} ms" in enc.message
+    assert f"{vision.replicas_for_slo} replicas at {10 / vision.replicas_for_slo:.2f} image" \
+        in enc.message
+    w = mix.workloads_of("vision")
+    loose = [x.model_copy(update={"slo": Slo.model_validate({"itl_p99_s": 1.0})}) for x in w]
+    assert encoder_advice(vision, loose, setup) is None
+    text = [x.model_copy(update={"image": None}) for x in w]
+    assert encoder_advice(vision, text, setup) is None

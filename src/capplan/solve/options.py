@@ -15,13 +15,14 @@ from typing import Literal
 from capplan.errors import ConfigError, InfeasibleError
 from capplan.mix import TrafficMix
 from capplan.pool import Pool, SpeculativeConfig
+from capplan.profile import StepTimer
 from capplan.profiles import measured_speculative
 from capplan.sim.run import PoolSetup
 from capplan.solve import jobs
 from capplan.solve.choose import AUTO_PRECISIONS, PoolChoice, choose, with_pool
 from capplan.solve.plan import Advice, Plan, PoolPlan, pool_plan
 from capplan.solve.search import SearchSettings, Sizer, worst_check
-from capplan.traffic import ClosedLoop, Workload
+from capplan.traffic import ClosedLoop, GammaArrival, PoissonArrival, Workload
 
 __all__ = ["AUTO_PRECISIONS", "PoolChoice", "choose", "floors_of", "grown", "size_mix",
            "with_pool"]
@@ -201,6 +202,48 @@ def text_only_advice(mix: TrafficMix, setup: PoolSetup) -> Advice | None:
     )
 
 
+ENCODER_SHARE = 0.2
+"""An encoder pass of at least this share of a binding inter-token limit gets advice."""
+
+
+def encoder_advice(plan: PoolPlan, workloads: list[Workload], setup: PoolSetup) -> Advice | None:
+    """A pool whose binding SLO is an image workload's inter-token percentile, on a profile
+    whose vision encoder stalls a step by a sizeable share of that limit: vLLM encodes a
+    step's pictures before its forward, so every decode of that step waits for the pass
+    (profile.py StepTimer.encoder_pass_s), and the percentile counts those steps once they
+    are that common. Says what one picture's pass costs and the image requests a replica
+    takes at this size."""
+    w = next((w for w in workloads if w.name == plan.binding_workload), None)
+    if w is None or w.image is None or not plan.binding_slo.startswith("itl_"):
+        return None
+    target = next((t for t in w.slo.targets if t.key == plan.binding_slo), None)
+    if target is None:
+        return None
+    eng = setup.pool.engine
+    timer = StepTimer(setup.profile, max_num_seqs=eng.max_num_seqs,
+                      max_num_batched_tokens=eng.max_num_batched_tokens)
+    img = w.image
+    stall = timer.encoder_pass_s(img.images_per_request * img.tokens_per_image,
+                                 img.images_per_request)
+    if stall < ENCODER_SHARE * target.limit_s:
+        return None
+    rates = [x.arrival.rate_rps for x in workloads
+             if x.image and isinstance(x.arrival, PoissonArrival | GammaArrival)]
+    per_replica = (f" at {sum(rates) / plan.replicas_for_slo:.2f} image requests/s each"
+                   if len(rates) == sum(1 for x in workloads if x.image) else "")
+    return Advice(
+        kind="encoder",
+        message=(
+            f"{w.name} {plan.binding_slo}: each step that encodes a request's "
+            f"{img.images_per_request} x {img.tokens_per_image}-token picture(s) stalls "
+            f"every decode in it by {stall * 1e3:.1f} ms ({setup.profile.source} encoder "
+            f"pass, {stall / target.limit_s:.0%} of the {target.limit_s * 1e3:g} ms limit), "
+            f"and the percentile counts those steps: {plan.replicas_for_slo} replicas"
+            f"{per_replica}"
+        ),
+    )
+
+
 def size_mix(
     mix: TrafficMix,
     *,
@@ -242,11 +285,13 @@ def size_mix(
                       text_only_advice(chosen, choice.sizing.setup)):
                 if a is not None:
                     notes.append(a)
-        return pool_plan(
+        pp = pool_plan(
             choice.sizing, m.workloads_of(pool.name), spare=spare,
             runners_up=choice.runners_up, advice=notes, auto=choice.auto,
             reasoning=choice.reasoning,
         )
+        enc = encoder_advice(pp, m.workloads_of(pool.name), choice.sizing.setup) if advice else None
+        return pp if enc is None else pp.model_copy(update={"advice": [*pp.advice, enc]})
 
     plans: list[PoolPlan] = []
     workers = settings.processes
