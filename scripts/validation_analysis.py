@@ -62,7 +62,7 @@ from capplan.sim.run import simulate
 from capplan.tracefit import parse_metrics
 from capplan.traffic import ClosedLoop
 from capplan.validate.compare import Row, compare_all, predict, to_frame
-from capplan.validate.store import load_run, stored_runs
+from capplan.validate.store import load_run, read_requests, stored_runs
 from capplan.validate.suite import load_suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,7 +176,7 @@ def steps() -> None:
     as the client received them) against the simulator's steps for the same requests."""
     folder = next(p for p in stored_runs() if p.name == "llama-3.1-8b-bf16-trace")
     trace = pl.read_parquet(folder / "steps.parquet")
-    reqs = pl.read_parquet(folder / "requests.parquet")
+    reqs = read_requests(folder)
     timer = _trace_timer()
 
     ctx = 576  # a decode's mean context: prompt + half the output (chat; long: 4224)
@@ -359,8 +359,8 @@ def prefix() -> None:
     run = next(e for e in suite.engines if e.name == "llama-3.1-8b-bf16")
     exp = next(e for e in run.experiments if e.name == "prefix90-on-c64")
     sim = simulate(run.mix(exp), "validate", 1, keep_requests=True).requests()
-    measured = pl.read_parquet(next(p for p in stored_runs() if p.name == run.name)
-                               / "requests.parquet").filter(pl.col("run") == exp.name)
+    measured = read_requests(next(p for p in stored_runs() if p.name == run.name)).filter(
+        pl.col("run") == exp.name)
     for side, send, ttft in (("measured", measured["send_s"], measured["ttft_s"]),
                              ("predicted", sim["arrival_s"], sim["ttft_s"])):
         order = np.argsort(send.to_numpy())
@@ -376,7 +376,7 @@ def prefix() -> None:
     # how far apart the harness sends a closed-loop run's first wave (concurrency >= 16)
     spacing = []
     for folder in stored_runs():
-        reqs = pl.read_parquet(folder / "requests.parquet")
+        reqs = read_requests(folder)
         for name in reqs["run"].unique().to_list():
             users = re.search(r"-c(\d+)", name)
             if users is None or int(users[1]) < 16:
@@ -425,7 +425,7 @@ def core() -> None:
         tr = core_process(trace)
         (dec0, _), (_, pre1) = spans(tr, "decode"), spans(tr, "preprocess_add_request")
         (sch0, _), (_, upd1) = spans(tr, "schedule"), spans(tr, "update_from_output")
-        reqs = pl.read_parquet(folder / "requests.parquet")
+        reqs = read_requests(folder)
         for run in ("prefix90-on-c1", "chat-c1"):
             if run not in meta["experiments"]:
                 continue
@@ -452,7 +452,7 @@ def core() -> None:
         for folder in stored_runs():
             if not folder.name.startswith(prefix):
                 continue
-            r = pl.read_parquet(folder / "requests.parquet").filter(pl.col("run") == run_name)
+            r = read_requests(folder).filter(pl.col("run") == run_name)
             if len(r):
                 start = json.loads((folder / "provenance.json").read_text())["starts"][-1]
                 host = start.get("host", {})

@@ -285,3 +285,27 @@ def test_the_next_sessions_suite_loads() -> None:
 
     nxt = Path(__file__).resolve().parents[1] / "validation" / "h200-next.yaml"
     assert load_suite(nxt).engines
+
+
+def test_stored_chunk_times_round_trip_to_the_microsecond(tmp_path) -> None:
+    """requests.parquet keeps streamed-chunk times as microsecond deltas (store.write_requests);
+    read back they are the seconds after the send the runner recorded, to the microsecond,
+    empty streams included, and a folder in the older float layout reads the same."""
+    import numpy as np
+    import polars as pl
+
+    from capplan.validate.store import read_requests, write_requests
+
+    chunks = [[0.094369, 0.109508, 0.124916, 17.503211], [], [1e-6]]
+    reqs = pl.DataFrame({"run": ["a", "b", "c"], "chunk_t": chunks},
+                        schema_overrides={"chunk_t": pl.List(pl.Float64)})
+    write_requests(reqs, tmp_path / "requests.parquet")
+    assert "chunk_us" in pl.read_parquet(tmp_path / "requests.parquet").columns
+    back = read_requests(tmp_path)
+    assert back.columns == reqs.columns and back.schema == reqs.schema
+    for got, want in zip(back["chunk_t"].to_list(), chunks, strict=True):
+        assert np.allclose(got, want, rtol=0, atol=5e-7) and len(got) == len(want)
+    reqs.with_columns(pl.col("chunk_t").cast(pl.List(pl.Float32))).write_parquet(
+        tmp_path / "requests.parquet")
+    old = read_requests(tmp_path)
+    assert old.schema == reqs.schema

@@ -8,12 +8,11 @@ import json
 import math
 from pathlib import Path
 
-import polars as pl
 import pytest
 
 from capplan.validate import report
 from capplan.validate.compare import METRICS, Row, compare_all
-from capplan.validate.store import stored_runs
+from capplan.validate.store import read_requests, stored_runs
 from capplan.validate.suite import load_suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +37,7 @@ def test_stored_runs_have_provenance_and_requests(folder: Path) -> None:
                 "engine_kwargs"):
         assert prov.get(key), f"{folder}: provenance lacks {key}"
     assert prov["vllm"] == "0.26.0"
-    reqs = pl.read_parquet(folder / "requests.parquet")
+    reqs = read_requests(folder)
     assert len(reqs) and reqs["error"].null_count() == len(reqs)
     assert (reqs["output_tokens"] == reqs["max_tokens"]).all()  # ignore_eos: every token came
 
