@@ -699,3 +699,46 @@ def test_sliding_layers_keep_the_kernel_block_whatever_block_size() -> None:
     wide = derive_layout(GEMMA, block_size=64)
     assert (wide.full_block_size, wide.sliding_block_size) == (64, 32)
     assert wide.block_bytes == 2 * derive_layout(GEMMA).block_bytes
+
+
+def test_a_pictures_step_waits_for_the_measured_encoder_pass() -> None:
+    """Gemma 4 FP8 at concurrency 1: a prompt of 300 text tokens and one 280-token picture
+    reaches its first token one encoder pass (the pass's floor, a lone picture) after a
+    text prompt of the same 580 tokens does; two 280-token pictures beside 20 text tokens
+    pay the pictures' per-token terms, past the floor (profile.py StepTimer.encoder_pass_s,
+    vLLM's gpu_model_runner.py _execute_mm_encoder)."""
+    from capplan.mix import TrafficMix
+    from capplan.profile import StepTimer
+    from capplan.sim.run import setup_pool, simulate
+
+    def ttft(text: int, image: dict | None) -> float:
+        wl = {"name": "w", "pool": "v", "arrival": {"kind": "closed", "concurrency": 1},
+              "input_tokens": {"kind": "constant", "value": text},
+              "output_tokens": {"kind": "constant", "value": 8}}
+        if image:
+            wl["image"] = image
+        mix = TrafficMix.model_validate({
+            "schema_version": 1, "name": "enc",
+            "pools": [{"name": "v", "model": "gemma-4-31b", "precision": "fp8",
+                       "engine": {"max_model_len": 8192, "limit_mm_per_prompt": {"image": 2}}}],
+            "workloads": [wl], "simulation": {"duration_s": 20, "seed": 0}})
+        req = simulate(mix, "v", 1).requests()
+        return float(req["ttft_s"].median())
+
+    mix_setup = setup_pool(TrafficMix.model_validate({
+        "schema_version": 1, "name": "enc",
+        "pools": [{"name": "v", "model": "gemma-4-31b", "precision": "fp8",
+                   "engine": {"max_model_len": 8192}}],
+        "workloads": [{"name": "w", "pool": "v", "arrival": {"kind": "closed", "concurrency": 1},
+                       "input_tokens": {"kind": "constant", "value": 8},
+                       "output_tokens": {"kind": "constant", "value": 8}}]}).pool("v"))
+    eng = mix_setup.pool.engine
+    timer = StepTimer(mix_setup.profile, max_num_seqs=eng.max_num_seqs,
+                      max_num_batched_tokens=eng.max_num_batched_tokens)
+    one, two = timer.encoder_pass_s(280, 1), timer.encoder_pass_s(560, 2)
+    assert one == mix_setup.profile.step.encoder_floor_s > 0 and two > one
+    text = ttft(580, None)
+    assert ttft(300, {"images_per_request": 1, "tokens_per_image": 280}) - text == \
+        pytest.approx(one, abs=1e-3)
+    assert ttft(20, {"images_per_request": 2, "tokens_per_image": 280}) - text == \
+        pytest.approx(two, abs=1e-3)
