@@ -1253,6 +1253,14 @@ def _reach_run(label: str, timer: StepTimer, reqs: pl.DataFrame, st: pl.DataFram
                              f"{dt[k].sum() / saved[k].sum() - 1:+.1%}")
         if cells:
             print(f"  {name} by decodes a step, measured against priced: " + ", ".join(cells))
+        cells = []
+        for lo, hi in ((0, 100_000), (100_000, 200_000), (200_000, 400_000), (400_000, 10**9)):
+            k = ok & kind & (ctx >= lo) & (ctx < hi)
+            if k.sum() >= 20:
+                cells.append(f"{lo // 1000}-{hi // 1000 if hi < 10**9 else ''}k: {k.sum()} steps "
+                             f"{dt[k].sum() / saved[k].sum() - 1:+.1%}")
+        if cells:
+            print(f"  {name} by decode context, measured against priced: " + ", ".join(cells))
     # through the run, by 10 s: the steps' time against their price
     cells = []
     for lo in np.arange(0.0, float(np.nanmax(t)), 10.0):
