@@ -33,10 +33,16 @@ def _at(p: Plan, pool: str, replicas: int) -> Plan:
 
 def test_one_replica_at_the_share_of_n_and_of_n_minus_1() -> None:
     """Per pool one engine at the plan's configuration; each Poisson rate divided by N and by
-    N - 1; the vision pool, which sends images, left out with the reason."""
+    N - 1; the vision pool's image requests too (the runner builds their pictures)."""
     mix = load_mix(MIX)
-    suite, skipped = plan_suite(mix, _at(plan(), "interactive", 5))
-    assert suite is not None and set(skipped) == {"vision"} and "images" in skipped["vision"]
+    suite, skipped = plan_suite(mix, _at(_at(plan(), "interactive", 5), "vision", 9))
+    assert suite is not None and skipped == {}
+    vision = next(e for e in suite.engines if e.pool.name == "vision")
+    assert [x.name for x in vision.experiments] == ["vision-of9", "vision-of8"]
+    for x, n in zip(vision.experiments, (9, 8), strict=True):
+        (w,) = x.workloads
+        assert w.image is not None and w.image.tokens_per_image == 280
+        assert w.arrival.rate_rps == pytest.approx(10 / n, rel=1e-3)  # type: ignore[union-attr]
     inter = next(e for e in suite.engines if e.pool.name == "interactive")
     assert [x.name for x in inter.experiments] == ["interactive-of5", "interactive-of4"]
     rates = {x.name: {w.name: w.arrival.rate_rps for w in x.workloads}  # type: ignore[union-attr]
@@ -80,15 +86,15 @@ def test_a_grown_plan_is_not_replayed() -> None:
     assert suite is None and all("growth" in why for why in skipped.values())
 
 
-def test_cli_writes_the_suite_and_names_what_it_left_out(tmp_path: Path) -> None:
+def test_cli_writes_the_suite_of_every_pool(tmp_path: Path) -> None:
     plan_json = tmp_path / "plan.json"
     plan_json.write_text(plan().to_json())
     out = tmp_path / "suite.yaml"
     r = CliRunner().invoke(main, ["validate", "plan", "--traffic", str(MIX), "--plan",
                                   str(plan_json), "--out", str(out)])
     assert r.exit_code == 0, r.output
-    assert "pool vision: left out" in r.output
-    assert {e.pool.name for e in load_suite(out).engines} == {"interactive", "batch"}
+    assert "left out" not in r.output
+    assert {e.pool.name for e in load_suite(out).engines} == {"interactive", "batch", "vision"}
 
 
 @pytest.mark.parametrize("mix", ["chat-only.yaml"])

@@ -144,3 +144,48 @@ def test_a_resumed_start_skips_only_runs_an_earlier_start_finished(tmp_path):
     assert runner.finished_runs([str(tmp_path / "a"), str(tmp_path / "missing")]) == {
         "warmup", "chat-c1"}
     assert runner.finished_runs([]) == set()
+
+
+class FakePictures:
+    """Records what the runner asks of runner.Pictures (which needs torch and vLLM)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def prompt(self, ids, images, tokens, cache_salt=None):
+        self.calls.append((len(ids), images, tokens, cache_salt))
+        return {"prompt_token_ids": ids, "pictures": images}
+
+
+def test_image_workloads_go_to_the_engine_as_pictures(tmp_path):
+    """A workload with `image` (suite.py experiment_job) sends each prompt through
+    Pictures, its length the whole prompt's, images counted; a text workload beside it
+    sends token ids; a salted experiment salts both."""
+    text = closed(1)
+    image = {**closed(1), "index": 1, "image": {"images": 1, "tokens": 20}}
+    pics = FakePictures()
+    engine = FixedTimingEngine()
+    exp = {"name": "i", "duration_s": 0.1, "prefix_caching": False,
+           "workloads": [text, image]}
+    x = runner.Experiment(engine, exp, runner.Prompts(vocab=5000, seed=0),
+                          str(tmp_path / "x.jsonl"), lambda n: n, pics)
+    asyncio.run(x.run())
+    assert pics.calls and all(c[:3] == (32, 1, 20) and c[3] for c in pics.calls)
+    with_pictures = [p for p in engine.prompts if "pictures" in p]
+    assert len(with_pictures) == len(pics.calls) < len(engine.prompts)
+    assert all("cache_salt" in p for p in engine.prompts if "pictures" not in p)
+
+
+def test_pictures_sit_after_the_first_token_and_keep_the_prompts_length() -> None:
+    """Pictures.place: each picture's placeholders after the first token, one text token
+    between pictures, the prompt's length unchanged; a prompt too short for its pictures
+    is refused."""
+    pics = runner.Pictures.__new__(runner.Pictures)
+    pics.token_id = 9
+    ids, offsets = pics.place(list(range(100, 150)), 2, 20)
+    assert len(ids) == 50 and offsets == [1, 22]
+    assert ids[1:21] == [9] * 20 and ids[22:42] == [9] * 20 and 9 not in ids[42:] + ids[:1]
+    assert ids[21] == 121
+    with pytest.raises(ValueError, match="cannot hold 2 pictures"):
+        pics.place(list(range(30)), 2, 20)
+    assert runner.token_grid(280) == (14, 20) and runner.token_grid(70) == (7, 10)

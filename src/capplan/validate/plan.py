@@ -9,9 +9,10 @@ count with every Poisson or gamma workload's rate divided by it (as a random rou
 it: harsher than least-outstanding routing, so a pass is on the safe side). `capplan
 validate emit` turns it into GPU jobs as for any suite.
 
-A pool is left out, with the reason, where the runner cannot replay its traffic: images,
-arrivals that are neither Poisson nor gamma (daily curves, replays), a target prefix hit rate
-instead of shared prefixes, or a workload rate that the plan's growth factor scales.
+A pool is left out, with the reason, where the runner cannot replay its traffic: arrivals
+that are neither Poisson nor gamma (daily curves, replays), a target prefix hit rate instead
+of shared prefixes, or a workload rate that the plan's growth factor scales. Image requests
+are replayed: the runner builds their pictures (validate/runner.py Pictures).
 """
 
 from __future__ import annotations

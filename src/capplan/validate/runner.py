@@ -77,6 +77,70 @@ class Prompts:
         return shared + tail
 
 
+class Pictures:
+    """Image requests without an image processor: what Gemma 4's processor would hand the
+    engine for a picture of `tokens` image tokens (gemma4_mm.py Gemma4ImagePixelInputs: per
+    picture tokens x k^2 patches of patch^2 x 3 values, with their grid positions; the
+    calibration runner's encoder scan builds the same), its placeholder tokens put in the
+    prompt after its first token, and a hash of its own so that no picture hits the
+    encoder cache. The prompt goes to the engine as vLLM's processed multimodal input
+    (vllm/inputs/engine.py mm_input), as the renderer would send it; the weights are dummy,
+    so the pixels are noise of the right shape."""
+
+    def __init__(self, hf, seed):
+        vc = hf["vision_config"]
+        self.k, self.patch = vc["pooling_kernel_size"], vc["patch_size"]
+        self.token_id = hf["image_token_id"]
+        self.seed, self.n = seed, 0
+
+    def place(self, ids, images, tokens):
+        """`ids` with each picture's placeholder tokens after the first token and one text
+        token after each picture (the prompt's length unchanged: its image tokens are
+        counted in it), and the pictures' offsets."""
+        if 1 + images * (tokens + 1) > len(ids) + 1:
+            raise ValueError(f"a prompt of {len(ids)} tokens cannot hold {images} pictures "
+                             f"of {tokens} tokens")
+        ids, offsets, pos = list(ids), [], 1
+        for _ in range(images):
+            ids[pos:pos + tokens] = [self.token_id] * tokens
+            offsets.append(pos)
+            pos += tokens + 1
+        return ids, offsets
+
+    def prompt(self, ids, images, tokens, cache_salt=None):
+        import torch
+        from vllm.inputs.engine import mm_input
+        from vllm.multimodal.inputs import (
+            MultiModalFieldConfig,
+            MultiModalKwargsItems,
+            PlaceholderRange,
+        )
+
+        ids, offsets = self.place(ids, images, tokens)
+        places = [PlaceholderRange(offset=o, length=tokens) for o in offsets]
+        rows, cols = (self.k * d for d in token_grid(tokens))
+        ys, xs = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
+        grid = torch.stack([xs.flatten(), ys.flatten()], -1)
+        batch = {"pixel_values": torch.rand(images, rows * cols, self.patch * self.patch * 3),
+                 "pixel_position_ids": grid.expand(images, -1, -1).contiguous()}
+        config = {k: MultiModalFieldConfig.batched("image") for k in batch}
+        hashes = []
+        for _ in range(images):
+            self.n += 1
+            hashes.append(f"capplan-{self.seed}-{self.n}")
+        return mm_input(ids, MultiModalKwargsItems.from_hf_inputs(batch, config),
+                        {"image": hashes}, {"image": places}, cache_salt=cache_salt)
+
+
+def token_grid(tokens):
+    """The most nearly square rows x cols grid of exactly `tokens` image tokens (as the
+    calibration runner's)."""
+    import math
+
+    rows = max(d for d in range(1, math.isqrt(tokens) + 1) if tokens % d == 0)
+    return rows, tokens // rows
+
+
 def percentile(xs, q):
     import numpy as np
 
@@ -86,8 +150,9 @@ def percentile(xs, q):
 class Experiment:
     """One experiment's load, replayed against a live engine."""
 
-    def __init__(self, engine, exp, prompts, out_path, sampling_params):
+    def __init__(self, engine, exp, prompts, out_path, sampling_params, pictures=None):
         self.engine = engine
+        self.pictures = pictures  # Pictures, where a workload sends images
         self.sampling_params = sampling_params  # max_tokens -> streamed, ignore-EOS params
         self.exp = exp
         self.prompts = prompts
@@ -118,9 +183,14 @@ class Experiment:
             return False
         self.n += 1
         rid = f"{self.exp['name']}-{self.n}"
-        prompt = {"prompt_token_ids": ids}  # vllm.inputs.TokensPrompt is this TypedDict
-        if self.salted:
-            prompt["cache_salt"] = rid
+        image = self.exp["workloads"][wl].get("image")
+        if image:  # a processed multimodal input (Pictures)
+            prompt = self.pictures.prompt(ids, image["images"], image["tokens"],
+                                          rid if self.salted else None)
+        else:
+            prompt = {"prompt_token_ids": ids}  # vllm.inputs.TokensPrompt is this TypedDict
+            if self.salted:
+                prompt["cache_salt"] = rid
         chunks, cached, n_out = [], None, 0
         kw = {"priority": priority} if priority else {}
         error = None
@@ -455,6 +525,9 @@ async def amain(args):
     print("ENGINE", job["name"], json.dumps({"start_s": meta["engine_start_s"],
                                              "kv_tokens": meta["engine"]["kv_tokens"]}), flush=True)
     prompts = Prompts(vocab, job.get("seed", 0))
+    pictures = (Pictures(hf, job.get("seed", 0))
+                if any(w.get("image") for e in job["experiments"] for w in e["workloads"])
+                else None)
 
     def streamed_params(max_tokens):
         return SamplingParams(max_tokens=max_tokens, ignore_eos=True, detokenize=False,
@@ -478,7 +551,7 @@ async def amain(args):
             await engine.reset_prefix_cache()
             before = scrape()
             x = Experiment(engine, exp, prompts, os.path.join(args.out, f"{name}.jsonl"),
-                           streamed_params)
+                           streamed_params, pictures)
             limit = exp.get("timeout_s", 4 * exp["duration_s"] + 120)
             try:
                 wall, summ = await asyncio.wait_for(x.run(), limit)

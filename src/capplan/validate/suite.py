@@ -73,12 +73,6 @@ class Experiment(BaseModel):
             if not isinstance(w.arrival, ClosedLoop | PoissonArrival | GammaArrival):
                 raise ValueError(f"workload {w.name!r}: validation replays closed, poisson or "
                                  "gamma arrivals only")
-            if w.image is not None:
-                raise ValueError(
-                    f"workload {w.name!r}: images are not replayed (the runner sends token "
-                    "ids to a dummy-weight engine, which has no image processor or tokenizer "
-                    "files to turn a picture into its tokens); drop `image` to validate its "
-                    "text")
             if w.prefix is not None and w.prefix.target_hit_rate is not None:
                 raise ValueError(f"workload {w.name!r}: target_hit_rate is a simulator "
                                  "shortcut; describe shared_tokens and groups instead")
@@ -255,6 +249,9 @@ def experiment_job(run: EngineRun, exp: Experiment, name: str) -> dict[str, Any]
                      **_closed_rows(w, i, exp.seed))
         else:
             d.update(kind="open", **_open_rows(w, i, exp.seed, limit))
+        if w.image is not None:  # the runner builds the pictures itself (runner.py Pictures)
+            d["image"] = {"images": w.image.images_per_request,
+                          "tokens": w.image.tokens_per_image}
         workloads.append(d)
     return {"name": name, "duration_s": exp.duration_s, "prefix_caching": exp.prefix_caching,
             "workloads": workloads}
