@@ -417,8 +417,8 @@ def test_a_vision_pool_bound_by_its_itl_says_what_the_encoder_stalls() -> None:
                       max_num_batched_tokens=eng.max_num_batched_tokens).encoder_pass_s(280, 1)
     assert vision.binding_slo == "itl_p99_s" and stall > 0.2 * 0.05
     assert f"stalls every decode in it by {stall * 1e3:.1f} ms" in enc.message
-    assert f"{vision.replicas_for_slo} replicas at {10 / vision.replicas_for_slo:.2f} image" \
-        in enc.message
+    assert (f"{vision.replicas_for_slo} replicas at {10 / vision.replicas_for_slo:.2f} image "
+            "requests/s each behind least-outstanding routing") in enc.message
     w = mix.workloads_of("vision")
     loose = [x.model_copy(update={"slo": Slo.model_validate({"itl_p99_s": 1.0})}) for x in w]
     assert encoder_advice(vision, loose, setup) is None

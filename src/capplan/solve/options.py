@@ -211,8 +211,9 @@ def encoder_advice(plan: PoolPlan, workloads: list[Workload], setup: PoolSetup) 
     whose vision encoder stalls a step by a sizeable share of that limit: vLLM encodes a
     step's pictures before its forward, so every decode of that step waits for the pass
     (profile.py StepTimer.encoder_pass_s), and the percentile counts those steps once they
-    are that common. Says what one picture's pass costs and the image requests a replica
-    takes at this size."""
+    are that common, which the router moves (it decides how many decodes a picture's step
+    stalls). Says what one picture's pass costs, the image requests a replica takes at this
+    size, and behind which router."""
     w = next((w for w in workloads if w.name == plan.binding_workload), None)
     if w is None or w.image is None or not plan.binding_slo.startswith("itl_"):
         return None
@@ -239,7 +240,7 @@ def encoder_advice(plan: PoolPlan, workloads: list[Workload], setup: PoolSetup) 
             f"every decode in it by {stall * 1e3:.1f} ms ({setup.profile.source} encoder "
             f"pass, {stall / target.limit_s:.0%} of the {target.limit_s * 1e3:g} ms limit), "
             f"and the percentile counts those steps: {plan.replicas_for_slo} replicas"
-            f"{per_replica}"
+            f"{per_replica} behind {setup.pool.router.replace('_', '-')} routing"
         ),
     )
 
