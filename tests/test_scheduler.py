@@ -737,3 +737,22 @@ def test_sync_update_does_not_cache_blocks() -> None:
     _, out = step(core)  # 1 + 4 tokens scheduled, all accepted
     assert out[0] == (5, False) and a.computed == 7
     assert core.kv.longest_hit([a.block_hash(0)]) == (0, 0)
+
+
+def test_a_chunk_that_would_split_a_picture_ends_before_it() -> None:
+    """scheduler.py _try_schedule_encoder_inputs under disable_chunked_mm_input (forced for
+    Gemma 4): a new request whose picture the step's budget cannot cover whole is scheduled
+    up to the picture (its first token) and encoded in the next step, which starts at the
+    picture; without the rule (or with room) the picture goes with the first chunk."""
+    def run(images_whole: bool, budget: int) -> list[tuple[int, int]]:
+        core = engine(max_num_scheduled_tokens=budget, images_whole=images_whole)
+        core.add_request(req(0, 600, 2, image_tokens=280, images=1))
+        out = []
+        for _ in range(2):
+            plan, _ = step(core)
+            out.append((sched(plan)[0], plan.encoder_tokens))
+        return out
+
+    assert run(True, 250) == [(1, 0), (250, 280)]
+    assert run(False, 250) == [(250, 280), (250, 0)]
+    assert run(True, 512) == [(512, 280), (88, 0)]

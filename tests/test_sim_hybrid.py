@@ -742,3 +742,28 @@ def test_a_pictures_step_waits_for_the_measured_encoder_pass() -> None:
         pytest.approx(one, abs=1e-3)
     assert ttft(20, {"images_per_request": 2, "tokens_per_image": 280}) - text == \
         pytest.approx(two, abs=1e-3)
+
+
+def test_a_gemma_pool_with_pictures_needs_a_picture_a_step() -> None:
+    """vLLM schedules a Gemma 4 picture's tokens in one step (disable_chunked_mm_input,
+    forced for its bidirectional attention within a picture) and refuses to start with a
+    token budget below one picture (encoder_cache_manager.py compute_mm_encoder_budget):
+    setup_pool says so in one line naming the field; a text-only pool of the same budget,
+    and a budget of one picture, start."""
+    from capplan.errors import ConfigError
+    from capplan.pool import Pool
+    from capplan.sim.run import setup_pool
+
+    def pool(budget: int, images: int | None) -> Pool:
+        eng: dict = {"max_model_len": 8192, "max_num_batched_tokens": budget,
+                     "max_num_seqs": budget}
+        if images is not None:
+            eng["limit_mm_per_prompt"] = {"image": images}
+        return Pool.model_validate({"name": "v", "model": "gemma-4-31b", "precision": "fp8",
+                                    "engine": eng})
+
+    with pytest.raises(ConfigError, match="picture's 280 tokens in one step") as e:
+        setup_pool(pool(256, 1))
+    assert e.value.field == "engine.max_num_batched_tokens"
+    assert setup_pool(pool(256, 0)).num_blocks > 0
+    assert setup_pool(pool(280, 1)).num_blocks > 0

@@ -68,6 +68,11 @@ class ModelSpec(BaseModel):
     )
     vision_layers: int = Field(default=0, ge=0, description="the vision encoder's layers")
     vision_hidden_size: int = Field(default=0, ge=0, description="the vision encoder's width")
+    images_whole: bool = Field(
+        default=False,
+        description="vLLM schedules a picture's tokens in one step (disable_chunked_mm_input, "
+        "forced for models with bidirectional attention within a picture)",
+    )
     vllm_hf_overrides: dict[str, Any] = Field(
         default_factory=dict,
         description="vLLM `hf_overrides` this config needs to build (calibration, validation)",

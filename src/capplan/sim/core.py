@@ -239,6 +239,11 @@ class StepPlan:
         return not self.reqs and not self.cohort_size
 
 
+PICTURE_AT = 1
+"""Where a request's pictures start in its prompt: after its first token, one text token
+between pictures (validate/runner.py Pictures places them so)."""
+
+
 @dataclass(frozen=True, slots=True)
 class CoreConfig:
     """The engine settings the scheduler reads."""
@@ -262,6 +267,9 @@ class CoreConfig:
     sw_block_size: int = 16  # tokens per block of a sliding-window group (divides block_size)
     sw_window: int = 0  # tokens a sliding layer attends
     max_in_flight_tokens: int = 0  # VllmConfig.max_in_flight_tokens (admission cap)
+    # disable_chunked_mm_input (vllm/platforms/cuda.py forces it for Gemma 4): a chunk that
+    # would cover part of a request's pictures ends before them (ModelSpec.images_whole)
+    images_whole: bool = False
 
 
 class EngineCore:
@@ -956,7 +964,7 @@ class EngineCore:
                 plan.prefill_seqs += 1
                 if sw:
                     plan.prefill_attn_w += window_pairs(n, computed, cfg.sw_window)
-                if r.image_tokens and not r.encoded:
+                if r.image_tokens and not r.encoded and computed + n > PICTURE_AT:
                     plan.encoder_tokens += r.image_tokens
                     plan.encoder_images += r.images
                     r.encoded = True
@@ -1037,6 +1045,12 @@ class EngineCore:
             if 0 < threshold < n:
                 n = threshold
             n = min(n, budget)
+            if (cfg.images_whole and r.image_tokens and computed < PICTURE_AT
+                    and computed + n < PICTURE_AT + r.image_tokens + r.images - 1):
+                # scheduler.py _try_schedule_encoder_inputs, disable_chunked_mm_input: a chunk
+                # that would cover part of a picture is rolled back to end before it (the
+                # simulator's pictures go together: before the first of them)
+                n = PICTURE_AT - computed
             # scheduler_reserve_full_isl (vllm/config/scheduler.py, default True): admit
             # only if the whole sequence fits; then the chunk itself (+ lookahead).
             held = r.pinned_blocks + hit_blocks
@@ -1153,9 +1167,10 @@ class EngineCore:
             plan.prefill_seqs += 1
             if self.sw:
                 plan.prefill_attn_w += window_pairs(n, r.computed, self.cfg.sw_window)
-            if r.image_tokens and not r.encoded:
-                # scheduler.py _try_schedule_encoder_inputs: the image is encoded with the
-                # prompt's first chunk (images sit near the start of chat prompts)
+            if r.image_tokens and not r.encoded and r.computed + n > PICTURE_AT:
+                # scheduler.py _try_schedule_encoder_inputs: the pictures are encoded with the
+                # first chunk that reaches them (they sit near the start of chat prompts,
+                # from token PICTURE_AT on)
                 plan.encoder_tokens += r.image_tokens
                 plan.encoder_images += r.images
                 r.encoded = True

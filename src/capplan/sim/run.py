@@ -120,8 +120,20 @@ def setup_pool(pool: Pool, *, profile: Profile | None = None, source: str = "") 
         )
     refuse_open(pool, file=source or None)  # a placeholder must never be simulated
     spec = load_model_spec(pool.model)
-    prof = profile or resolve_profile(pool, spec)
     eng = pool.engine
+    if (spec.images_whole and not eng.text_only
+            and eng.max_num_batched_tokens < spec.image_tokens_per_image):
+        # vllm/v1/core/encoder_cache_manager.py compute_mm_encoder_budget
+        raise ConfigError(
+            f"pool {pool.name!r}: vLLM schedules a {spec.name} picture's "
+            f"{spec.image_tokens_per_image} tokens in one step and refuses to start with "
+            f"max_num_batched_tokens {eng.max_num_batched_tokens}; raise "
+            f"engine.max_num_batched_tokens to {spec.image_tokens_per_image} or more, or set "
+            "engine.limit_mm_per_prompt {image: 0} for a text-only pool",
+            file=source or None,
+            field="engine.max_num_batched_tokens",
+        )
+    prof = profile or resolve_profile(pool, spec)
     hybrid = pool_layout(prof, spec, pool)
     if hybrid is not None:
         return _setup_hybrid(pool, spec, prof, *hybrid, source)
@@ -292,6 +304,7 @@ class _Run:
             drop_eagle_block=spec is not None and spec.method in ("mtp", "eagle", "eagle3"),
             long_prefill_token_threshold=eng.long_prefill_token_threshold,
             decode_cohort=decode_cohort,
+            images_whole=st.spec.images_whole,
             workloads=len(workloads),
             **({} if layout is None else {
                 "sw_groups": layout.sliding_groups,
