@@ -24,6 +24,8 @@ core traces: the engine core's time a step and where a lone request's TTFT goes;
 idle core woken by its input thread, tried and left.
 `reach [ENGINE]` prices the traced plan run's engine steps with and without the shared-prefix
 saving (validation.md, "The production plan's decision").
+`eager [ENGINE]` times a traced serving engine's steps past the largest CUDA graph (the
+core's launch, the GPU's end) against their price (docs/validation.md, eighteenth session).
 `pair ENGINE` pairs each request of an engine's open-loop experiment with its prediction
 (the same requests, in arrival order): TTFT percentiles per workload, the slowest requests of
 the workload with the highest TTFT p99, and measured against predicted TTFT and inter-token
@@ -390,6 +392,41 @@ def prefix() -> None:
 
 
 TRACED = ROOT / "validation" / "logs" / "s13-coretrace"
+
+
+def eager(engine: str = "gemma-4-31b-fp8-opent") -> None:
+    """A traced serving engine's steps past the largest CUDA graph (`step_core_times`): how
+    long the core's execute_model takes to launch one, and when the GPU ends it after the
+    launch began, against the step as the profile prices it (work, launch): the eighteenth
+    session's Gemma 4 FP8 chat at 8 req/s, whose ITL p99 those steps make."""
+    from capplan.profiles import resolve_profile
+    from capplan.validate.corelaunch import step_core_times
+
+    folder = next(p for p in stored_runs() if p.name == engine)
+    trace_dir = next(d for d in sorted((ROOT / "validation" / "logs").glob("s*-coretrace"))
+                     if (d / f"{engine}.json").exists())
+    meta = json.loads((trace_dir / f"{engine}.json").read_text())
+    t = step_core_times(pl.read_parquet(trace_dir / f"{engine}.parquet"), meta,
+                        pl.read_parquet(folder / "steps.parquet"))
+    e = t.filter(pl.col("kind") == "eager")
+    run_, _, _ = load_run(folder)
+    eng = run_.pool.engine
+    timer = StepTimer(resolve_profile(run_.pool, load_model_spec(run_.pool.model)),
+                      max_num_seqs=eng.max_num_seqs,
+                      max_num_batched_tokens=eng.max_num_batched_tokens)
+    launch = e["execute_s"].to_numpy() * 1e3
+    end = launch + e["gpu_after_s"].to_numpy() * 1e3
+    dec = int(np.median(e["decode_reqs"].to_numpy()))
+    tok = int(np.median(e["tokens"].to_numpy()))
+    work, floor = timer.step_times(tok, dec + 1, (tok - dec) ** 2 / 2, dec * 600,
+                                   decode_seqs=dec)
+    q = [10, 50, 90]
+    print(f"{engine}: {len(e)} steps past the largest CUDA graph (median {tok} tokens, "
+          f"{dec} decodes): execute_model "
+          + "/".join(f"{x:.1f}" for x in np.percentile(launch, q))
+          + " ms (p10/p50/p90), the GPU's end after the launch began "
+          + "/".join(f"{x:.1f}" for x in np.nanpercentile(end, q))
+          + f" ms; priced {work * 1e3:.1f} ms of work, {floor * 1e3:.1f} ms of launch")
 
 
 def core() -> None:
@@ -1294,6 +1331,9 @@ def main() -> None:
         return
     if sys.argv[1:2] == ["reach"]:
         reach(*sys.argv[2:3])
+        return
+    if sys.argv[1:2] == ["eager"]:
+        eager(*sys.argv[2:3])
         return
     if sys.argv[1:2] == ["pair"]:
         pair(sys.argv[2])
