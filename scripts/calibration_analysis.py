@@ -3,7 +3,8 @@ of its GPU, the steps just past the largest CUDA graph, the floor under them, th
 drafter's cost and the stairs of its verify steps.
 
     python scripts/calibration_analysis.py [table|sanity|graph|floor|drafter|stairs|...]
-    (also: repeats, cached, decode, firstuse, finishes, graphs, idle, mixlen, specgraphs)
+    (also: repeats, cached, decode, firstuse, finishes, graphs, idle, mixlen, specgraphs,
+     encoder, kvstarts)
     python scripts/calibration_analysis.py points MODEL/KEY   # e.g. gemma-4-31b/fp8
     python scripts/calibration_analysis.py composition MODEL/KEY  # each run's own steps
 
@@ -545,6 +546,39 @@ def composition(profile: str) -> None:
               f"fit {d['fit_s'].median() * 1e3:7.2f} ms")
 
 
+def encoder() -> None:
+    """The encoder scan behind every Gemma 4 profile (calibrate/build.py encoder_time): each
+    point's median pass, measured and as the profile prices it, and the fitted terms."""
+    prov = json.loads((CALIBRATION_DIR / "h200" / "vllm-0.26.0" / "gemma-4-31b" / "fp8"
+                       / "provenance.json").read_text())["encoder_scan"]
+    print(f"== encoder ({prov['run']}): floor {prov['encoder_floor_s'] * 1e3:.1f} ms, "
+          f"{prov['encoder_token_s'] * 1e6:.1f} us an image token, "
+          f"{prov['encoder_token2_s'] * 1e9:.1f} ns a token squared a picture")
+    for q in prov["points"]:
+        print(f"  {q['images']} x {q['image_tokens']:5d} tokens: measured {q['wall_ms']:7.1f} ms,"
+              f" priced {q['priced_ms']:7.1f} ({q['priced_ms'] / q['wall_ms'] - 1:+.1%}; "
+              f"{q['passes']} passes, inputs {q['inputs'].split(' ')[0]})")
+
+
+def kvstarts() -> None:
+    """Each measured KV point of the speculative profiles with its engine's bytes for the
+    cache, against 0.05 x the GPU's memory between neighbouring utilisations: where one
+    engine start held more outside the cache than another."""
+    total = 143771 * 2**20  # MiB of the H200, nvidia-smi
+    for key in ("gemma-4-31b--fp8-mtp2", "llama-3.1-8b--bf16-draft_model2",
+                "llama-3.1-8b--bf16-draft_model4"):
+        rows = []
+        for suffix, u in (("--u85", 0.85), ("", 0.90), ("--u95", 0.95)):
+            path = CALIBRATION_DIR / "_raw" / f"{key}{suffix}.meta.json"
+            if path.exists():
+                kv = json.loads(path.read_text())["kv"]
+                rows.append((u, kv["kv_tokens"], kv["available_kv_bytes"]))
+        print(f"== {key}")
+        for (u0, _, b0), (u1, t1, b1) in zip(rows, rows[1:], strict=False):
+            print(f"  {u0:.2f} -> {u1:.2f}: cache +{(b1 - b0) / 1e9:.2f} GB, "
+                  f"{(u1 - u0) * total / 1e9:.2f} GB expected ({t1:,} tokens at {u1:.2f})")
+
+
 def main() -> None:
     what = sys.argv[1:] or ["sanity", "graph"]
     if what[0] in ("points", "composition"):
@@ -555,7 +589,8 @@ def main() -> None:
         {"table": table, "sanity": sanity, "graph": graph, "finishes": finishes,
          "repeats": repeats, "cached": cached, "decode": decode, "firstuse": firstuse,
          "floor": floor, "drafter": drafter, "stairs": stairs, "graphs": graphs,
-         "idle": idle, "mixlen": mixlen, "specgraphs": specgraphs}[name]()
+         "idle": idle, "mixlen": mixlen, "specgraphs": specgraphs, "encoder": encoder,
+         "kvstarts": kvstarts}[name]()
 
 
 if __name__ == "__main__":

@@ -1280,24 +1280,23 @@ def _reach_run(label: str, timer: StepTimer, reqs: pl.DataFrame, st: pl.DataFram
             continue
         print(f"  {name:11s} {k.sum():5d} steps, measured {m:6.2f} s; priced without the "
               f"saving {m / plain[k].sum() - 1:+.1%}, with it {m / saved[k].sum() - 1:+.1%}")
-    # by the decodes a step carries: how the price holds as the batch grows (a burst's steps)
+    # by the decodes a step carries and by its decode context: how the price holds as the
+    # batch grows (a burst's steps); bands as (low, high, label)
+    bands = (("decodes a step", dec, [(0, 32, "0-32"), (32, 64, "32-64"), (64, 128, "64-128"),
+                                      (128, 10**9, "128-")]),
+             ("decode context", ctx, [(0, 100_000, "0-100k"), (100_000, 200_000, "100-200k"),
+                                      (200_000, 400_000, "200-400k"),
+                                      (400_000, 10**9, "400k-")]))
     for name, kind in (("mixed", pre > 0), ("decode-only", pre == 0)):
-        cells = []
-        for lo, hi in ((0, 32), (32, 64), (64, 128), (128, 100_000)):
-            k = ok & kind & (dec >= lo) & (dec < hi)
-            if k.sum() >= 20:
-                cells.append(f"{lo}-{hi if hi < 100_000 else ''}: {k.sum()} steps "
-                             f"{dt[k].sum() / saved[k].sum() - 1:+.1%}")
-        if cells:
-            print(f"  {name} by decodes a step, measured against priced: " + ", ".join(cells))
-        cells = []
-        for lo, hi in ((0, 100_000), (100_000, 200_000), (200_000, 400_000), (400_000, 10**9)):
-            k = ok & kind & (ctx >= lo) & (ctx < hi)
-            if k.sum() >= 20:
-                cells.append(f"{lo // 1000}-{hi // 1000 if hi < 10**9 else ''}k: {k.sum()} steps "
-                             f"{dt[k].sum() / saved[k].sum() - 1:+.1%}")
-        if cells:
-            print(f"  {name} by decode context, measured against priced: " + ", ".join(cells))
+        for by, values, edges in bands:
+            cells = []
+            for lo, hi, label_ in edges:
+                k = ok & kind & (values >= lo) & (values < hi)
+                if k.sum() >= 20:
+                    cells.append(f"{label_}: {k.sum()} steps "
+                                 f"{dt[k].sum() / saved[k].sum() - 1:+.1%}")
+            if cells:
+                print(f"  {name} by {by}, measured against priced: " + ", ".join(cells))
     # through the run, by 10 s: the steps' time against their price
     cells = []
     for lo in np.arange(0.0, float(np.nanmax(t)), 10.0):
