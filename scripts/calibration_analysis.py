@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -574,7 +575,7 @@ def kvstarts() -> None:
                 kv = json.loads(path.read_text())["kv"]
                 rows.append((u, kv["kv_tokens"], kv["available_kv_bytes"]))
         print(f"== {key}")
-        for (u0, _, b0), (u1, t1, b1) in zip(rows, rows[1:], strict=False):
+        for (u0, _, b0), (u1, t1, b1) in pairwise(rows):
             print(f"  {u0:.2f} -> {u1:.2f}: cache +{(b1 - b0) / 1e9:.2f} GB, "
                   f"{(u1 - u0) * total / 1e9:.2f} GB expected ({t1:,} tokens at {u1:.2f})")
 
