@@ -97,7 +97,7 @@ class Pictures:
         """`ids` with each picture's placeholder tokens after the first token and one text
         token after each picture (the prompt's length unchanged: its image tokens are
         counted in it), and the pictures' offsets."""
-        if 1 + images * (tokens + 1) > len(ids) + 1:
+        if images * (tokens + 1) > len(ids):
             raise ValueError(f"a prompt of {len(ids)} tokens cannot hold {images} pictures "
                              f"of {tokens} tokens")
         ids, offsets, pos = list(ids), [], 1
@@ -124,10 +124,8 @@ class Pictures:
         batch = {"pixel_values": torch.rand(images, rows * cols, self.patch * self.patch * 3),
                  "pixel_position_ids": grid.expand(images, -1, -1).contiguous()}
         config = {k: MultiModalFieldConfig.batched("image") for k in batch}
-        hashes = []
-        for _ in range(images):
-            self.n += 1
-            hashes.append(f"capplan-{self.seed}-{self.n}")
+        hashes = [f"capplan-{self.seed}-{self.n + i}" for i in range(1, images + 1)]
+        self.n += images
         return mm_input(ids, MultiModalKwargsItems.from_hf_inputs(batch, config),
                         {"image": hashes}, {"image": places}, cache_salt=cache_salt)
 
