@@ -298,3 +298,20 @@ def test_version() -> None:
     """--version prints the package version."""
     res = run("--version")
     assert res.exit_code == 0 and "capplan" in res.stdout
+
+
+def test_profiles_show_a_pictures_encoder_pass() -> None:
+    """Gemma 4's profiles show the measured encoder pass over one picture of the default
+    size (the cell before graph sizes); a model without a vision encoder shows -."""
+    from capplan.calibrate.store import CALIBRATION_DIR
+    from capplan.profile import Profile, StepTimer
+
+    res = run("profiles")
+    assert res.exit_code == 0, res.output
+    cells = {(ln.split("│")[3].strip(), ln.split("│")[4].strip()): ln.split("│")[-3].strip()
+             for ln in res.stdout.splitlines() if ln.startswith("│ h200")}
+    prof = Profile.load(CALIBRATION_DIR / "h200" / "vllm-0.26.0" / "gemma-4-31b" / "fp8"
+                        / "profile.json")
+    t = StepTimer(prof, max_num_seqs=256, max_num_batched_tokens=8192)
+    assert cells[("gemma-4-31b", "fp8")] == f"{t.encoder_pass_s(280, 1) * 1e3:.1f} ms"
+    assert cells[("llama-3.1-8b", "bf16")] == "-"

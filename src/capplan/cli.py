@@ -240,6 +240,8 @@ def simulate(
 @main.command()
 def profiles() -> None:
     """List measured profiles under calibration/; other pools use the analytic roofline."""
+    from capplan.modelspec import load_model_spec
+    from capplan.profile import StepTimer
     from capplan.profiles import CALIBRATION_DIR, list_profiles
 
     found = list_profiles()
@@ -253,7 +255,8 @@ def profiles() -> None:
     table = Table(title=f"measured profiles under {CALIBRATION_DIR}", title_justify="left")
     for col in ("gpu", "vllm", "model", "profile", "tp", "source",
                 "held-out median/p95 APE",
-                "box tokens/seqs/context", "shared-prefix saving", "graph sizes"):
+                "box tokens/seqs/context", "shared-prefix saving", "picture",
+                "graph sizes"):
         table.add_column(col)
     for p in found:
         fit = "-"
@@ -265,13 +268,21 @@ def profiles() -> None:
         box = f"{p.box.max_tokens:,} / {p.box.max_seqs:,} / {p.box.max_context_tokens:,}"
         saving = f"{p.step.shared_ctx_saving:.0%}" if p.step.shared_ctx_saving else "-"
         graphs = str(len(p.step.graph_offset_s)) if p.step.graph_offset_s else "-"
+        encoder = "-"
+        if p.step.encoder_token_s:  # one picture of the model's default size, alone
+            tokens = load_model_spec(p.model).image_tokens_per_image
+            timer = StepTimer(p, max_num_seqs=256, max_num_batched_tokens=8192)
+            encoder = f"{timer.encoder_pass_s(tokens, 1) * 1e3:.1f} ms"
         table.add_row(p.gpu, p.vllm_version, p.model, p.key, str(p.tp), p.source, fit, box,
-                      saving, graphs)
+                      saving, encoder, graphs)
     console.print(table)
     console.print("pools matching none of these use the ANALYTIC roofline profile")
     console.print("shared-prefix saving: of the decode read, per prefix token that running "
                   "requests read in common (measured by `capplan calibrate --prefix-cache`; "
                   "- : not measured, none assumed)")
+    console.print("picture: the vision encoder's pass over one picture of the model's default "
+                  "size, which every decode of its step waits for (measured by `capplan "
+                  "calibrate --encoder-scan`; - : no vision encoder)")
     console.print("graph sizes: CUDA-graph sizes whose decode-only step was timed on its own "
                   "(`capplan calibrate --graph-scan`; - : priced by the linear terms alone)")
 
