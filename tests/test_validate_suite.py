@@ -309,3 +309,35 @@ def test_stored_chunk_times_round_trip_to_the_microsecond(tmp_path) -> None:
         tmp_path / "requests.parquet")
     old = read_requests(tmp_path)
     assert old.schema == reqs.schema
+
+
+def test_predict_prints_what_compare_will_hold_the_engine_to(tmp_path) -> None:
+    """`capplan validate predict SUITE` gives, per engine, run and workload, the figures the
+    simulator predicts for an experiment not yet measured: compare.predict's, as a table or
+    CSV; an unknown engine is one line."""
+    import polars as pl
+    from click.testing import CliRunner
+
+    from capplan.cli import main
+    from capplan.validate.compare import predict
+
+    path = tmp_path / "suite.yaml"
+    path.write_text(
+        "schema_version: 1\ngpu: h200\nvllm: 0.26.0\nengines:\n"
+        "  - name: t\n"
+        "    pool: {name: v, model: llama-3.1-8b, precision: bf16, engine: {max_model_len: 8192}}\n"
+        "    experiments:\n"
+        "      - {name: c1, duration_s: 5, workloads: [{pool: validate, name: chat, "
+        "input_tokens: {kind: constant, value: 512}, output_tokens: {kind: constant, value: 32}, "
+        "arrival: {kind: closed, concurrency: 1}}]}\n")
+    res = CliRunner().invoke(main, ["validate", "predict", str(path), "--format", "csv"])
+    assert res.exit_code == 0, res.output
+    (row,) = pl.read_csv(res.output.encode()).iter_rows(named=True)
+    want = predict(load_suite(path).engine("t"), "c1", None)["chat"]
+    assert (row["engine"], row["run"], row["workload"]) == ("t", "c1", "chat")
+    assert row["ttft_p50_s"] == pytest.approx(want["ttft_p50_s"])
+    assert row["itl_p99_s"] == pytest.approx(want["itl_p99_s"])
+    table = CliRunner().invoke(main, ["validate", "predict", str(path)])
+    assert table.exit_code == 0 and "ttft_p99_s" in table.output
+    bad = CliRunner().invoke(main, ["validate", "predict", str(path), "--engine", "nope"])
+    assert bad.exit_code != 0 and len(bad.output.strip().splitlines()) == 1

@@ -4,6 +4,7 @@
     capplan validate measure SUITE --engine NAME # on a GPU host: run it, store it, compare
     capplan validate ingest SUITE RAW            # store runner output under calibration/
     capplan validate compare                     # every stored run, measured vs predicted
+    capplan validate predict SUITE               # what the simulator predicts, before a run
     capplan validate plan --traffic MIX --plan PLAN --out SUITE
                                                  # the suite that checks a plan's decision
 """
@@ -228,6 +229,43 @@ def measure(suite_file: Path, engines: tuple[str, ...], root: Path, time_budget_
             click.echo(f"{name}: stored in {dest}", err=True)
     compare.callback(root=root, fmt="table", out=None, write_docs=None, plot=None,  # type: ignore[misc]
                      ratchet=None, loosen=False)
+
+
+PREDICTED = ("output_tok_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "e2e_p99_s")
+
+
+@validate.command()
+@click.argument("suite_file", type=click.Path(path_type=Path))
+@click.option("--engine", "engines", multiple=True, help="only these engine runs (repeatable)")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv"]), default="table",
+              show_default=True)
+@errors_as_lines
+def predict(suite_file: Path, engines: tuple[str, ...], fmt: str) -> None:
+    """What the simulator predicts for every experiment of SUITE_FILE, before it is measured:
+    the figures `compare` will hold the engine to (write them down when you queue a run)."""
+    from capplan.validate.compare import predict as predict_run
+
+    suite = load_suite(suite_file)
+    rows = []
+    for name in _engines(suite, engines):
+        run = suite.engine(name)
+        for exp in run.experiments:
+            for w, m in predict_run(run, exp.name, None).items():
+                rows.append({"engine": name, "run": exp.name, "workload": w,
+                             "requests": int(m["requests"]), **{k: m[k] for k in PREDICTED}})
+    if fmt == "csv":
+        import polars as pl
+
+        click.echo(pl.DataFrame(rows).write_csv(), nl=False)
+        return
+    table = Table(title=f"predicted for {suite_file} (times in ms, throughput in tokens/s)",
+                  title_justify="left")
+    for col in ("engine", "run", "workload", "n", *PREDICTED):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["engine"], r["run"], r["workload"], str(r["requests"]),
+                      *(_fmt(k, r[k]) for k in PREDICTED))
+    Console(width=220).print(table)
 
 
 @validate.command("plan")
