@@ -246,25 +246,24 @@ def predict(suite_file: Path, engines: tuple[str, ...], fmt: str) -> None:
     from capplan.validate.compare import predict as predict_run
 
     suite = load_suite(suite_file)
-    rows = []
+    rows: list[tuple[str, str, str, dict[str, float]]] = []
     for name in _engines(suite, engines):
         run = suite.engine(name)
         for exp in run.experiments:
-            for w, m in predict_run(run, exp.name, None).items():
-                rows.append({"engine": name, "run": exp.name, "workload": w,
-                             "requests": int(m["requests"]), **{k: m[k] for k in PREDICTED}})
+            rows += [(name, exp.name, w, m) for w, m in predict_run(run, exp.name, None).items()]
     if fmt == "csv":
         import polars as pl
 
-        click.echo(pl.DataFrame(rows).write_csv(), nl=False)
+        click.echo(pl.DataFrame([
+            {"engine": e, "run": r, "workload": w, "requests": int(m["requests"]),
+             **{k: m[k] for k in PREDICTED}} for e, r, w, m in rows]).write_csv(), nl=False)
         return
     table = Table(title=f"predicted for {suite_file} (times in ms, throughput in tokens/s)",
                   title_justify="left")
     for col in ("engine", "run", "workload", "n", *PREDICTED):
         table.add_column(col)
-    for r in rows:
-        table.add_row(r["engine"], r["run"], r["workload"], str(r["requests"]),
-                      *(_fmt(k, r[k]) for k in PREDICTED))
+    for e, r, w, m in rows:
+        table.add_row(e, r, w, str(int(m["requests"])), *(_fmt(k, m[k]) for k in PREDICTED))
     Console(width=220).print(table)
 
 
