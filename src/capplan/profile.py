@@ -434,6 +434,14 @@ class Profile(BaseModel):
         Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
 
 
+def encoder_work_s(tokens: Any, images: Any, token_s: float, token2_s: float) -> Any:
+    """The vision encoder's work on `images` pictures of `tokens` image tokens in all, taken
+    as of one size: `token_s` a token and `token2_s` a token squared a picture (its
+    attention over its own patches). A pass costs at least the profile's `encoder_floor_s`
+    beside it (StepTimer.encoder_pass_s). Scalars or numpy arrays alike (fit.encoder_scan)."""
+    return token_s * tokens + token2_s * tokens * tokens / images
+
+
 class StepTimer:
     """Fast evaluation of a profile's step model inside the simulator's hot loop.
 
@@ -537,7 +545,7 @@ class StepTimer:
         `encoder_floor_s`. vLLM encodes every picture a step schedules in one call of the
         model's embed_multimodal (vllm/v1/worker/gpu_model_runner.py _execute_mm_encoder)."""
         per_token, per_token2, floor = self._enc
-        t = per_token * tokens + per_token2 * tokens * tokens / max(images, 1)
+        t = encoder_work_s(tokens, max(images, 1), per_token, per_token2)
         return t if t > floor else floor
 
     def launch_sigma(self, tokens: int, prefill: bool) -> float:

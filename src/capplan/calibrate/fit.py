@@ -31,6 +31,7 @@ from capplan.profile import (
     StepModel,
     cudagraph_capture_sizes,
     eager_threshold,
+    encoder_work_s,
     graph_offset,
 )
 
@@ -319,8 +320,8 @@ class EncoderScan:
     def pass_s(self, images: int, image_tokens: int) -> float:
         """A pass over `images` pictures of `image_tokens` each, as the profile prices it
         (profile.py StepTimer.encoder_pass_s)."""
-        t = images * (self.token_s * image_tokens + self.token2_s * image_tokens**2)
-        return max(t, self.floor_s)
+        work = encoder_work_s(images * image_tokens, images, self.token_s, self.token2_s)
+        return max(float(work), self.floor_s)
 
 
 def encoder_scan(df: pl.DataFrame) -> EncoderScan:
@@ -345,8 +346,8 @@ def encoder_scan(df: pl.DataFrame) -> EncoderScan:
     y = med["wall_s"].to_numpy()
 
     def priced(x: np.ndarray) -> np.ndarray:  # x: floor in ms, per token in us, token^2 ns
-        work: np.ndarray = n * (x[1] * 1e-6 * t + x[2] * 1e-9 * t * t)
-        out: np.ndarray = np.maximum(work, x[0] * 1e-3)
+        out: np.ndarray = np.maximum(encoder_work_s(n * t, n, x[1] * 1e-6, x[2] * 1e-9),
+                                     x[0] * 1e-3)
         return out
 
     start = [float(y.min()) * 1e3, float(np.median(y / (n * t))) * 1e6, 0.0]
