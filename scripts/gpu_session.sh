@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# gpu_session.sh DEADLINE_S - one call on a two-GPU host, after the vLLM bundle install of
-# ../shared/gpu/README.md: each lane runs a calibration queue (scripts/gpu_calibrate.sh; lane 0
+# gpu_session.sh DEADLINE_S - one call on a GPU host, after the vLLM bundle install of
+# ../shared/gpu/README.md, with two lanes where the host has two GPUs (one where it has one):
+# each lane runs a calibration queue (scripts/gpu_calibrate.sh; lane 0
 # QUEUE0=file into $OUT/raw0.tgz, lane 1 QUEUE=file into $OUT/raw.tgz) and then validation
 # jobs (LANE0 / LANE1="job.json ...") on its own GPU, side by side, both stopped DEADLINE_S
 # seconds from now.
@@ -20,7 +21,12 @@ start=$SECONDS
 # stop happen without it too, on a lone engine (docs/calibration.md, "The engine does not
 # repeat itself"); the lane logs say whether a run was pinned.
 pin0=() pin1=()
-if command -v taskset > /dev/null; then
+gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU')
+if (( gpus < 2 )); then
+  # one GPU: lane 0 alone, on every core (a lone engine's start wants them all)
+  [[ -n $queue || -n $lane1 ]] && echo "one GPU: lane 1 (QUEUE, LANE1) is not run" >&2
+  queue= lane1=
+elif command -v taskset > /dev/null; then
   read -r cpus0 cpus1 < <(python3 -c 'import os; c = sorted(os.sched_getaffinity(0)); h = len(c) // 2
 print(",".join(map(str, c[:h])), ",".join(map(str, c[h:])))')
   [[ -n ${cpus1:-} ]] && pin0=(taskset -c "$cpus0") pin1=(taskset -c "$cpus1")
