@@ -14,6 +14,7 @@ With no argument it prints sanity and graph.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator
 from itertools import pairwise
@@ -30,7 +31,7 @@ from capplan.modelspec import load_model_spec
 from capplan.profile import Profile, StepTimer, cudagraph_capture_sizes, eager_threshold
 
 HBM_BYTES_PER_S = 4.8e12  # the H200 datasheet's, as the table's header says
-PROFILES = CALIBRATION_DIR / "h200" / "vllm-0.26.0"
+PROFILES = Path(os.environ.get("CAPPLAN_PROFILES") or CALIBRATION_DIR / "h200" / "vllm-0.26.0")
 
 
 def _prefill_flops(model: str, chunk: int, chunks: int) -> float:

@@ -289,8 +289,9 @@ def test_mixlen_pairs_read_as_much_kv_as_their_twins() -> None:
 
 def test_encoder_scan_engine_allows_images_and_times_only_the_encoder() -> None:
     """`--encoder-scan` adds one engine per timed one (k = 0), images allowed, whose plan
-    holds only encoder points: 1-8 pictures of the default size, then one of each other
-    size; a model without a vision encoder is refused in one line."""
+    holds encoder points (1-8 pictures of the default size, then one of each other size)
+    and picture points, each beside its text-only twin after a warm-up of its shape; a
+    model without a vision encoder is refused in one line."""
     from capplan.calibrate.build import _NAME
     from capplan.errors import ConfigError
 
@@ -302,7 +303,18 @@ def test_encoder_scan_engine_allows_images_and_times_only_the_encoder() -> None:
     assert "--limit-images" not in args and "--kv-only" not in args
     plan = ccli._plan(enc[0], 60)
     points = plan["points"]
-    assert {p["kind"] for p in points} == {"encoder"}
+    assert {p["kind"] for p in points} == {"encoder", "picture"}
+    pictures = [p for p in points if p["kind"] == "picture" and not p.get("warmup")]
+    assert [(p["prompt"], p["batch"], p["images"]) for p in pictures] == [
+        (580, 0, 1), (580, 0, 0), (580, 16, 1), (580, 16, 0), (400, 8, 1), (400, 8, 0)]
+    assert {p["image_tokens"] for p in pictures} == {280}
+    warm = [i for i, p in enumerate(points) if p.get("warmup")]
+    assert len(warm) == 3
+    for i in warm:  # each shape's warm-up comes just before its pair
+        shape = (points[i]["prompt"], points[i]["batch"])
+        assert [(p["prompt"], p["batch"], p.get("warmup")) for p in points[i + 1:i + 3]] == \
+            [(*shape, None)] * 2
+    points = [p for p in points if p["kind"] == "encoder"]
     assert [(p["images"], p["image_tokens"], p.get("built", False)) for p in points] == [
         (1, 280, False), (2, 280, False), (4, 280, False), (8, 280, False),
         (1, 70, True), (1, 140, True), (1, 560, True), (1, 1120, True)]
@@ -352,6 +364,50 @@ def test_encoder_scan_prices_a_pass_and_serves_every_precision(tmp_path: Path) -
     assert encoder_time(tmp_path, Group("qwen3-32b", "fp8")) == (None, "")
 
 
+def _picture_steps(raw: Path, name: str, picture_ms: float, twin_ms: float) -> None:
+    """Picture points appended to an encoder run as runner.py writes them: each encoding
+    step `picture_ms`, its twin's prefill step `twin_ms`, decode steps 12 ms, stamped by
+    the GPU clock with the engine idle between steps."""
+    lines, t = [], 0.0
+    for pid, enc, ms in (("warmup-picture-p580-b0", 280, 500.0),
+                         ("picture-p580-i1", 280, picture_ms), ("picture-p580-i0", 0, twin_ms)):
+        for rep in range(4):
+            for step, (n, took) in enumerate(((580, ms), (0, 12.0))):
+                rec = {"kind": "step", "point": pid, "step": 2 * rep + step, "t_sched0": t,
+                       "t_sched1": t, "t_done": t + 1.0, "gpu_t0": t, "gpu_t1": t + took / 1e3,
+                       "tokens": n or 1, "seqs": 1, "decode_seqs": 0 if n else 1,
+                       "decode_ctx": 0 if n else 580, "spec_tokens": 0, "drafting_seqs": 0,
+                       "prefill_seqs": 1 if n else 0, "prefill_tokens": n, "max_ctx": 581,
+                       "chunks": [[n, 0]] if n else []}
+                if n and enc:
+                    rec["encoder_tokens"] = enc
+                lines.append(rec)
+                t += 2.0
+        lines.append({"kind": "point_done", "point": pid, "steps": 8, "point_s": 1.0})
+    with (raw / f"{name}.jsonl").open("a") as f:
+        f.write("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_picture_points_price_what_a_step_that_encodes_costs_beyond_the_pass(
+        tmp_path: Path) -> None:
+    """A picture step less its text twin's, less the scan's pass, is the profile's
+    encoder_step_s, and a step that encodes pays it beside the pass; a scan without picture
+    points gives none (the profile keeps 0)."""
+    from capplan.calibrate.build import Group, encoder_time
+
+    _encoder_run(tmp_path, "gemma-4-31b--fp8--encoder", 37.0, 66.0, 40.0)
+    enc, _ = encoder_time(tmp_path, Group("gemma-4-31b", "fp8"))
+    assert enc is not None and "encoder_step_s" not in enc
+    _picture_steps(tmp_path, "gemma-4-31b--fp8--encoder", picture_ms=160.0, twin_ms=60.0)
+    enc, note = encoder_time(tmp_path, Group("gemma-4-31b", "fp8"))
+    assert enc is not None
+    (pt,) = enc["picture_points"]
+    assert (pt["point"], pt["twin"], pt["steps"]) == ("picture-p580-i1", "picture-p580-i0", 4)
+    assert pt["pass_ms"] == pytest.approx(37.0, rel=0.02)
+    assert enc["encoder_step_s"] == pytest.approx((160.0 - 60.0 - 37.0) / 1e3, rel=0.02)
+    assert "a step that encodes one 63" in note
+
+
 def test_encoder_scan_refuses_a_run_that_cannot_separate_its_terms(tmp_path: Path) -> None:
     """Pictures of one size cannot tell the per-token term from the per-token-squared one."""
     from capplan.calibrate import fit as F
@@ -378,6 +434,11 @@ def test_a_step_pays_the_encoder_pass_of_its_pictures() -> None:
     plain = t.step_time_s(512, 1, 512 * 256, 0)
     assert t.step_time_s(512, 1, 512 * 256, 0, 280, encoder_images=1) == pytest.approx(
         plain + 37e-3)
+    around = StepTimer(shipped.model_copy(update={"step": step.model_copy(
+        update={"encoder_step_s": 60e-3})}), max_num_seqs=256, max_num_batched_tokens=8192)
+    assert around.step_time_s(512, 1, 512 * 256, 0, 280, encoder_images=1) == pytest.approx(
+        plain + 97e-3)
+    assert around.step_time_s(512, 1, 512 * 256, 0) == pytest.approx(plain)
 
 
 def test_a_measured_encoder_is_not_replaced_by_the_analytic_one() -> None:

@@ -36,9 +36,11 @@ def _load_runner() -> Any:
 
 
 class FakeRequest:
-    def __init__(self, rid: str, prompt: int, max_tokens: int, computed: int = 0) -> None:
+    def __init__(self, rid: str, prompt: int, max_tokens: int, computed: int = 0,
+                 pictures: tuple[tuple[int, int], ...] = ()) -> None:
         self.request_id, self.num_prompt_tokens = rid, prompt
         self.num_computed_tokens, self.max_tokens, self.out = computed, max_tokens, 0
+        self.mm_features = [NS(mm_position=NS(offset=o, length=n)) for o, n in pictures]
 
 
 class FakeScheduler:
@@ -51,7 +53,7 @@ class FakeScheduler:
         self.waiting: list[FakeRequest] = []
 
     def schedule(self) -> NS:
-        budget, sched = self.max_num_scheduled_tokens, {}
+        budget, sched, encode = self.max_num_scheduled_tokens, {}, {}
         while self.waiting and budget:
             self.running.append(self.waiting.pop(0))
         for r in self.running:
@@ -59,10 +61,15 @@ class FakeScheduler:
             n = min(budget, left) if left > 0 else min(budget, 1)
             if n:
                 sched[r.request_id] = n
+                # a picture is encoded in the step whose chunk reaches it
+                here = [i for i, f in enumerate(r.mm_features)
+                        if r.num_computed_tokens <= f.mm_position.offset < r.num_computed_tokens + n]
+                if here:
+                    encode[r.request_id] = here
                 r.num_computed_tokens += n
                 budget -= n
         return NS(total_num_scheduled_tokens=sum(sched.values()), num_scheduled_tokens=sched,
-                  scheduled_spec_decode_tokens={})
+                  scheduled_spec_decode_tokens={}, scheduled_encoder_inputs=encode)
 
     def update_from_output(self, so: NS, _out: object) -> None:
         for rid in so.num_scheduled_tokens:
@@ -117,7 +124,9 @@ class FakeEngine:
                          min(len(old), len(ids)))
                 hit = max(hit, min(n, len(ids) - 1) // 16 * 16)
             self.cached.append(ids)
-        r = FakeRequest(internal, len(ids), params["max_tokens"], hit)
+        places = prompt.get("mm_placeholders", {}).get("image", ())  # type: ignore[attr-defined]
+        r = FakeRequest(internal, len(ids), params["max_tokens"], hit,
+                        tuple((x.offset, x.length) for x in places))
         self.sched.requests[internal] = r
         self.sched.waiting.append(r)
         return internal
@@ -377,3 +386,34 @@ def test_encoder_grid_holds_exactly_the_image_tokens(runner: Any) -> None:
     assert runner.token_grid(70) == (7, 10)
     assert runner.token_grid(1120) == (32, 35)
     assert runner.token_grid(7) == (1, 7)
+
+
+class FakePictures:
+    """What runner.Driver asks of validate/runner.py Pictures (which needs torch and vLLM):
+    the prompt with each picture's placeholders after its first token."""
+
+    def prompt(self, ids: list[int], images: int, tokens: int) -> dict[str, Any]:
+        places = [NS(offset=1 + i * (tokens + 1), length=tokens) for i in range(images)]
+        return {"prompt_token_ids": ids, "mm_placeholders": {"image": places}}
+
+
+def test_picture_point_records_the_steps_that_encode(runner: Any) -> None:
+    """A picture point sends its prompts one at a time, each with its picture, and marks the
+    step that encodes it with the picture's image tokens; its text twin sends none, and
+    beside running decodes the encoding step holds them too."""
+    drv = _driver(runner)
+    drv.pictures = FakePictures()
+    point = {"kind": "picture", "prompt": 580, "images": 1, "image_tokens": 280,
+             "batch": 0, "context": 0, "repeats": 3}
+    recs = drv.point({**point, "id": "picture-p580-i1"})
+    enc = [r for r in recs if r.get("encoder_tokens")]
+    assert [(r["encoder_tokens"], r["prefill_tokens"], r["decode_seqs"]) for r in enc] == \
+        [(280, 580, 0)] * 3
+    twin = drv.point({**point, "id": "picture-p580-i0", "images": 0})
+    assert [r["prefill_tokens"] for r in twin if r["prefill_seqs"]] == [580] * 3
+    assert not any(r.get("encoder_tokens") for r in twin)
+    beside = drv.point({**point, "id": "picture-p400-i1-b8", "prompt": 400, "batch": 8,
+                        "context": 64})
+    enc = [r for r in beside if r.get("encoder_tokens")]
+    assert len(enc) == 3 and all(r["decode_seqs"] == 8 for r in enc)
+    assert not drv.engine.has_unfinished_requests()

@@ -272,7 +272,7 @@ def profiles() -> None:
         if p.step.encoder_token_s:  # one picture of the model's default size, alone
             tokens = load_model_spec(p.model).image_tokens_per_image
             timer = StepTimer(p, max_num_seqs=256, max_num_batched_tokens=8192)
-            encoder = f"{timer.encoder_pass_s(tokens, 1) * 1e3:.1f} ms"
+            encoder = f"{(timer.encoder_pass_s(tokens, 1) + p.step.encoder_step_s) * 1e3:.1f} ms"
         table.add_row(p.gpu, p.vllm_version, p.model, p.key, str(p.tp), p.source, fit, box,
                       saving, encoder, graphs)
     console.print(table)

@@ -16,7 +16,8 @@ Step-time model (one engine step, seconds), physically shaped:
       + per_seq_s * seqs                               # sampling, bookkeeping per sequence
       + k * draft_pass_s + draft_token_s * T_pad       # the drafter (spec decode), every step:
       + (k - 1) * draft_seq_s * seqs                   #   a first pass over T, k - 1 over seqs
-      + encoder_token_s * image tokens encoded         # vision encoder, on an image's first chunk
+      + encoder pass (encoder_pass_s)                  # vision encoder, on an image's first chunk,
+      + encoder_step_s if the step encodes             #   and the step's own work around it
       + prefill_step_s if any prefill chunk            # piecewise, not full, CUDA graph
       + gemm_switch_s if T_pad > 128                   # quantized GEMMs' tile stairs:
       + gemm_rows_s * (ceil(T_pad / 256) - 1)          #   see below
@@ -195,6 +196,14 @@ class StepModel(BaseModel):
         description="a step's encoder pass at least: the CPU's launches of the vision tower, "
         "which vLLM runs eagerly (vllm/config/compilation.py: compile_mm_encoder and "
         "cudagraph_mm_encoder default to off)",
+    )
+    encoder_step_s: float = Field(
+        default=0.0, ge=0,
+        description="a step that encodes pictures, beyond the encoder's pass and the "
+        "decoder's terms: what the engine does around the pass (the request's multimodal "
+        "input to the GPU, the image tokens' embeddings merged, the decoder's attention over "
+        "them with their bidirectional mask: vllm/v1/attention/backends/flash_attn.py "
+        "mm_prefix_range_tensor), from the encoder engine's picture points (sweep.picture_points)",
     )
     prefill_step_s: float = Field(
         default=0.0, ge=0,
@@ -458,6 +467,7 @@ class StepTimer:
         "_eager_above",
         "_eager_floor",
         "_enc",
+        "_enc_step",
         "_gemm",
         "_graph_ctx",
         "_graph_max",
@@ -492,6 +502,7 @@ class StepTimer:
         self._draft = (self.k * s.draft_pass_s, s.draft_token_s,
                        max(self.k - 1, 0) * s.draft_seq_s)
         self._enc = (s.encoder_token_s, s.encoder_token2_s, s.encoder_floor_s)
+        self._enc_step = s.encoder_step_s
         self._shared = s.decode_ctx_s * s.shared_ctx_saving
         self._prefill_step = s.prefill_step_s
         self._eager = s.eager_step_s
@@ -629,7 +640,7 @@ class StepTimer:
             passes, per_token, per_seq_later = self._draft
             extra = passes + per_token * t_pad + per_seq_later * seqs
         if encoder_tokens:
-            extra += self.encoder_pass_s(encoder_tokens, encoder_images)
+            extra += self.encoder_pass_s(encoder_tokens, encoder_images) + self._enc_step
         if launch:
             return t + extra, launch + extra
         return t + extra, self._core[1] if prefill_attn else self._core[0]

@@ -141,13 +141,22 @@ def encoder_time(raw: Path, g: Group) -> tuple[dict[str, Any] | None, str]:
     size = load_model_spec(g.model).image_tokens_per_image
     fitted = F.encoder_scan(store.read_encoder_jsonl(path))
     secs = _rc_seconds(raw).get(run)
+    try:  # the picture points' steps (scans from the nineteenth session on)
+        step_s, pictures = F.picture_steps(store.read_runner_jsonl(path), fitted)
+    except CalibrationError:
+        step_s, pictures = 0.0, []
     out = {"run": run, "encoder_token_s": fitted.token_s, "encoder_token2_s": fitted.token2_s,
            "encoder_floor_s": fitted.floor_s, "gpu_seconds": secs, "points": fitted.points}
+    if pictures:
+        out |= {"encoder_step_s": step_s, "picture_points": pictures}
     note = (f"vision encoder {fitted.token_s * 1e6:.1f} us an image token + "
             f"{fitted.token2_s * 1e9:.1f} ns a token squared a picture, a pass at least "
             f"{fitted.floor_s * 1e3:.1f} ms ({fitted.pass_s(1, size) * 1e3:.1f} ms for one "
             f"picture of {size} image tokens, {fitted.pass_s(8, size) * 1e3 / 8:.1f} ms a "
-            f"picture in eights) from {run}"
+            f"picture in eights)"
+            + (f"; a step that encodes one {step_s * 1e3:.1f} ms more, from its picture "
+               f"points against their text twins" if pictures else "")
+            + f" from {run}"
             + (f" ({secs / 60:.1f} GPU-minutes more, engine start included)" if secs else ""))
     return out, note
 
@@ -482,7 +491,8 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     encoder, note = encoder_time(raw, g)
     if encoder is not None:
         step = step.model_copy(update={k: encoder[k] for k in (
-            "encoder_token_s", "encoder_token2_s", "encoder_floor_s")})
+            "encoder_token_s", "encoder_token2_s", "encoder_floor_s", "encoder_step_s")
+            if k in encoder})
         notes.append(note)
     core, note = core_time(raw, g, df, eng)
     if core is not None:

@@ -364,6 +364,37 @@ def encoder_scan(df: pl.DataFrame) -> EncoderScan:
     return scan
 
 
+def picture_steps(df: pl.DataFrame, scan: EncoderScan) -> tuple[float, list[dict[str, Any]]]:
+    """What a step that encodes a picture costs beyond the encoder's pass (StepModel
+    `encoder_step_s`), from an encoder engine's picture points (sweep.picture_points;
+    store.read_runner_jsonl of its run): for each picture point, its steps that encoded
+    (`encoder_tokens`), less its text-only twin's prefill steps, less the scan's pass
+    (`scan.pass_s`), medians each; the figure is the median over the points (0 where a
+    picture costs no more than its pass). With each point's figures, for provenance."""
+    df = df.filter(~pl.col("warmup"))
+    if "encoder_tokens" not in df.columns:
+        return 0.0, []
+    rows = []
+    for pid in sorted(p for p in df["point"].unique() if p.startswith("picture-")
+                      and "-i0" not in p):
+        twin = pid.replace("-i1", "-i0")
+        pic = df.filter((pl.col("point") == pid) & (pl.col("encoder_tokens") > 0))
+        txt = df.filter((pl.col("point") == twin) & (pl.col("prefill_tokens") > 0))
+        if pic.is_empty() or txt.is_empty():
+            continue
+        tokens = int(pic["encoder_tokens"].median())  # type: ignore[arg-type]
+        pic_s, txt_s = float(pic["step_s"].median()), float(txt["step_s"].median())  # type: ignore[arg-type]
+        pass_s = scan.pass_s(1, tokens)
+        rows.append({"point": pid, "twin": twin, "steps": pic.height,
+                     "twin_steps": txt.height, "image_tokens": tokens,
+                     "picture_ms": round(pic_s * 1e3, 3), "twin_ms": round(txt_s * 1e3, 3),
+                     "pass_ms": round(pass_s * 1e3, 3),
+                     "beyond_pass_ms": round((pic_s - txt_s - pass_s) * 1e3, 3)})
+    if not rows:
+        return 0.0, []
+    return max(0.0, float(np.median([r["beyond_pass_ms"] for r in rows])) * 1e-3), rows
+
+
 @dataclass
 class GraphScan:
     """What a graph-scan run gives a profile (StepModel.graph_ctx_s, graph_window_s,

@@ -302,6 +302,11 @@ class Recorder:
                 drafting += 1 if n_spec else 0
             else:
                 chunks.append([n, ctx])
+        encoded = 0  # image tokens whose encoder runs in this step
+        for rid, inputs in (getattr(so, "scheduled_encoder_inputs", None) or {}).items():
+            req = self.sched.requests.get(rid)
+            if req is not None:
+                encoded += sum(req.mm_features[i].mm_position.length for i in inputs)
         return {
             "tokens": so.total_num_scheduled_tokens,
             "seqs": len(so.num_scheduled_tokens),
@@ -313,6 +318,7 @@ class Recorder:
             "prefill_tokens": sum(c for c, _ in chunks),
             "chunks": chunks,
             "max_ctx": max_ctx,
+            **({"encoder_tokens": encoded} if encoded else {}),
         }
 
     def update_from_output(self, so, *a, **k):
@@ -346,10 +352,12 @@ def token_grid(tokens):
 class Driver:
     """Feeds the engine requests of exact shapes and steps it until they finish."""
 
-    def __init__(self, llm, args, vocab):
+    def __init__(self, llm, args, vocab, hf=None):
         import numpy as np
         from vllm import SamplingParams
 
+        self.hf = hf  # the model's config.json: what a picture point's pictures look like
+        self.pictures = None
         self.np = np
         self.SamplingParams = SamplingParams
         self.engine = llm.llm_engine
@@ -378,6 +386,22 @@ class Driver:
         self.n += 1
         params = self.SamplingParams(max_tokens=max_tokens, ignore_eos=True, detokenize=False)
         prompt = TokensPrompt(prompt_token_ids=self.ids(length) if ids is None else ids)
+        return self.engine.add_request(f"r{self.n}", prompt, params)
+
+    def add_picture(self, length, images, tokens):
+        """A request of `length` fresh tokens, `images` pictures of `tokens` image tokens
+        among them, sent as the serving engine gets it: vLLM's processed multimodal input,
+        built as the validation runner builds it (validate/runner.py Pictures, read by path:
+        this script imports nothing of capplan)."""
+        if not images:
+            return self.add(length, 1)
+        if self.pictures is None:
+            here = os.path.dirname(os.path.abspath(__file__))
+            cls = runpy.run_path(os.path.join(here, "..", "validate", "runner.py"))["Pictures"]
+            self.pictures = cls(self.hf, seed=0)
+        self.n += 1
+        params = self.SamplingParams(max_tokens=1, ignore_eos=True, detokenize=False)
+        prompt = self.pictures.prompt(self.ids(length), images, tokens)
         return self.engine.add_request(f"r{self.n}", prompt, params)
 
     def run_until(self, done):
@@ -505,6 +529,29 @@ class Driver:
                 self.run_until(lambda: pid not in self.sched.requests)
                 self.engine.step()
                 self.engine.abort_request(ids, internal=True)
+                self.drain()
+            elif kind == "picture":
+                # `repeats` prompts of `prompt` tokens, each with `images` pictures of
+                # `image_tokens` tokens (0: its text-only twin), one at a time, alone or
+                # beside `batch` running decodes at `context`: the step that encodes a
+                # picture as the engine runs it (the request's multimodal input, the encoder
+                # in gpu_model_runner.py _execute_mm_encoder, the decoder over the image
+                # tokens), which the encoder points time only the model's own call of
+                b = p.get("batch", 0)
+                ids = []
+                if b:
+                    steps = p["repeats"] * (p["prompt"] // self.budget0 + 4) + 24
+                    ids = [self.add(p["context"], steps) for _ in range(b)]
+                    self.run_until(lambda: self.running_decodes() >= b)
+                    for _ in range(2):
+                        self.engine.step()
+                for _ in range(p["repeats"]):
+                    pid = self.add_picture(p["prompt"], p["images"], p["image_tokens"])
+                    self.run_until(lambda: pid not in self.sched.requests)
+                    for _ in range(2):  # decode-only steps between, as in serving
+                        self.engine.step()
+                if ids:
+                    self.engine.abort_request(ids, internal=True)
                 self.drain()
             elif kind == "cached":
                 # the prefix once, finished: its full blocks stay in vLLM's prefix cache; then
@@ -652,7 +699,7 @@ def main(argv=None):
     with open(args.plan) as f:
         plan = json.load(f)
     done = load_done(args.out)
-    drv = Driver(llm, args, vocab)
+    drv = Driver(llm, args, vocab, hf)
     cap = meta["kv"]["kv_tokens"]
     # warm-up points run on every start: a resumed engine is as cold as a new one
     todo = [p for p in plan["points"] if p.get("warmup") or p["id"] not in done]

@@ -69,6 +69,10 @@ def read_runner_jsonl(path: Path) -> pl.DataFrame:
         # fourteenth session on (runner.py)
         df = df.with_columns(pl.Series(c, [r.get(c) for r in rows], dtype=pl.Float64)
                              for c in ("cpu_launch_s", "cpu_update_s"))
+    if any("encoder_tokens" in r for r in rows):
+        # image tokens whose encoder ran in the step (picture points, runner.py `describe`)
+        df = df.with_columns(pl.Series("encoder_tokens",
+                                       [int(r.get("encoder_tokens", 0)) for r in rows]))
     return with_derived(df)
 
 

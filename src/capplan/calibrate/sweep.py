@@ -28,7 +28,9 @@ An encoder scan (`encoder_points`, a multimodal model's engine with images allow
 vision encoder apart from the steps: `encoder-iN-tT`, N pictures of T image tokens each
 through `embed_multimodal`, `warm_passes` untimed then `repeats` timed (runner.py:
 `Driver.encoder`); the step that schedules a picture's first chunk runs this before its
-decoder forward (profile.py: `encoder_token_s`).
+decoder forward (profile.py: `encoder_token_s`). The same engine then times such steps whole
+(`picture_points`): `picture-pP-iN[-bB]`, prompts of P tokens with N pictures of the default
+size (N = 0: the text-only twin), one at a time, alone or beside B running decodes.
 
 A core scan (`core_points`) times what the engine core's CPU spends on a step, apart from
 what the GPU does: decode-only steps (one full CUDA graph) across batch sizes, and steps
@@ -193,6 +195,33 @@ def encoder_points(spec: ModelSpec) -> list[Point]:
             + [_encoder(1, x, True) for x in ENCODER_TOKENS if x != t])
 
 
+PICTURE_PROMPTS = ((580, 0, 0), (580, 16, 512), (400, 8, 512))
+"""(prompt tokens, running decodes, their context) of the picture points: a picture's
+request alone, as at concurrency 1, and beside decodes, past the largest CUDA graph (580 and
+596 tokens) and within it (408: piecewise graphs)."""
+
+
+def picture_points(spec: ModelSpec) -> list[Point]:
+    """Steps that encode a picture, each beside its text-only twin: a prompt of the default
+    picture's tokens among its own, `repeats` times one at a time (runner.py `Driver.point`,
+    kind `picture`), after warm-ups that compile the decoder's attention with the image
+    tokens' bidirectional mask (FlashAttention 4 builds it on first use). The encoder
+    points time `embed_multimodal` alone; these, what the engine's step costs around it
+    (profile.py: `encoder_step_s`)."""
+    t = spec.image_tokens_per_image
+    out: list[Point] = []
+    for prompt, batch, context in PICTURE_PROMPTS:
+        out.append({"id": f"warmup-picture-p{prompt}-b{batch}", "kind": "picture",
+                    "warmup": True, "prompt": prompt, "images": 1, "image_tokens": t,
+                    "batch": batch, "context": context, "repeats": 2, "kv_tokens": 0})
+        for images in (1, 0):
+            pid = f"picture-p{prompt}-i{images}" + (f"-b{batch}" if batch else "")
+            out.append({"id": pid, "kind": "picture", "prompt": prompt, "images": images,
+                        "image_tokens": t, "batch": batch, "context": context,
+                        "repeats": 10, "kv_tokens": batch * context + prompt})
+    return out
+
+
 def core_points(max_num_seqs: int = 256) -> list[Point]:
     """The core scan: steps whose launch can bind (sweep docstring). Decode-only batches of
     1-256 requests; a lone prompt of 51-410 tokens on an idle engine, fresh and behind a
@@ -280,6 +309,10 @@ def estimate_point_s(p: Point, spec: ModelSpec, precision: Precision, gpu: str =
         per_pass = (p["images"] * p["image_tokens"] * spec.encoder_flops_per_image_token()
                     / (0.5 * g.bf16_flops) + 0.004)
         return float((p["warm_passes"] + p["repeats"]) * per_pass)
+    if p["kind"] == "picture":
+        per = ((p["prompt"] / prefill_tok_s + 3 * decode_step_s + 0.05) * p["repeats"]
+               + (p["batch"] * p["context"] / prefill_tok_s))
+        return float(per)
     if p["kind"] == "cached":
         return float((p["prefix"] + p["tail"] * p["repeats"]) / prefill_tok_s
                      + (p["repeats"] + 1) * (decode_step_s + 0.004))
@@ -307,11 +340,12 @@ def make_plan(
     `cache`, the prefix-cache points (`cache_points`) instead of the sweep, with `graphs`
     the graph scan (`graph_points`), with `core` the core scan (`core_points`), with
     `mixlen` the unequal-length decode pairs (`mixlen_points`), with `encoder` the encoder
-    scan alone (`encoder_points`: no step is timed, so no warm-up steps)."""
+    scan (`encoder_points`, no step timed, so no warm-up steps) and the picture steps
+    (`picture_points`, with warm-ups of their own)."""
     points: list[Point] = [] if encoder else [dict(p) for p in _WARMUP]
     total = 0.0
     if encoder:
-        todo = encoder_points(spec)
+        todo = encoder_points(spec) + picture_points(spec)
     elif cache:
         todo = cache_points()
     elif core:
