@@ -26,6 +26,8 @@ idle core woken by its input thread, tried and left.
 saving (validation.md, "The production plan's decision").
 `eager [ENGINE]` times a traced serving engine's steps past the largest CUDA graph (the
 core's launch, the GPU's end) against their price (docs/validation.md, eighteenth session).
+`pictures [ENGINE]` the served pictures: a lone picture's TTFT beside its text twin's, and
+the time the steps that encode one hold the decodes, against their price (nineteenth session).
 `pair ENGINE` pairs each request of an engine's open-loop experiment with its prediction
 (the same requests, in arrival order): TTFT percentiles per workload, the slowest requests of
 the workload with the highest TTFT p99, and measured against predicted TTFT and inter-token
@@ -427,6 +429,75 @@ def eager(engine: str = "gemma-4-31b-fp8-opent") -> None:
           + " ms (p10/p50/p90), the GPU's end after the launch began "
           + "/".join(f"{x:.1f}" for x in np.nanpercentile(end, q))
           + f" ms; priced {work * 1e3:.1f} ms of work, {floor * 1e3:.1f} ms of launch")
+
+
+def pictures(engine: str = "gemma-4-31b-fp8-vision") -> None:
+    """The nineteenth session's served pictures: a lone picture's TTFT beside its text
+    twin's, measured and predicted, and at the vision pool's load the time the steps that
+    encode a picture hold the running decodes (the gap before the picture's step record and
+    its own: with asynchronous scheduling the core launches the picture's step before it
+    hands out the one ahead) against the profile's price for such a step."""
+    from capplan.profiles import resolve_profile
+    from capplan.validate.compare import compare_run
+
+    folder = next(p for p in stored_runs() if p.name == engine)
+    for r in compare_run(folder):
+        m, q = r.measured, r.predicted
+        print(f"{r.experiment:11s} TTFT p50 {m['ttft_p50_s'] * 1e3:6.1f} ms measured, "
+              f"{q['ttft_p50_s'] * 1e3:6.1f} predicted; ITL p99 {m['itl_p99_s'] * 1e3:6.1f} / "
+              f"{q['itl_p99_s'] * 1e3:6.1f} ms")
+    run_, _, _ = load_run(folder)
+    eng = run_.pool.engine
+    timer = StepTimer(resolve_profile(run_.pool, load_model_spec(run_.pool.model)),
+                      max_num_seqs=eng.max_num_seqs,
+                      max_num_batched_tokens=eng.max_num_batched_tokens)
+    steps = pl.read_parquet(folder / "steps.parquet").filter(pl.col("run") == "vision-of9")
+    t = steps["t"].to_numpy()
+    gap = np.r_[np.nan, np.diff(t)] * 1e3
+    pre, dec = steps["prefill_reqs"].to_numpy(), steps["decode_reqs"].to_numpy()
+    tokens = steps["prefill_tokens"].to_numpy()
+    quiet = (pre == 0) & np.r_[False, pre[:-1] == 0]
+    base = float(np.nanmedian(gap[quiet]))
+    at = [i for i in range(2, len(t)) if pre[i] and dec[i] and not pre[i - 1]]
+    held = np.array([gap[i - 1] + gap[i] for i in at])  # the two records a picture's step moves
+    priced = np.array([timer.step_time_s(int(tokens[i] + dec[i]), int(dec[i] + 1),
+                                         tokens[i] ** 2 / 2, int(dec[i]) * 400, 280,
+                                         decode_seqs=int(dec[i])) for i in at]) * 1e3
+    q = [10, 50, 90]
+    print(f"vision-of9: {len(at)} steps that encode a picture beside running decodes "
+          f"(median {int(np.median(tokens[at]))} prompt tokens, {int(np.median(dec[at]))} "
+          f"decodes); the step and the one before it take "
+          + "/".join(f"{x:.1f}" for x in np.percentile(held, q))
+          + f" ms (p10/p50/p90) where two decode-only steps take {2 * base:.1f}; priced "
+          + "/".join(f"{x:.1f}" for x in np.percentile(priced + base, q))
+          + f" ms (the step, encoder pass {timer.encoder_pass_s(280, 1) * 1e3:.1f} ms "
+          f"included, plus one decode-only step). By the largest CUDA graph (512 tokens): "
+          + _split(held, priced + base, tokens[at] + dec[at] <= 512))
+    # the production plan's vision pool, priced as it is and with a picture's step
+    # `extra` longer (the measured excess, as a what-if: encoder_step_s from the queued
+    # picture points will replace it)
+    from capplan.mix import load_mix
+
+    mix = load_mix(ROOT / "examples" / "production-mix.yaml")
+    prof = resolve_profile(mix.pool("vision"), load_model_spec(mix.pool("vision").model))
+    extra = float(np.median(held - priced - base)) / 1e3
+    for step_s in (prof.step.encoder_step_s, extra):
+        longer = prof.model_copy(update={"step": prof.step.model_copy(
+            update={"encoder_step_s": step_s})})
+        itl = {n: simulate(mix, "vision", n, profile=longer).workload("vision").itl_p99_s
+               for n in (8, 9, 10)}
+        print(f"production vision pool, a picture's step {step_s * 1e3:+.1f} ms beyond its "
+              "pass: ITL p99 " + ", ".join(f"{v * 1e3:.1f} ms at {n}" for n, v in itl.items())
+              + " replicas (SLO 50 ms)")
+
+
+def _split(held: np.ndarray, priced: np.ndarray, small: np.ndarray) -> str:
+    out = []
+    for name, m in (("within it", small), ("past it", ~small)):
+        if m.any():
+            out.append(f"{name}: {m.sum()} steps, {np.median(held[m]):.1f} ms measured, "
+                       f"{np.median(priced[m]):.1f} priced (medians)")
+    return "; ".join(out)
 
 
 def core() -> None:
@@ -1336,6 +1407,9 @@ def main() -> None:
         return
     if sys.argv[1:2] == ["pair"]:
         pair(sys.argv[2])
+        return
+    if sys.argv[1:2] == ["pictures"]:
+        pictures(*sys.argv[2:3])
         return
     what = sys.argv[1:] or ["seeds", "noise", "steps"]
     rows = _rows() if {"seeds", "noise"} & set(what) else {}

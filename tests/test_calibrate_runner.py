@@ -62,8 +62,9 @@ class FakeScheduler:
             if n:
                 sched[r.request_id] = n
                 # a picture is encoded in the step whose chunk reaches it
+                done = r.num_computed_tokens
                 here = [i for i, f in enumerate(r.mm_features)
-                        if r.num_computed_tokens <= f.mm_position.offset < r.num_computed_tokens + n]
+                        if done <= f.mm_position.offset < done + n]
                 if here:
                     encode[r.request_id] = here
                 r.num_computed_tokens += n

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -419,6 +420,15 @@ def test_a_vision_pool_bound_by_its_itl_says_what_the_encoder_stalls() -> None:
     assert f"stalls every decode in it by {stall * 1e3:.1f} ms" in enc.message
     assert (f"{vision.replicas_for_slo} replicas at {10 / vision.replicas_for_slo:.2f} image "
             "requests/s each behind least-outstanding routing") in enc.message
+    # the step's own work around the pass: said to be unmeasured while the profile has none,
+    # counted in the stall once it has
+    assert ("not measured" in enc.message) == (setup.profile.step.encoder_step_s == 0)
+    measured = setup.profile.model_copy(update={"step": setup.profile.step.model_copy(
+        update={"encoder_step_s": 0.05})})
+    around = encoder_advice(vision, mix.workloads_of("vision"),
+                            dataclasses.replace(setup, profile=measured))
+    assert around is not None and "not measured" not in around.message
+    assert f"by {(stall + 0.05) * 1e3:.1f} ms" in around.message
     w = mix.workloads_of("vision")
     loose = [x.model_copy(update={"slo": Slo.model_validate({"itl_p99_s": 1.0})}) for x in w]
     assert encoder_advice(vision, loose, setup) is None

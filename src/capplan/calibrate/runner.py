@@ -547,7 +547,7 @@ class Driver:
                         self.engine.step()
                 for _ in range(p["repeats"]):
                     pid = self.add_picture(p["prompt"], p["images"], p["image_tokens"])
-                    self.run_until(lambda: pid not in self.sched.requests)
+                    self.run_until(lambda pid=pid: pid not in self.sched.requests)
                     for _ in range(2):  # decode-only steps between, as in serving
                         self.engine.step()
                 if ids:
