@@ -650,6 +650,12 @@ def main(argv=None):
         fail(EXIT_NO_VLLM, "no CUDA GPU visible; calibration must run on a GPU host",
              meta, args.meta)
     meta["versions"] = versions()
+    # the host's CPU (its model, clock, a Python loop's time): the engine core's launches of
+    # a step that is not one CUDA graph run at its pace (docs/calibration.md, the nineteenth
+    # session); measured as the validation runner measures it (read by path)
+    here = os.path.dirname(os.path.abspath(__file__))
+    meta["versions"]["host"] = runpy.run_path(
+        os.path.join(here, "..", "validate", "runner.py"))["host"]()
     with open(os.path.join(args.model, "config.json")) as f:
         hf = json.load(f)
     vocab = hf.get("vocab_size") or hf.get("text_config", {}).get("vocab_size") or 32000

@@ -207,6 +207,8 @@ def provenance(meta: Mapping[str, Any], *, git_commit: str, gpu_seconds: float,
         "engine_start_s": meta.get("engine_start_s"),
         "measure_s": meta.get("measure_s"),
         "gpu_minutes": round(gpu_seconds / 60, 2),
+        # the host's CPU, from runners of the nineteenth session on (runner.py)
+        **({"host": v["host"]} if v.get("host") else {}),
         **(dict(extra) if extra else {}),
     }
 
