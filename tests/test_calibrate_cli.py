@@ -149,6 +149,33 @@ def test_emit_queue_for_the_gpu_script(tmp_path: Path, monkeypatch: pytest.Monke
     assert cfg["quantization_config"]["quant_method"] == "awq"
 
 
+def test_queue_allows_a_start_as_long_as_the_longest_measured(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A queued engine's MIN_S covers the longest start measured for engines of its model
+    and speculative method (a cold compile), not only the weights' estimate; engines of
+    another method or model do not count."""
+    monkeypatch.chdir(tmp_path)
+    raw = tmp_path / "_raw"
+    raw.mkdir()
+    for name, start in (("gemma-4-31b--fp8--u85", 240.0), ("gemma-4-31b--fp8-mtp2", 300.0),
+                        ("qwen3-32b--fp8", 900.0)):
+        (raw / f"{name}.meta.json").write_text(json.dumps({"engine_start_s": start}))
+
+    def min_s(*args: str) -> float:
+        code, out = _run("--model", "gemma-4-31b", "--precision", "fp8", *args, "--out",
+                         str(tmp_path), "--emit-queue", str(tmp_path / "q.txt"))
+        assert code == 0, out
+        lines = (tmp_path / "q.txt").read_text().splitlines()
+        return float(next(x for x in lines if x.startswith(("gemma-4-31b--fp8-mtp4|",
+                                                            "gemma-4-31b--fp8--u95|")))
+                     .split("|")[1])
+
+    # a KV-only engine: its start alone; a timed one: its start plus the measuring budget
+    assert min_s("--gpu-memory-utilization", "0.95") == pytest.approx(1.15 * 240, abs=1)
+    assert min_s("--spec-method", "mtp", "--spec-tokens", "4") == pytest.approx(
+        1.15 * 300 + 60, abs=1)
+
+
 def test_prefix_cache_engine_times_cache_hits_and_is_not_fitted(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`--prefix-cache` adds an engine with prefix caching on whose plan holds only the

@@ -4,6 +4,7 @@ profiles under `calibration/<gpu>/vllm-<version>/<model>/<key>/`."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -165,10 +166,40 @@ def run_job(job: Job, raw: Path, budget_s: float, echo: bool = True) -> float:
     return secs
 
 
+START_MARGIN = 1.15
+"""A queued engine's start is allowed this much more than the longest one measured."""
+
+
+def measured_start_s(raw: Path, job: Job) -> float:
+    """The longest engine start measured for engines like `job`'s (`engine_start_s` in the
+    run metadata under `raw`): the same model, and the same speculative method or none, any
+    precision or utilisation. A fresh GPU host compiles cold (torch.compile, CUDA graphs):
+    Gemma 4 31B's engines took 73 s on a warm cache and 142-245 s on a cold one. 0 where
+    none was measured."""
+    def method_of(key: str) -> str | None:
+        return next((m for m in ("mtp", "draft_model", "ngram", "eagle") if f"-{m}" in key),
+                    None)
+
+    method = job.spec_method if job.spec_k else None
+    longest = 0.0
+    for meta in raw.glob(f"{job.spec.name}--*.meta.json"):
+        if method_of(meta.name.removesuffix(".meta.json").split("--")[1]) != method:
+            continue
+        try:
+            start = json.loads(meta.read_text()).get("engine_start_s") or 0.0
+        except (OSError, ValueError):
+            continue
+        longest = max(longest, float(start))
+    return longest
+
+
 def queue_line(job: Job, out: Path, budget_s: float) -> str:
     """`NAME|MIN_S|runner args` for scripts/gpu_calibrate.sh (paths relative to here, as the
-    script runs from the repository root); MIN_S: engine start (~60 s plus ~1.2 s per GB of
-    weights, measured on the H200) plus the measuring budget."""
+    script runs from the repository root); MIN_S: the engine's start plus the measuring
+    budget, the start being the longest measured for such engines (`measured_start_s`, with
+    START_MARGIN), else ~60 s plus ~1.2 s per GB of weights (the H200's first starts). A job
+    given less than its start is killed before it measures anything (the nineteenth
+    session's Gemma 4 MTP k = 4 KV-only engine, twice, at 100 s)."""
     plan = None
     if not job.kv_only:
         plan = os.path.relpath(write_plan(_plan(job, budget_s),
@@ -176,8 +207,9 @@ def queue_line(job: Job, out: Path, budget_s: float) -> str:
     model_dir = os.path.relpath(job.model_dir(out / "_engines"))
     args = job.runner_args(model_dir, plan, "-", "-", 0 if job.kv_only else budget_s)
     args = args[args.index("--gpu-memory-utilization"):]
-    min_s = 60 + 1.2 * job.spec.weight_bytes(job.precision) / 1e9 + (
-        0 if job.kv_only else budget_s)
+    start = max(60 + 1.2 * job.spec.weight_bytes(job.precision) / 1e9,
+                START_MARGIN * measured_start_s(out / "_raw", job))
+    min_s = start + (0 if job.kv_only else budget_s)
     return f"{job.name}|{min_s:.0f}|--model {model_dir} {' '.join(args)}"
 
 
