@@ -4,7 +4,7 @@ drafter's cost and the stairs of its verify steps.
 
     python scripts/calibration_analysis.py [table|sanity|graph|floor|drafter|stairs|...]
     (also: repeats, cached, decode, firstuse, finishes, graphs, idle, mixlen, specgraphs,
-     encoder, kvstarts)
+     encoder, kvstarts, starts)
     python scripts/calibration_analysis.py points MODEL/KEY   # e.g. gemma-4-31b/fp8
     python scripts/calibration_analysis.py composition MODEL/KEY  # each run's own steps
 
@@ -583,6 +583,24 @@ def kvstarts() -> None:
                   f"{(u1 - u0) * total / 1e9:.2f} GB expected ({t1:,} tokens at {u1:.2f})")
 
 
+def starts() -> None:
+    """Each model's engine starts (`engine_start_s` of every stored run) by speculative
+    method: the shortest (a warm compile cache) and the longest (a cold one), which
+    `capplan calibrate --emit-queue` allows a queued engine (cli.measured_start_s)."""
+    from capplan.calibrate.cli import START_MARGIN
+
+    by: dict[tuple[str, str], list[float]] = {}
+    for meta in sorted((CALIBRATION_DIR / "_raw").glob("*.meta.json")):
+        model, key = meta.name.removesuffix(".meta.json").split("--")[:2]
+        method = next((m for m in ("mtp", "draft_model") if f"-{m}" in key), "none")
+        start = json.loads(meta.read_text()).get("engine_start_s")
+        if start:
+            by.setdefault((model, method), []).append(float(start))
+    for (model, method), xs in sorted(by.items()):
+        print(f"  {model:14s} {method:12s} {len(xs):3d} starts, {min(xs):6.1f}-{max(xs):6.1f} s; "
+              f"a queued engine is allowed {START_MARGIN * max(xs):.0f} s")
+
+
 def main() -> None:
     what = sys.argv[1:] or ["sanity", "graph"]
     if what[0] in ("points", "composition"):
@@ -594,7 +612,7 @@ def main() -> None:
          "repeats": repeats, "cached": cached, "decode": decode, "firstuse": firstuse,
          "floor": floor, "drafter": drafter, "stairs": stairs, "graphs": graphs,
          "idle": idle, "mixlen": mixlen, "specgraphs": specgraphs, "encoder": encoder,
-         "kvstarts": kvstarts}[name]()
+         "kvstarts": kvstarts, "starts": starts}[name]()
 
 
 if __name__ == "__main__":

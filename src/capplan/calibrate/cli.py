@@ -174,8 +174,9 @@ def measured_start_s(raw: Path, job: Job) -> float:
     """The longest engine start measured for engines like `job`'s (`engine_start_s` in the
     run metadata under `raw`): the same model, and the same speculative method or none, any
     precision or utilisation. A fresh GPU host compiles cold (torch.compile, CUDA graphs):
-    Gemma 4 31B's engines took 73 s on a warm cache and 142-245 s on a cold one. 0 where
-    none was measured."""
+    Gemma 4 31B's engines took 73-245 s (`python scripts/calibration_analysis.py starts`).
+    0 where none was measured."""
+
     def method_of(key: str) -> str | None:
         return next((m for m in ("mtp", "draft_model", "ngram", "eagle") if f"-{m}" in key),
                     None)
