@@ -530,24 +530,33 @@ def composition(profile: str) -> None:
     """Each sweep point of one profile by its own steps: those of the composition it was
     built to time (the point's most common token and sequence count, its setup steps left
     out), the median of each run's and the fit's price (docs/calibration.md, "Repeat runs
-    and the CPU's launches")."""
+    and the CPU's launches"), and where run 1 timed the core's CPU a step (`cpu_launch_s`)
+    its median share of run 1's step."""
     prof, s, sizes = _fit_inputs(PROFILES / profile)
     pred = _predicted(prof, s, sizes)
     raw = store.read_samples(PROFILES / profile)
     run = raw["run"].to_numpy() if "run" in raw.columns else np.ones(len(pred), int)
+    launch = (raw["cpu_launch_s"].cast(pl.Float64).fill_null(np.nan).to_numpy()
+              if "cpu_launch_s" in raw.columns else np.full(len(pred), np.nan))
     df = pl.DataFrame({"point": s["point"], "run": run,
                        "tokens": s["tokens"], "seqs": s["seqs"], "step_s": s["step_s"],
-                       "fit_s": pred, "warmup": s["warmup"]}).filter(~pl.col("warmup"))
+                       "fit_s": pred, "warmup": s["warmup"],
+                       "launch": launch / s["step_s"]}).filter(~pl.col("warmup"))
     runs = sorted(df["run"].unique().to_list())
     for name in dict.fromkeys(df["point"].to_list()):
         d = df.filter(pl.col("point") == name)
-        top = d.group_by("tokens", "seqs").len().sort("len", descending=True).row(0)
+        # the commonest composition; of two as common, the larger (a mixed point's
+        # chunk-carrying steps, not its decode-only ones): deterministic
+        top = (d.group_by("tokens", "seqs").len()
+               .sort("len", "tokens", "seqs", descending=True).row(0))
         d = d.filter((pl.col("tokens") == top[0]) & (pl.col("seqs") == top[1]))
         by_run = "  ".join(
             f"run {r} {x['step_s'].median() * 1e3:7.2f}" if (x := d.filter(
                 pl.col("run") == r)).height else f"run {r}       -" for r in runs)
+        share = d.filter((pl.col("run") == runs[0]) & pl.col("launch").is_not_nan())["launch"]
         print(f"  {name:28s} {top[0]:5d} tokens {top[1]:4d} seqs: {by_run} ms; "
-              f"fit {d['fit_s'].median() * 1e3:7.2f} ms")
+              f"fit {d['fit_s'].median() * 1e3:7.2f} ms"
+              + (f"; launch {share.median():.0%} of run {runs[0]}'s step" if len(share) else ""))
 
 
 def encoder() -> None:
