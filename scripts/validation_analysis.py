@@ -473,6 +473,10 @@ def pictures(engine: str = "gemma-4-31b-fp8-vision") -> None:
           + f" ms (the step, encoder pass {timer.encoder_pass_s(280, 1) * 1e3:.1f} ms "
           f"included, plus one decode-only step). By the largest CUDA graph (512 tokens): "
           + _split(held, priced + base, tokens[at] + dec[at] <= 512))
+    wait = steps["wait_ms"].to_numpy()
+    print(f"  the core's wait for the GPU in the record before such a step: median "
+          f"{np.median(wait[[i - 1 for i in at]]):.2f} ms (decode-only records: "
+          f"{np.median(wait[quiet]):.2f} ms)")
     # the production plan's vision pool, priced as it is and with a picture's step
     # `extra` longer (the measured excess, as a what-if: encoder_step_s from the queued
     # picture points will replace it)
