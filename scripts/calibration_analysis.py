@@ -596,12 +596,12 @@ def starts() -> None:
     """Each model's engine starts (`engine_start_s` of every stored run) by speculative
     method: the shortest (a warm compile cache) and the longest (a cold one), which
     `capplan calibrate --emit-queue` allows a queued engine (cli.measured_start_s)."""
-    from capplan.calibrate.cli import START_MARGIN
+    from capplan.calibrate.cli import START_MARGIN, spec_method_of
 
     by: dict[tuple[str, str], list[float]] = {}
     for meta in sorted((CALIBRATION_DIR / "_raw").glob("*.meta.json")):
-        model, key = meta.name.removesuffix(".meta.json").split("--")[:2]
-        method = next((m for m in ("mtp", "draft_model") if f"-{m}" in key), "none")
+        run = meta.name.removesuffix(".meta.json")
+        model, method = run.split("--")[0], spec_method_of(run) or "none"
         start = json.loads(meta.read_text()).get("engine_start_s")
         if start:
             by.setdefault((model, method), []).append(float(start))

@@ -396,12 +396,23 @@ def prefix() -> None:
 TRACED = ROOT / "validation" / "logs" / "s13-coretrace"
 
 
+def _run_timer(folder: Path) -> StepTimer:
+    """The step timer the simulator prices a stored run's engine with: its pool's profile
+    and engine limits."""
+    from capplan.profiles import resolve_profile
+
+    run_, _, _ = load_run(folder)
+    eng = run_.pool.engine
+    return StepTimer(resolve_profile(run_.pool, load_model_spec(run_.pool.model)),
+                     max_num_seqs=eng.max_num_seqs,
+                     max_num_batched_tokens=eng.max_num_batched_tokens)
+
+
 def eager(engine: str = "gemma-4-31b-fp8-opent") -> None:
     """A traced serving engine's steps past the largest CUDA graph (`step_core_times`): how
     long the core's execute_model takes to launch one, and when the GPU ends it after the
     launch began, against the step as the profile prices it (work, launch): the eighteenth
     session's Gemma 4 FP8 chat at 8 req/s, whose ITL p99 those steps make."""
-    from capplan.profiles import resolve_profile
     from capplan.validate.corelaunch import step_core_times
 
     folder = next(p for p in stored_runs() if p.name == engine)
@@ -411,11 +422,7 @@ def eager(engine: str = "gemma-4-31b-fp8-opent") -> None:
     t = step_core_times(pl.read_parquet(trace_dir / f"{engine}.parquet"), meta,
                         pl.read_parquet(folder / "steps.parquet"))
     e = t.filter(pl.col("kind") == "eager")
-    run_, _, _ = load_run(folder)
-    eng = run_.pool.engine
-    timer = StepTimer(resolve_profile(run_.pool, load_model_spec(run_.pool.model)),
-                      max_num_seqs=eng.max_num_seqs,
-                      max_num_batched_tokens=eng.max_num_batched_tokens)
+    timer = _run_timer(folder)
     launch = e["execute_s"].to_numpy() * 1e3
     end = launch + e["gpu_after_s"].to_numpy() * 1e3
     dec = int(np.median(e["decode_reqs"].to_numpy()))
@@ -446,11 +453,7 @@ def pictures(engine: str = "gemma-4-31b-fp8-vision") -> None:
         print(f"{r.experiment:11s} TTFT p50 {m['ttft_p50_s'] * 1e3:6.1f} ms measured, "
               f"{q['ttft_p50_s'] * 1e3:6.1f} predicted; ITL p99 {m['itl_p99_s'] * 1e3:6.1f} / "
               f"{q['itl_p99_s'] * 1e3:6.1f} ms")
-    run_, _, _ = load_run(folder)
-    eng = run_.pool.engine
-    timer = StepTimer(resolve_profile(run_.pool, load_model_spec(run_.pool.model)),
-                      max_num_seqs=eng.max_num_seqs,
-                      max_num_batched_tokens=eng.max_num_batched_tokens)
+    timer = _run_timer(folder)
     steps = pl.read_parquet(folder / "steps.parquet").filter(pl.col("run") == "vision-of9")
     t = steps["t"].to_numpy()
     gap = np.r_[np.nan, np.diff(t)] * 1e3

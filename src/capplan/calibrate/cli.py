@@ -170,21 +170,23 @@ START_MARGIN = 1.15
 """A queued engine's start is allowed this much more than the longest one measured."""
 
 
+def spec_method_of(run: str) -> str | None:
+    """The speculative method of a stored run's name (`<model>--<key>[--...]`, the key's
+    `-<method>K` part, jobs.Job.key), None without one."""
+    key = run.split("--")[1]
+    return next((m for m in SPEC_METHODS if f"-{m}" in key), None)
+
+
 def measured_start_s(raw: Path, job: Job) -> float:
     """The longest engine start measured for engines like `job`'s (`engine_start_s` in the
     run metadata under `raw`): the same model, and the same speculative method or none, any
     precision or utilisation. A fresh GPU host compiles cold (torch.compile, CUDA graphs):
     Gemma 4 31B's engines took 73-245 s (`python scripts/calibration_analysis.py starts`).
     0 where none was measured."""
-
-    def method_of(key: str) -> str | None:
-        return next((m for m in ("mtp", "draft_model", "ngram", "eagle") if f"-{m}" in key),
-                    None)
-
     method = job.spec_method if job.spec_k else None
     longest = 0.0
     for meta in raw.glob(f"{job.spec.name}--*.meta.json"):
-        if method_of(meta.name.removesuffix(".meta.json").split("--")[1]) != method:
+        if spec_method_of(meta.name.removesuffix(".meta.json")) != method:
             continue
         try:
             start = json.loads(meta.read_text()).get("engine_start_s") or 0.0

@@ -44,6 +44,7 @@ on stderr and in the meta file.
 """
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -343,6 +344,14 @@ class Recorder:
         return out
 
 
+@functools.cache
+def validate_runner():
+    """The validation runner's globals (validate/runner.py, read by path: this script imports
+    nothing of capplan): its `host` and `Pictures` are shared with this one."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return runpy.run_path(os.path.join(here, "..", "validate", "runner.py"))
+
+
 def token_grid(tokens):
     """The most nearly square rows x cols grid of exactly `tokens` image tokens."""
     rows = max(d for d in range(1, math.isqrt(tokens) + 1) if tokens % d == 0)
@@ -396,9 +405,7 @@ class Driver:
         if not images:
             return self.add(length, 1)
         if self.pictures is None:
-            here = os.path.dirname(os.path.abspath(__file__))
-            cls = runpy.run_path(os.path.join(here, "..", "validate", "runner.py"))["Pictures"]
-            self.pictures = cls(self.hf, seed=0)
+            self.pictures = validate_runner()["Pictures"](self.hf, seed=0)
         self.n += 1
         params = self.SamplingParams(max_tokens=1, ignore_eos=True, detokenize=False)
         prompt = self.pictures.prompt(self.ids(length), images, tokens)
@@ -536,7 +543,7 @@ class Driver:
                 # beside `batch` running decodes at `context`: the step that encodes a
                 # picture as the engine runs it (the request's multimodal input, the encoder
                 # in gpu_model_runner.py _execute_mm_encoder, the decoder over the image
-                # tokens), which the encoder points time only the model's own call of
+                # tokens), of which the encoder points time only the model's own call
                 b = p.get("batch", 0)
                 ids = []
                 if b:
@@ -652,10 +659,8 @@ def main(argv=None):
     meta["versions"] = versions()
     # the host's CPU (its model, clock, a Python loop's time): the engine core's launches of
     # a step that is not one CUDA graph run at its pace (docs/calibration.md, the nineteenth
-    # session); measured as the validation runner measures it (read by path)
-    here = os.path.dirname(os.path.abspath(__file__))
-    meta["versions"]["host"] = runpy.run_path(
-        os.path.join(here, "..", "validate", "runner.py"))["host"]()
+    # session); measured as the validation runner measures it
+    meta["versions"]["host"] = validate_runner()["host"]()
     with open(os.path.join(args.model, "config.json")) as f:
         hf = json.load(f)
     vocab = hf.get("vocab_size") or hf.get("text_config", {}).get("vocab_size") or 32000
