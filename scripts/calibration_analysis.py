@@ -4,7 +4,7 @@ drafter's cost and the stairs of its verify steps.
 
     python scripts/calibration_analysis.py [table|sanity|graph|floor|drafter|stairs|...]
     (also: repeats, cached, decode, firstuse, finishes, graphs, idle, mixlen, specgraphs,
-     encoder, kvstarts, starts)
+     encoder, pictures, kvstarts, starts)
     python scripts/calibration_analysis.py points MODEL/KEY   # e.g. gemma-4-31b/fp8
     python scripts/calibration_analysis.py composition MODEL/KEY  # each run's own steps
 
@@ -26,6 +26,7 @@ import polars as pl
 from capplan.calibrate import fit as F
 from capplan.calibrate import store
 from capplan.calibrate.store import CALIBRATION_DIR
+from capplan.errors import CalibrationError
 from capplan.hardware import GPUS, Precision
 from capplan.modelspec import load_model_spec
 from capplan.profile import Profile, StepTimer, cudagraph_capture_sizes, eager_threshold
@@ -573,6 +574,52 @@ def encoder() -> None:
               f"{q['passes']} passes, inputs {q['inputs'].split(' ')[0]})")
 
 
+SLOW_SPELL_MS = 65.0
+"""A picture's step this much longer than its text twin's is in a slow spell (the steps ran
+~35-60 or ~75-105 ms beyond their twins, nothing between)."""
+
+
+def pictures() -> None:
+    """Each Gemma 4 encoder run's lone 280-token pass and picture points (calibrate/build.py
+    encoder_time): each point's text twin, its picture steps beyond the twin (p10/p50/p90)
+    and, step by step, which ran in a slow spell (S); then the profile's pooled draws."""
+    raw = CALIBRATION_DIR / "_raw"
+    prof = Profile.load(PROFILES / "gemma-4-31b" / "fp8" / "profile.json")
+    timer = StepTimer(prof, max_num_seqs=256, max_num_batched_tokens=8192)
+    pass_ms = timer.encoder_pass_s(280, 1) * 1e3
+    prov = json.loads((PROFILES / "gemma-4-31b" / "fp8" / "provenance.json").read_text())
+    for run in prov["encoder_scan"]["runs"]:
+        path = store.runner_jsonl(raw, run)
+        assert path is not None
+        scan = store.read_encoder_jsonl(path).filter(pl.col("point") == "encoder-i1-t280")
+        print(f"== {run}: a lone 280-token picture's pass {scan['wall_s'].median() * 1e3:.1f} ms "
+              f"(median of {scan.height})")
+        try:
+            df = store.read_runner_jsonl(path).filter(~pl.col("warmup"))
+        except CalibrationError:  # a scan from before the picture points
+            df = pl.DataFrame()
+        if "encoder_tokens" not in df.columns:
+            print("  no picture points")
+            continue
+        for pid in sorted(p for p in df["point"].unique() if p.startswith("picture-")
+                          and "-i0" not in p):
+            pic = df.filter((pl.col("point") == pid) & (pl.col("encoder_tokens") > 0))
+            txt = df.filter((pl.col("point") == pid.replace("-i1", "-i0"))
+                            & (pl.col("prefill_seqs") == 1) & (pl.col("prefill_tokens") > 0))
+            txt = txt.filter(pl.col("prefill_tokens") == txt["prefill_tokens"].min())
+            twin = float(txt["step_s"].median()) * 1e3  # type: ignore[arg-type]
+            beyond = pic.sort("step")["step_s"].to_numpy() * 1e3 - twin
+            q = np.percentile(beyond, [10, 50, 90])
+            print(f"  {pid:20s} twin {twin:5.1f} ms; picture beyond it "
+                  + "/".join(f"{x:.1f}" for x in q) + " ms (p10/p50/p90), "
+                  + "".join("S" if b > SLOW_SPELL_MS else "." for b in beyond))
+    d = np.array(prof.step.encoder_step_draws_s) * 1e3
+    print(f"== the profile: a pass of {pass_ms:.1f} ms, and around it {len(d)} draws, median "
+          f"{prof.step.encoder_step_s * 1e3:.1f} ms; beyond the text twin "
+          + "/".join(f"{x:.1f}" for x in np.percentile(d + pass_ms, [10, 50, 90]))
+          + f" ms (p10/p50/p90), {np.mean(d + pass_ms > SLOW_SPELL_MS):.0%} in a slow spell")
+
+
 def kvstarts() -> None:
     """Each measured KV point of the speculative profiles with its engine's bytes for the
     cache, against 0.05 x the GPU's memory between neighbouring utilisations: where one
@@ -621,7 +668,7 @@ def main() -> None:
          "repeats": repeats, "cached": cached, "decode": decode, "firstuse": firstuse,
          "floor": floor, "drafter": drafter, "stairs": stairs, "graphs": graphs,
          "idle": idle, "mixlen": mixlen, "specgraphs": specgraphs, "encoder": encoder,
-         "kvstarts": kvstarts, "starts": starts}[name]()
+         "kvstarts": kvstarts, "starts": starts, "pictures": pictures}[name]()
 
 
 if __name__ == "__main__":

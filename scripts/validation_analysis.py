@@ -27,7 +27,11 @@ saving (validation.md, "The production plan's decision").
 `eager [ENGINE]` times a traced serving engine's steps past the largest CUDA graph (the
 core's launch, the GPU's end) against their price (docs/validation.md, eighteenth session).
 `pictures [ENGINE]` the served pictures: a lone picture's TTFT beside its text twin's, and
-the time the steps that encode one hold the decodes, against their price (nineteenth session).
+the time the steps that encode one hold the decodes, against their price (nineteenth session),
+and where the engine's core was traced, each such step beyond its text price against the
+profile's pass and draws (twentieth session).
+`sync [ENGINE]` a traced engine without asynchronous scheduling: each kind of step's period
+against its price, overlapped and with the core's time serial (twentieth session).
 `pair ENGINE` pairs each request of an engine's open-loop experiment with its prediction
 (the same requests, in arrival order): TTFT percentiles per workload, the slowest requests of
 the workload with the highest TTFT p99, and measured against predicted TTFT and inter-token
@@ -454,7 +458,9 @@ def pictures(engine: str = "gemma-4-31b-fp8-vision") -> None:
               f"{q['ttft_p50_s'] * 1e3:6.1f} predicted; ITL p99 {m['itl_p99_s'] * 1e3:6.1f} / "
               f"{q['itl_p99_s'] * 1e3:6.1f} ms")
     timer = _run_timer(folder)
-    steps = pl.read_parquet(folder / "steps.parquet").filter(pl.col("run") == "vision-of9")
+    steps = pl.read_parquet(folder / "steps.parquet")
+    run = next(r for r in sorted(steps["run"].unique()) if r.startswith("vision-of"))
+    steps = steps.filter(pl.col("run") == run)
     t = steps["t"].to_numpy()
     gap = np.r_[np.nan, np.diff(t)] * 1e3
     pre, dec = steps["prefill_reqs"].to_numpy(), steps["decode_reqs"].to_numpy()
@@ -467,7 +473,7 @@ def pictures(engine: str = "gemma-4-31b-fp8-vision") -> None:
                                          tokens[i] ** 2 / 2, int(dec[i]) * 400, 280,
                                          decode_seqs=int(dec[i])) for i in at]) * 1e3
     q = [10, 50, 90]
-    print(f"vision-of9: {len(at)} steps that encode a picture beside running decodes "
+    print(f"{run}: {len(at)} steps that encode a picture beside running decodes "
           f"(median {int(np.median(tokens[at]))} prompt tokens, {int(np.median(dec[at]))} "
           f"decodes); the step and the one before it take "
           + "/".join(f"{x:.1f}" for x in np.percentile(held, q))
@@ -476,26 +482,107 @@ def pictures(engine: str = "gemma-4-31b-fp8-vision") -> None:
           + f" ms (the step, encoder pass {timer.encoder_pass_s(280, 1) * 1e3:.1f} ms "
           f"included, plus one decode-only step). By the largest CUDA graph (512 tokens): "
           + _split(held, priced + base, tokens[at] + dec[at] <= 512))
+    _traced_pictures(engine, folder, timer)
     wait = steps["wait_ms"].to_numpy()
     print(f"  the core's wait for the GPU in the record before such a step: median "
           f"{np.median(wait[[i - 1 for i in at]]):.2f} ms (decode-only records: "
           f"{np.median(wait[quiet]):.2f} ms)")
-    # the production plan's vision pool, priced as it is and with a picture's step
-    # `extra` longer (the measured excess, as a what-if: encoder_step_s from the queued
-    # picture points will replace it)
+    # the production plan's vision pool as the profile prices it (each picture's step
+    # drawn from the picture points' steps), and with every such step its median, and the
+    # median plus what this run's steps took beyond their price
     from capplan.mix import load_mix
 
     mix = load_mix(ROOT / "examples" / "production-mix.yaml")
     prof = resolve_profile(mix.pool("vision"), load_model_spec(mix.pool("vision").model))
-    extra = float(np.median(held - priced - base)) / 1e3
-    for step_s in (prof.step.encoder_step_s, extra):
-        longer = prof.model_copy(update={"step": prof.step.model_copy(
-            update={"encoder_step_s": step_s})})
-        itl = {n: simulate(mix, "vision", n, profile=longer).workload("vision").itl_p99_s
+    median = prof.step.encoder_step_s
+    extra = median + float(np.median(held - priced - base)) / 1e3
+    cases = [(f"drawn from the picture points' {len(prof.step.encoder_step_draws_s)} steps",
+              {}),
+             (f"{median * 1e3:+.1f} ms beyond its pass (their median)",
+              {"encoder_step_draws_s": []}),
+             (f"{extra * 1e3:+.1f} ms (this run's median beyond the price)",
+              {"encoder_step_s": extra, "encoder_step_draws_s": []})]
+    for what, update in cases:
+        p = prof.model_copy(update={"step": prof.step.model_copy(update=update)})
+        itl = {n: simulate(mix, "vision", n, profile=p).workload("vision").itl_p99_s
                for n in (8, 9, 10)}
-        print(f"production vision pool, a picture's step {step_s * 1e3:+.1f} ms beyond its "
-              "pass: ITL p99 " + ", ".join(f"{v * 1e3:.1f} ms at {n}" for n, v in itl.items())
+        print(f"production vision pool, a picture's step {what}: ITL p99 "
+              + ", ".join(f"{v * 1e3:.1f} ms at {n}" for n, v in itl.items())
               + " replicas (SLO 50 ms)")
+
+
+def sync(engine: str = "gemma-4-31b-fp8-opens") -> None:
+    """A traced engine without asynchronous scheduling (twentieth session): each step's
+    period (the core's update_from_output to the next) by kind, against the profile's price
+    as an asynchronous engine overlaps it (the larger of work and launch) and with the core's
+    own time serial to the GPU's (sim/replica.py `_serial`, StepTimer.serial_core_s)."""
+    from capplan.validate.corelaunch import core_process, spans
+
+    folder = next(p for p in stored_runs() if p.name == engine)
+    trace_dir = next(d for d in sorted((ROOT / "validation" / "logs").glob("s*-coretrace"))
+                     if (d / f"{engine}.json").exists())
+    meta = json.loads((trace_dir / f"{engine}.json").read_text())
+    trace = core_process(pl.read_parquet(trace_dir / f"{engine}.parquet"))
+    _, up1 = spans(trace, "update_from_output")
+    timer = _run_timer(folder)
+    steps = pl.read_parquet(folder / "steps.parquet")
+    for run in steps["run"].unique().sort():
+        mine = steps.filter(pl.col("run") == run)
+        info = meta["experiments"][run]
+        at = (info["t0_perf"] + mine["t"].to_numpy() - meta["clock_base_s"]) * 1e6
+        u = np.searchsorted(up1, at) - 1  # the update that handed out the step
+        rows = []
+        for r, k in zip(mine.iter_rows(named=True), u, strict=True):
+            if k < 1 or k == u[0]:  # the run's first step follows an idle engine
+                continue
+            tok = r["prefill_tokens"] + r["decode_tokens"]
+            dec, pf = r["decode_reqs"], r["prefill_tokens"]
+            kind = ("graph" if r["prefill_reqs"] == 0 else
+                    "piecewise" if tok <= 512 else "eager")
+            work, launch = timer.step_times(tok, dec + r["prefill_reqs"], pf**2 / 2, dec * 600,
+                                            decode_seqs=dec)
+            rows.append((kind, (up1[k] - up1[k - 1]) / 1e3, max(work, launch) * 1e3,
+                         (max(work, launch) + timer.serial_core_s) * 1e3))
+        df = pl.DataFrame(rows, schema=["kind", "took", "overlapped", "serial"], orient="row")
+        for kind, g in df.group_by("kind", maintain_order=True):
+            took = g["took"].to_numpy()
+            print(f"{engine} {run} {kind[0]:9s} {len(took):4d} steps: "
+                  + "/".join(f"{x:.1f}" for x in np.percentile(took, [10, 50, 90]))
+                  + f" ms (p10/p50/p90); priced {np.median(g['overlapped']):.1f} overlapped, "
+                  f"{np.median(g['serial']):.1f} with the core's time serial (medians)")
+
+
+def _traced_pictures(engine: str, folder: Path, timer: StepTimer) -> None:
+    """With the engine's core traced: each step that encoded a picture, from the core's
+    launch to the GPU's end, beyond what the profile prices the same step without its
+    picture, against the profile's pass plus its draws (calibration_analysis.py pictures)."""
+    from capplan.validate.corelaunch import step_core_times
+
+    trace_dir = next((d for d in sorted((ROOT / "validation" / "logs").glob("s*-coretrace"))
+                      if (d / f"{engine}.json").exists()), None)
+    if trace_dir is None:
+        return
+    meta = json.loads((trace_dir / f"{engine}.json").read_text())
+    t = step_core_times(pl.read_parquet(trace_dir / f"{engine}.parquet"), meta,
+                        pl.read_parquet(folder / "steps.parquet"))
+    draws = np.array(timer.encoder_draws) + timer.encoder_pass_s(280, 1)
+    for run in t["run"].unique().sort():
+        beyond = []
+        for r in t.filter((pl.col("run") == run) & (pl.col("prefill_reqs") > 0)).iter_rows(
+                named=True):
+            dec, pf = r["decode_reqs"], r["tokens"] - r["decode_reqs"]
+            took = r["execute_s"] + (0.0 if np.isnan(r["gpu_after_s"]) else r["gpu_after_s"])
+            if took < 0.02:  # a step the trace could not pair with its launch
+                continue
+            text = timer.step_time_s(r["tokens"], dec + 1, pf**2 / 2, dec * 400,
+                                     decode_seqs=dec)
+            beyond.append((took - text) * 1e3)
+        b = np.array(beyond)
+        print(f"  traced {run}: {len(b)} steps that encode a picture, beyond their text price "
+              + "/".join(f"{x:.1f}" for x in np.percentile(b, [10, 50, 90]))
+              + f" ms (p10/p50/p90), {np.mean(b > 65):.0%} past 65 ms; the profile's pass and "
+              "draws: " + "/".join(f"{x:.1f}" for x in np.percentile(draws * 1e3, [10, 50, 90]))
+              + f" ms, {np.mean(draws * 1e3 > 65):.0%}")
 
 
 def _split(held: np.ndarray, priced: np.ndarray, small: np.ndarray) -> str:
@@ -1417,6 +1504,9 @@ def main() -> None:
         return
     if sys.argv[1:2] == ["pictures"]:
         pictures(*sys.argv[2:3])
+        return
+    if sys.argv[1:2] == ["sync"]:
+        sync(*sys.argv[2:3])
         return
     what = sys.argv[1:] or ["seeds", "noise", "steps"]
     rows = _rows() if {"seeds", "noise"} & set(what) else {}

@@ -391,15 +391,17 @@ def test_encoder_scan_prices_a_pass_and_serves_every_precision(tmp_path: Path) -
     assert encoder_time(tmp_path, Group("qwen3-32b", "fp8")) == (None, "")
 
 
-def _picture_steps(raw: Path, name: str, picture_ms: float, twin_ms: float) -> None:
+def _picture_steps(raw: Path, name: str, picture_ms: float | list[float],
+                   twin_ms: float) -> None:
     """Picture points appended to an encoder run as runner.py writes them: each encoding
-    step `picture_ms`, its twin's prefill step `twin_ms`, decode steps 12 ms, stamped by
-    the GPU clock with the engine idle between steps."""
+    step `picture_ms` (or the four steps' each), its twin's prefill step `twin_ms`, decode
+    steps 12 ms, stamped by the GPU clock with the engine idle between steps."""
     lines, t = [], 0.0
-    for pid, enc, ms in (("warmup-picture-p580-b0", 280, 500.0),
-                         ("picture-p580-i1", 280, picture_ms), ("picture-p580-i0", 0, twin_ms)):
+    pics = picture_ms if isinstance(picture_ms, list) else [picture_ms] * 4
+    for pid, enc, ms in (("warmup-picture-p580-b0", 280, [500.0] * 4),
+                         ("picture-p580-i1", 280, pics), ("picture-p580-i0", 0, [twin_ms] * 4)):
         for rep in range(4):
-            for step, (n, took) in enumerate(((580, ms), (0, 12.0))):
+            for step, (n, took) in enumerate(((580, ms[rep]), (0, 12.0))):
                 rec = {"kind": "step", "point": pid, "step": 2 * rep + step, "t_sched0": t,
                        "t_sched1": t, "t_done": t + 1.0, "gpu_t0": t, "gpu_t1": t + took / 1e3,
                        "tokens": n or 1, "seqs": 1, "decode_seqs": 0 if n else 1,
@@ -432,7 +434,48 @@ def test_picture_points_price_what_a_step_that_encodes_costs_beyond_the_pass(
     assert (pt["point"], pt["twin"], pt["steps"]) == ("picture-p580-i1", "picture-p580-i0", 4)
     assert pt["pass_ms"] == pytest.approx(37.0, rel=0.02)
     assert enc["encoder_step_s"] == pytest.approx((160.0 - 60.0 - 37.0) / 1e3, rel=0.02)
+    assert enc["encoder_step_draws_s"] == pytest.approx([63e-3] * 4, rel=0.02)
     assert "a step that encodes one 63" in note
+
+
+def test_picture_points_keep_every_step_for_the_simulator_to_draw(tmp_path: Path) -> None:
+    """A picture's step is not one figure (on the H200 ~40 or ~90 ms beyond its twin, in
+    spells): the profile keeps each measured step beyond twin and pass, sorted, and their
+    median as encoder_step_s."""
+    from capplan.calibrate.build import Group, encoder_time
+
+    _encoder_run(tmp_path, "gemma-4-31b--fp8--encoder", 37.0, 66.0, 40.0)
+    _picture_steps(tmp_path, "gemma-4-31b--fp8--encoder", picture_ms=[140.0, 190.0, 137.0, 192.0],
+                   twin_ms=60.0)
+    enc, note = encoder_time(tmp_path, Group("gemma-4-31b", "fp8"))
+    assert enc is not None
+    pass_ms = enc["picture_points"][0]["pass_ms"]
+    assert [d * 1e3 for d in enc["encoder_step_draws_s"]] == pytest.approx(
+        [ms - 60.0 - pass_ms for ms in (137.0, 140.0, 190.0, 192.0)], abs=0.02)
+    assert enc["encoder_step_s"] * 1e3 == pytest.approx((140.0 + 190.0) / 2 - 60.0 - pass_ms,
+                                                        abs=0.02)
+    assert "drawn a step at a time from its 4 steps" in note
+
+
+def test_every_encoder_run_of_an_engine_counts(tmp_path: Path) -> None:
+    """An engine's repeat encoder runs (`--rN--encoder`) join its first: the pass is fitted
+    to each point's quickest run (a run whose lone picture took a slow spell's 60 ms is
+    not the pass), every run's picture steps are pooled against their own twins, and
+    another precision of the model takes the same."""
+    from capplan.calibrate.build import Group, encoder_time
+
+    _encoder_run(tmp_path, "gemma-4-31b--fp8--encoder", 60.0, 66.0, 40.0)
+    _picture_steps(tmp_path, "gemma-4-31b--fp8--encoder", picture_ms=160.0, twin_ms=60.0)
+    _encoder_run(tmp_path, "gemma-4-31b--fp8--r2--encoder", 37.0, 66.0, 40.0)
+    _picture_steps(tmp_path, "gemma-4-31b--fp8--r2--encoder", picture_ms=110.0, twin_ms=50.0)
+    for key in ("fp8", "awq"):
+        enc, note = encoder_time(tmp_path, Group("gemma-4-31b", key))
+        assert enc is not None
+        assert enc["runs"] == ["gemma-4-31b--fp8--encoder", "gemma-4-31b--fp8--r2--encoder"]
+        assert enc["encoder_floor_s"] == pytest.approx(37e-3, rel=0.02)
+        assert [d * 1e3 for d in enc["encoder_step_draws_s"]] == pytest.approx(
+            [23.0] * 4 + [63.0] * 4, abs=1.0)
+        assert "from its 8 steps" in note
 
 
 def test_encoder_scan_refuses_a_run_that_cannot_separate_its_terms(tmp_path: Path) -> None:
@@ -451,8 +494,8 @@ def test_a_step_pays_the_encoder_pass_of_its_pictures() -> None:
     many tokens in small ones; a step adds the pass to its own time."""
     shipped = Profile.load(store.CALIBRATION_DIR / "h200" / "vllm-0.26.0" / "gemma-4-31b"
                            / "fp8" / "profile.json")
-    step = shipped.step.model_copy(update={"encoder_token_s": 66e-6,
-                                           "encoder_token2_s": 40e-9, "encoder_floor_s": 37e-3})
+    step = shipped.step.model_copy(update={"encoder_token_s": 66e-6, "encoder_token2_s": 40e-9,
+                                           "encoder_floor_s": 37e-3, "encoder_step_s": 0.0})
     t = StepTimer(shipped.model_copy(update={"step": step}), max_num_seqs=256,
                   max_num_batched_tokens=8192)
     assert t.encoder_pass_s(70, 1) == pytest.approx(37e-3)
@@ -466,6 +509,8 @@ def test_a_step_pays_the_encoder_pass_of_its_pictures() -> None:
     assert around.step_time_s(512, 1, 512 * 256, 0, 280, encoder_images=1) == pytest.approx(
         plain + 97e-3)
     assert around.step_time_s(512, 1, 512 * 256, 0) == pytest.approx(plain)
+    assert around.step_time_s(512, 1, 512 * 256, 0, 280, encoder_images=1,  # one drawn
+                              encoder_step_s=5e-3) == pytest.approx(plain + 42e-3)
 
 
 def test_a_measured_encoder_is_not_replaced_by_the_analytic_one() -> None:

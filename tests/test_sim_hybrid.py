@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -709,21 +710,11 @@ def test_a_pictures_step_waits_for_the_measured_encoder_pass() -> None:
     vLLM's gpu_model_runner.py _execute_mm_encoder)."""
     from capplan.mix import TrafficMix
     from capplan.profile import StepTimer
-    from capplan.sim.run import setup_pool, simulate
+    from capplan.sim.run import setup_pool
 
     def ttft(text: int, image: dict | None) -> float:
-        wl = {"name": "w", "pool": "v", "arrival": {"kind": "closed", "concurrency": 1},
-              "input_tokens": {"kind": "constant", "value": text},
-              "output_tokens": {"kind": "constant", "value": 8}}
-        if image:
-            wl["image"] = image
-        mix = TrafficMix.model_validate({
-            "schema_version": 1, "name": "enc",
-            "pools": [{"name": "v", "model": "gemma-4-31b", "precision": "fp8",
-                       "engine": {"max_model_len": 8192, "limit_mm_per_prompt": {"image": 2}}}],
-            "workloads": [wl], "simulation": {"duration_s": 20, "seed": 0}})
-        req = simulate(mix, "v", 1).requests()
-        return float(req["ttft_s"].median())
+        return float(_picture_ttfts(text, image, {"encoder_step_s": 0.0,
+                                                  "encoder_step_draws_s": []}).median())
 
     mix_setup = setup_pool(TrafficMix.model_validate({
         "schema_version": 1, "name": "enc",
@@ -742,6 +733,46 @@ def test_a_pictures_step_waits_for_the_measured_encoder_pass() -> None:
         pytest.approx(one, abs=1e-3)
     assert ttft(20, {"images_per_request": 2, "tokens_per_image": 280}) - text == \
         pytest.approx(two, abs=1e-3)
+
+
+def _picture_ttfts(text: int, image: dict | None, step: dict, seed: int = 0) -> pl.Series:
+    """Every TTFT of Gemma 4 FP8 at concurrency 1, prompts of `text` tokens and `image`, with
+    the shipped profile's step model updated by `step`."""
+    from capplan.mix import TrafficMix
+    from capplan.sim.run import setup_pool, simulate
+
+    wl = {"name": "w", "pool": "v", "arrival": {"kind": "closed", "concurrency": 1},
+          "input_tokens": {"kind": "constant", "value": text},
+          "output_tokens": {"kind": "constant", "value": 8}}
+    if image:
+        wl["image"] = image
+    mix = TrafficMix.model_validate({
+        "schema_version": 1, "name": "enc",
+        "pools": [{"name": "v", "model": "gemma-4-31b", "precision": "fp8",
+                   "engine": {"max_model_len": 8192, "limit_mm_per_prompt": {"image": 2}}}],
+        "workloads": [wl], "simulation": {"duration_s": 20, "seed": seed}})
+    prof = setup_pool(mix.pool("v")).profile
+    prof = prof.model_copy(update={"step": prof.step.model_copy(update=step)})
+    return simulate(mix, "v", 1, profile=prof).requests()["ttft_s"]
+
+
+def test_each_pictures_step_draws_its_cost_around_the_pass() -> None:
+    """With measured picture steps (StepModel.encoder_step_draws_s) each step that encodes
+    pays one of them, drawn from the replica's own seeded stream (sim/replica.py
+    PictureDraws): lone pictures' TTFTs take the two drawn values, 100 ms apart, each about
+    as often, and the same seed draws the same; without draws every step pays
+    encoder_step_s."""
+    pic = {"images_per_request": 1, "tokens_per_image": 280}
+    drawn = _picture_ttfts(300, pic, {"encoder_step_s": 0.05, "encoder_step_draws_s": [0.0, 0.1]})
+    low = float(drawn.min())
+    assert float(drawn.max()) - low == pytest.approx(0.1, abs=1e-3)
+    high = int((drawn > low + 0.05).sum())
+    assert 0.3 < high / len(drawn) < 0.7 and len(drawn) > 50
+    again = _picture_ttfts(300, pic, {"encoder_step_s": 0.05, "encoder_step_draws_s": [0.0, 0.1]})
+    assert again.to_list() == drawn.to_list()
+    median = _picture_ttfts(300, pic, {"encoder_step_s": 0.05, "encoder_step_draws_s": []})
+    assert float(median.max() - median.min()) < 1e-3
+    assert float(median.median()) == pytest.approx(low + 0.05, abs=1e-3)
 
 
 def test_a_gemma_pool_with_pictures_needs_a_picture_a_step() -> None:

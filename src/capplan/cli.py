@@ -280,8 +280,9 @@ def profiles() -> None:
     console.print("shared-prefix saving: of the decode read, per prefix token that running "
                   "requests read in common (measured by `capplan calibrate --prefix-cache`; "
                   "- : not measured, none assumed)")
-    console.print("picture: the vision encoder's pass over one picture of the model's default "
-                  "size, which every decode of its step waits for (measured by `capplan "
+    console.print("picture: what a step that encodes one picture of the model's default size "
+                  "costs beyond its text, which every decode of its step waits for: the vision "
+                  "encoder's pass and the median step around it (measured by `capplan "
                   "calibrate --encoder-scan`; - : no vision encoder)")
     console.print("graph sizes: CUDA-graph sizes whose decode-only step was timed on its own "
                   "(`capplan calibrate --graph-scan`; - : priced by the linear terms alone)")

@@ -203,7 +203,16 @@ class StepModel(BaseModel):
         "decoder's terms: what the engine does around the pass (the request's multimodal "
         "input to the GPU, the image tokens' embeddings merged, the decoder's attention over "
         "them with their bidirectional mask: vllm/v1/attention/backends/flash_attn.py "
-        "mm_prefix_range_tensor), from the encoder engine's picture points (sweep.picture_points)",
+        "mm_prefix_range_tensor), from the encoder engine's picture points (sweep.picture_points): "
+        "the median of `encoder_step_draws_s`",
+    )
+    encoder_step_draws_s: list[float] = Field(
+        default_factory=list,
+        description="every measured step that encoded a picture, beyond its text-only twin's "
+        "step and the encoder's pass (fit.picture_steps; may be negative): the simulator "
+        "draws one for each step that encodes (sim/replica.py PictureDraws), since such a "
+        "step took either ~40 ms or ~90 ms beyond its twin on the H200, in spells; empty: "
+        "every such step pays `encoder_step_s`",
     )
     prefill_step_s: float = Field(
         default=0.0, ge=0,
@@ -481,6 +490,7 @@ class StepTimer:
         "_stairs",
         "_window",
         "box",
+        "encoder_draws",
         "extrapolated_steps",
         "k",
         "strict",
@@ -503,6 +513,7 @@ class StepTimer:
                        max(self.k - 1, 0) * s.draft_seq_s)
         self._enc = (s.encoder_token_s, s.encoder_token2_s, s.encoder_floor_s)
         self._enc_step = s.encoder_step_s
+        self.encoder_draws = tuple(s.encoder_step_draws_s)
         self._shared = s.decode_ctx_s * s.shared_ctx_saving
         self._prefill_step = s.prefill_step_s
         self._eager = s.eager_step_s
@@ -544,6 +555,15 @@ class StepTimer:
         switch, rows = self._gemm
         return switch + rows * (-(-t_pad // GEMM_ROW_TOKENS) - 1)
 
+    @property
+    def serial_core_s(self) -> float:
+        """Without asynchronous scheduling, what each step adds to its work and launch: the
+        core's own time a decode-only step (`core_graph_s`: schedule, inputs, outputs),
+        which then cannot overlap the GPU's work (vllm/v1/engine/core.py EngineCore.step
+        schedules, launches, waits for the step's tokens and updates from them in turn;
+        step_with_batch_queue overlaps them)."""
+        return self._core[0]
+
     def step_time_s(self, *args: Any, **kwargs: Any) -> float:
         """Seconds for one engine step of this composition (arguments as `step_times`'),
         one step after another: the larger of `step_times`' two."""
@@ -579,6 +599,7 @@ class StepTimer:
         prefill_attn_window: float | None = None,
         shared_ctx: int = 0,
         encoder_images: int = 1,
+        encoder_step_s: float | None = None,
     ) -> tuple[float, float]:
         """(work, launch) seconds of one engine step of this composition. `launch` is the
         engine core's own time for the step, during which it can neither schedule nor hand
@@ -593,7 +614,8 @@ class StepTimer:
         the pairs uncapped). `shared_ctx` is S of the module docstring: decode context
         tokens read in common with another running request (at most `decode_ctx` count).
         `encoder_tokens` are the image tokens of the `encoder_images` pictures whose vision
-        encoder runs in this step (`encoder_pass_s`)."""
+        encoder runs in this step (`encoder_pass_s`); the step around the pass costs
+        `encoder_step_s`, the profile's median unless given (one of its draws)."""
         fixed, per_tok, knee, p_attn, d_ctx, per_seq = self._c
         max_tokens, max_seqs, max_context = self._box
         if tokens > max_tokens or seqs > max_seqs or (seqs and decode_ctx > max_context * seqs):
@@ -640,7 +662,8 @@ class StepTimer:
             passes, per_token, per_seq_later = self._draft
             extra = passes + per_token * t_pad + per_seq_later * seqs
         if encoder_tokens:
-            extra += self.encoder_pass_s(encoder_tokens, encoder_images) + self._enc_step
+            around = self._enc_step if encoder_step_s is None else encoder_step_s
+            extra += max(self.encoder_pass_s(encoder_tokens, encoder_images) + around, 0.0)
         if launch:
             return t + extra, launch + extra
         return t + extra, self._core[1] if prefill_attn else self._core[0]

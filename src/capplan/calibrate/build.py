@@ -123,40 +123,81 @@ def groups(raw: Path) -> dict[tuple[str, str], Group]:
     return out
 
 
+def _spread_ms(values: list[float]) -> str:
+    p10, p90 = np.percentile(values, [10, 90]) * 1e3
+    return f"{p10:.1f} / {p90:.1f}"
+
+
+def _quickest_passes(runs: list[pl.DataFrame]) -> pl.DataFrame:
+    """Each encoder point's passes from the run whose median pass was quickest. A lone
+    picture's pass ran either ~33 or ~70 ms, the same in all 12 passes of a point, from one
+    run to the next (docs/calibration.md, "A picture's step"); the pass is what the encoder
+    takes outside such a spell, and the spells are in the picture points' steps, which are
+    priced beyond this pass (fit.picture_steps)."""
+    if len(runs) == 1:
+        return runs[0]
+    tagged = pl.concat([r.with_columns(pl.lit(i).alias("_run")) for i, r in enumerate(runs)])
+    best = (tagged.group_by("point", "_run").agg(pl.col("wall_s").median())
+            .sort("wall_s").group_by("point").first().select("point", "_run"))
+    return tagged.join(best, on=["point", "_run"]).drop("_run")
+
+
 def encoder_time(raw: Path, g: Group) -> tuple[dict[str, Any] | None, str]:
-    """The vision encoder's time (fit.encoder_scan), from an encoder scan of this profile's
-    engine (`<model>--<key>--encoder`), else of any engine of the same model: vLLM 0.26.0
-    leaves Gemma 4's vision tower unquantized under FP8, AWQ and NVFP4 alike (gemma4_mm.py
-    quantizes a tower only where its widths divide by 64, and 4,304 does not), so every
-    precision runs the same BF16 encoder. None without a scan (the profile then takes the
-    analytic figure, profiles.py `_with_encoder`)."""
-    others = sorted(p.name.removesuffix(".meta.json")
-                    for p in raw.glob(f"{g.model}--*--encoder.meta.json"))
-    for run in (f"{g.model}--{g.key}--encoder", *others):
-        path = store.runner_jsonl(raw, run)
-        if path is not None:
-            break
-    else:
+    """The vision encoder's time (fit.encoder_scan), from the encoder scans of this
+    profile's engine (`<model>--<key>--encoder`, and its repeats `<model>--<key>--rN--encoder`),
+    else of any engine of the same model: vLLM 0.26.0 leaves Gemma 4's vision tower
+    unquantized under FP8, AWQ and NVFP4 alike (gemma4_mm.py quantizes a tower only where its
+    widths divide by 64, and 4,304 does not), so every precision runs the same BF16 encoder.
+    Every run of the engine counts: the scan is fitted to each point's quickest run
+    (`_quickest_passes`), and the picture points' steps of each run, against that run's own
+    text twins and that pass, are pooled, the slow spells with them. None without
+    a scan (the profile then takes the analytic figure, profiles.py `_with_encoder`)."""
+    scans = sorted(p.name.removesuffix(".meta.json")
+                   for p in raw.glob(f"{g.model}--*--encoder.meta.json")
+                   if store.runner_jsonl(raw, p.name.removesuffix(".meta.json")))
+    keys = sorted({m["key"] for r in scans if (m := _NAME.match(r))})
+
+    def runs_of(key: str) -> list[str]:
+        return [r for r in scans if (m := _NAME.match(r)) and m["key"] == key]
+
+    # the engine's runs, else those of the first other engine of the model that has some
+    runs = runs_of(g.key) or next((runs_of(k) for k in keys), [])
+    if not runs:
         return None, ""
+    paths = [store.runner_jsonl(raw, r) for r in runs]
     size = load_model_spec(g.model).image_tokens_per_image
-    fitted = F.encoder_scan(store.read_encoder_jsonl(path))
-    secs = _rc_seconds(raw).get(run)
-    try:  # the picture points' steps (scans from the nineteenth session on)
-        step_s, pictures = F.picture_steps(store.read_runner_jsonl(path), fitted)
-    except CalibrationError:
-        step_s, pictures = 0.0, []
-    out = {"run": run, "encoder_token_s": fitted.token_s, "encoder_token2_s": fitted.token2_s,
-           "encoder_floor_s": fitted.floor_s, "gpu_seconds": secs, "points": fitted.points}
-    if pictures:
-        out |= {"encoder_step_s": step_s, "picture_points": pictures}
+    fitted = F.encoder_scan(_quickest_passes([store.read_encoder_jsonl(p) for p in paths if p]))
+    seconds = [_rc_seconds(raw).get(r) for r in runs]
+    secs = sum(x for x in seconds if x) or None
+    draws: list[float] = []
+    points: list[dict[str, Any]] = []
+    for run, path in zip(runs, paths, strict=True):
+        assert path is not None
+        try:  # the picture points' steps (scans from the nineteenth session on)
+            pictures = F.picture_steps(store.read_runner_jsonl(path), fitted)
+        except CalibrationError:
+            pictures = None
+        if pictures:
+            draws += pictures.draws_s
+            points += [{"run": run, **p} for p in pictures.points]
+    out = {"run": runs[0], "runs": runs, "encoder_token_s": fitted.token_s,
+           "encoder_token2_s": fitted.token2_s, "encoder_floor_s": fitted.floor_s,
+           "gpu_seconds": secs, "points": fitted.points}
+    step_s = max(0.0, float(np.median(draws))) if draws else 0.0
+    if draws:
+        out |= {"encoder_step_s": step_s, "encoder_step_draws_s": sorted(draws),
+                "picture_points": points}
     note = (f"vision encoder {fitted.token_s * 1e6:.1f} us an image token + "
             f"{fitted.token2_s * 1e9:.1f} ns a token squared a picture, a pass at least "
             f"{fitted.floor_s * 1e3:.1f} ms ({fitted.pass_s(1, size) * 1e3:.1f} ms for one "
             f"picture of {size} image tokens, {fitted.pass_s(8, size) * 1e3 / 8:.1f} ms a "
             f"picture in eights)"
-            + (f"; a step that encodes one {step_s * 1e3:.1f} ms more, from its picture "
-               f"points against their text twins" if pictures else "")
-            + f" from {run}"
+            + (f"; a step that encodes one {step_s * 1e3:.1f} ms more (median; "
+               f"{_spread_ms(draws)} ms p10 / p90, drawn a step at a time from its "
+               f"{len(draws)} steps), from its picture points against their text twins"
+               if draws else "")
+            + " from " + (runs[0] if len(runs) == 1 else
+                          f"{', '.join(runs[:-1])} and {runs[-1]}")
             + (f" ({secs / 60:.1f} GPU-minutes more, engine start included)" if secs else ""))
     return out, note
 
@@ -491,8 +532,8 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     encoder, note = encoder_time(raw, g)
     if encoder is not None:
         step = step.model_copy(update={k: encoder[k] for k in (
-            "encoder_token_s", "encoder_token2_s", "encoder_floor_s", "encoder_step_s")
-            if k in encoder})
+            "encoder_token_s", "encoder_token2_s", "encoder_floor_s", "encoder_step_s",
+            "encoder_step_draws_s") if k in encoder})
         notes.append(note)
     core, note = core_time(raw, g, df, eng)
     if core is not None:

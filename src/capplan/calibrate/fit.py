@@ -364,35 +364,57 @@ def encoder_scan(df: pl.DataFrame) -> EncoderScan:
     return scan
 
 
-def picture_steps(df: pl.DataFrame, scan: EncoderScan) -> tuple[float, list[dict[str, Any]]]:
-    """What a step that encodes a picture costs beyond the encoder's pass (StepModel
-    `encoder_step_s`), from an encoder engine's picture points (sweep.picture_points;
-    store.read_runner_jsonl of its run): for each picture point, its steps that encoded
-    (`encoder_tokens`), less its text-only twin's prefill steps, less the scan's pass
-    (`scan.pass_s`), medians each; the figure is the median over the points (0 where a
-    picture costs no more than its pass). With each point's figures, for provenance."""
+@dataclass
+class PictureSteps:
+    """What an encoder engine's picture points give a profile: every measured step that
+    encoded a picture, less its text-only twin's median step and the scan's pass
+    (StepModel.encoder_step_draws_s, pooled and sorted), their median (`encoder_step_s`),
+    and each point's figures, for provenance."""
+
+    step_s: float
+    draws_s: list[float]
+    points: list[dict[str, Any]]
+
+
+def picture_steps(df: pl.DataFrame, scan: EncoderScan) -> PictureSteps | None:
+    """What a step that encodes a picture costs beyond the encoder's pass, from an encoder
+    engine's picture points (sweep.picture_points; store.read_runner_jsonl of its run): for
+    each picture point, each of its steps that encoded (`encoder_tokens`) less its text-only
+    twin's median prefill step, less the scan's pass (`scan.pass_s`). The cost is not one
+    figure: on the H200 a 280-token picture's step ran ~40 ms or ~90 ms beyond its twin, in
+    spells of several steps, alone and beside decodes, in calibration and in serving alike
+    (docs/calibration.md, "A picture's step"), so the profile keeps every step's figure for
+    the simulator to draw from, and their median. None without picture points."""
     df = df.filter(~pl.col("warmup"))
     if "encoder_tokens" not in df.columns:
-        return 0.0, []
-    rows = []
+        return None
+    rows, draws = [], []
     for pid in sorted(p for p in df["point"].unique() if p.startswith("picture-")
                       and "-i0" not in p):
         twin = pid.replace("-i1", "-i0")
         pic = df.filter((pl.col("point") == pid) & (pl.col("encoder_tokens") > 0))
-        txt = df.filter((pl.col("point") == twin) & (pl.col("prefill_tokens") > 0))
+        # the twin's prompts, not the prefill that set up its running decodes
+        txt = df.filter((pl.col("point") == twin) & (pl.col("prefill_tokens") > 0)
+                        & (pl.col("prefill_seqs") == 1))
         if pic.is_empty() or txt.is_empty():
             continue
+        txt = txt.filter(pl.col("prefill_tokens") == txt["prefill_tokens"].min())
         tokens = int(pic["encoder_tokens"].median())  # type: ignore[arg-type]
-        pic_s, txt_s = float(pic["step_s"].median()), float(txt["step_s"].median())  # type: ignore[arg-type]
+        txt_s = float(txt["step_s"].median())  # type: ignore[arg-type]
         pass_s = scan.pass_s(1, tokens)
+        beyond = pic["step_s"].to_numpy() - txt_s - pass_s
+        draws += beyond.tolist()
+        p10, p50, p90 = np.percentile(beyond, [10, 50, 90]) * 1e3
         rows.append({"point": pid, "twin": twin, "steps": pic.height,
                      "twin_steps": txt.height, "image_tokens": tokens,
-                     "picture_ms": round(pic_s * 1e3, 3), "twin_ms": round(txt_s * 1e3, 3),
-                     "pass_ms": round(pass_s * 1e3, 3),
-                     "beyond_pass_ms": round((pic_s - txt_s - pass_s) * 1e3, 3)})
+                     "picture_ms": round(float(pic["step_s"].median()) * 1e3, 3),  # type: ignore[arg-type]
+                     "twin_ms": round(txt_s * 1e3, 3), "pass_ms": round(pass_s * 1e3, 3),
+                     "beyond_pass_ms": round(float(p50), 3),
+                     "beyond_pass_p10_p90_ms": [round(float(p10), 3), round(float(p90), 3)]})
     if not rows:
-        return 0.0, []
-    return max(0.0, float(np.median([r["beyond_pass_ms"] for r in rows])) * 1e-3), rows
+        return None
+    return PictureSteps(max(0.0, float(np.median(draws))),
+                        sorted(round(d, 5) for d in draws), rows)
 
 
 @dataclass

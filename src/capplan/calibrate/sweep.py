@@ -201,6 +201,11 @@ request alone, as at concurrency 1, and beside decodes, past the largest CUDA gr
 596 tokens) and within it (408: piecewise graphs)."""
 
 
+PICTURE_REPEATS = 30
+"""Steps a picture point times: such steps run at one of two speeds, in spells of several
+steps (docs/calibration.md, "A picture's step"), so ten (the first run's) can sit in one."""
+
+
 def picture_points(spec: ModelSpec) -> list[Point]:
     """Steps that encode a picture, each beside its text-only twin: a prompt of the default
     picture's tokens among its own, `repeats` times one at a time (runner.py `Driver.point`,
@@ -218,7 +223,7 @@ def picture_points(spec: ModelSpec) -> list[Point]:
             pid = f"picture-p{prompt}-i{images}" + (f"-b{batch}" if batch else "")
             out.append({"id": pid, "kind": "picture", "prompt": prompt, "images": images,
                         "image_tokens": t, "batch": batch, "context": context,
-                        "repeats": 10, "kv_tokens": batch * context + prompt})
+                        "repeats": PICTURE_REPEATS, "kv_tokens": batch * context + prompt})
     return out
 
 

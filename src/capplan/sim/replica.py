@@ -130,6 +130,21 @@ class LaunchSpread:
         return math.exp(sigma * self._buf[self._at - 1])
 
 
+class PictureDraws:
+    """What each step that encodes a picture costs around the encoder's pass: one of the
+    profile's measured steps (StepModel.encoder_step_draws_s), drawn from the replica's own
+    stream."""
+
+    __slots__ = ("_draws", "_rng")
+
+    def __init__(self, draws: tuple[float, ...], rng: np.random.Generator) -> None:
+        self._draws = draws
+        self._rng = rng
+
+    def draw(self) -> float:
+        return self._draws[int(self._rng.integers(len(self._draws)))]
+
+
 class Replica:
     """A vLLM engine in a simpy environment."""
 
@@ -145,9 +160,11 @@ class Replica:
         client: ClientLoop | None = None,
         jitter: OutputJitter | None = None,
         spread: LaunchSpread | None = None,
+        pictures: PictureDraws | None = None,
     ) -> None:
         self.env = env
         self.spread = spread  # each step's core time about its median, or the median
+        self.pictures = pictures  # a picture's step around its pass, drawn, or the median
         self.latency = client_latency_s  # outputs reach the client this much later
         self.client = client  # one load generator's event loop (sim/client.py), or none
         self.jitter = jitter  # the output path's delay, a step at a time (sim/client.py)
@@ -170,6 +187,8 @@ class Replica:
         # in use while it runs)
         self._inflight: deque[tuple[StepPlan, float, float, int]] = deque()
         self._async = core.cfg.async_scheduling
+        # without asynchronous scheduling the core's own time a step is serial with the GPU's
+        self._serial = 0.0 if self._async else timer.serial_core_s
         self._gpu_free = 0.0  # when the GPU ends the last step launched
         self._core_free = 0.0  # when the core ends launching the last step (INPUT_S)
         self._last_out = 0.0  # when the core last handed out a step's outputs
@@ -241,11 +260,16 @@ class Replica:
                 prefill_attn_window=plan.prefill_attn_w,
                 shared_ctx=int(plan.shared_ctx),
                 encoder_images=plan.encoder_images,
+                encoder_step_s=(self.pictures.draw()
+                                if plan.encoder_tokens and self.pictures is not None else None),
             )
             if self.spread is not None and launch:
                 sigma = self.timer.launch_sigma(plan.total_tokens, plan.prefill_seqs > 0)
                 if sigma:
                     launch *= self.spread.factor(sigma)
+            if self._serial:
+                work += self._serial
+                launch += self._serial
             begin = self._gpu_free if self._gpu_free > now else now
             end = begin + work
             if end < now + launch:

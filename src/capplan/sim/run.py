@@ -27,7 +27,7 @@ from capplan.profile import Profile, StepTimer
 from capplan.sim.client import ClientLoop, OutputJitter
 from capplan.sim.core import CoreConfig, EngineCore, SimRequest
 from capplan.sim.metrics import WorkloadRecorder
-from capplan.sim.replica import LaunchSpread, Replica, Window
+from capplan.sim.replica import LaunchSpread, PictureDraws, Replica, Window
 from capplan.sim.results import KvRows, PoolRunResult, RequestColumns, SimResult, summarise
 from capplan.sim.router import Router
 from capplan.sim.verdict import CHECK_EVERY_S, MissWatch
@@ -332,6 +332,8 @@ class _Run:
                 OutputJitter(jitter, np.random.default_rng([seed, 4, i])) if jitter else None,
                 LaunchSpread(np.random.default_rng([seed, 5, i]))
                 if mix.simulation.core_spread else None,
+                PictureDraws(timer.encoder_draws, np.random.default_rng([seed, 6, i]))
+                if timer.encoder_draws else None,
             ))
         self.router = Router(st.pool.router, self.replicas)
         self.samplers: dict[int, tuple[ClosedLoopSampler, np.random.Generator]] = {}

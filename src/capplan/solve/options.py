@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Literal
 
+import numpy as np
+
 from capplan.errors import ConfigError, InfeasibleError
 from capplan.mix import TrafficMix
 from capplan.pool import Pool, SpeculativeConfig
@@ -225,8 +227,10 @@ def encoder_advice(plan: PoolPlan, workloads: list[Workload], setup: PoolSetup) 
                       max_num_batched_tokens=eng.max_num_batched_tokens)
     img = w.image
     around = setup.profile.step.encoder_step_s
-    stall = timer.encoder_pass_s(img.images_per_request * img.tokens_per_image,
-                                 img.images_per_request) + around
+    pass_s = timer.encoder_pass_s(img.images_per_request * img.tokens_per_image,
+                                  img.images_per_request)
+    stall = pass_s + around
+    draws = setup.profile.step.encoder_step_draws_s
     if stall < ENCODER_SHARE * target.limit_s:
         return None
     rates = [x.arrival.rate_rps for x in workloads
@@ -239,8 +243,10 @@ def encoder_advice(plan: PoolPlan, workloads: list[Workload], setup: PoolSetup) 
             f"{w.name} {plan.binding_slo}: each step that encodes a request's "
             f"{img.images_per_request} x {img.tokens_per_image}-token picture(s) stalls "
             f"every decode in it by {stall * 1e3:.1f} ms ({setup.profile.source} encoder "
-            f"pass{' and the step around it' if around else ''}, "
-            f"{stall / target.limit_s:.0%} of the {target.limit_s * 1e3:g} ms limit), and "
+            f"pass{' and the step around it' if around else ''}"
+            + (f", the median: {(pass_s + float(np.percentile(draws, 90))) * 1e3:.1f} ms at "
+               f"p90 of its {len(draws)} measured steps" if draws else "")
+            + f", {stall / target.limit_s:.0%} of the {target.limit_s * 1e3:g} ms limit), and "
             f"the percentile counts those steps: "
             f"{plan.replicas_for_slo} replicas{per_replica} behind "
             f"{setup.pool.router.replace('_', '-')} routing"
