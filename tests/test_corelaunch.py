@@ -125,7 +125,8 @@ def test_pack_stores_a_raw_trace_compactly(tmp_path: Path) -> None:
     (tmp_path / "coretrace" / "core-3.jsonl").write_text(
         '["decode", "MainThread", 100.25, 100.26]\n')
     (tmp_path / "engine.json").write_text(json.dumps({
-        "job": "e", "experiments": {"x": {"t0_perf": 100.1, "wall_s": 2.0, "requests": 4}},
+        "job": "e", "experiments": {"x": {"t0_perf": 100.1, "wall_s": 2.0, "requests": 4},
+                                    "y": {"skipped": "time budget"}},  # never ran: left out
         "trace_core": ["Scheduler.schedule"], "versions": {"host": {"cpus": 2}}}))
     trace, meta = pack(tmp_path)
     assert trace.rows() == [(7, "process", "MainThread", 0, 0),

@@ -167,7 +167,8 @@ def pack(run_dir: Path) -> tuple[pl.DataFrame, dict[str, Any]]:
     eng = json.loads((run_dir / "engine.json").read_text())
     meta = {"engine": eng["job"],
             "experiments": {k: {"t0_perf": v["t0_perf"], "wall_s": v["wall_s"]}
-                            for k, v in eng["experiments"].items()},
+                            for k, v in eng["experiments"].items()
+                            if "t0_perf" in v},  # not those the runner skipped
             "wrapped": eng.get("trace_core", []),
             "host": eng.get("versions", {}).get("host"),
             "clock_base_s": base}
