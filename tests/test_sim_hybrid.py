@@ -798,3 +798,29 @@ def test_a_gemma_pool_with_pictures_needs_a_picture_a_step() -> None:
     assert e.value.field == "engine.max_num_batched_tokens"
     assert setup_pool(pool(256, 0)).num_blocks > 0
     assert setup_pool(pool(280, 1)).num_blocks > 0
+
+
+def test_without_async_scheduling_each_step_adds_the_cores_own_time() -> None:
+    """vLLM's EngineCore.step schedules, launches, waits for the step's tokens and updates
+    from them in turn, so the core's time a step (core_graph_s) is serial to the GPU's
+    (sim/replica.py `_serial`); with the batch queue it hides under the step before. A lone
+    chat's decode steps are then core_graph_s apart in ITL, nothing else moving."""
+    from capplan.profile import StepTimer
+
+    def itl_p50(async_scheduling: bool) -> float:
+        mix = TrafficMix.model_validate({
+            "schema_version": 1, "name": "sync",
+            "pools": [{"name": "v", "model": "llama-3.1-8b", "precision": "bf16",
+                       "engine": {"max_model_len": 4096,
+                                  "async_scheduling": async_scheduling}}],
+            "workloads": [{"name": "w", "pool": "v",
+                           "arrival": {"kind": "closed", "concurrency": 1},
+                           "input_tokens": {"kind": "constant", "value": 512},
+                           "output_tokens": {"kind": "constant", "value": 64}}],
+            "simulation": {"duration_s": 10, "seed": 0}})
+        return simulate(mix, "v", 1).workload("w").itl_p50_s
+
+    prof = setup_pool(Pool(name="v", model="llama-3.1-8b", precision="bf16")).profile
+    serial = StepTimer(prof, max_num_seqs=256, max_num_batched_tokens=8192).serial_core_s
+    assert serial == prof.step.core_graph_s > 0
+    assert itl_p50(False) - itl_p50(True) == pytest.approx(serial, abs=0.1e-3)

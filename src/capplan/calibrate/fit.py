@@ -366,12 +366,11 @@ def encoder_scan(df: pl.DataFrame) -> EncoderScan:
 
 @dataclass
 class PictureSteps:
-    """What an encoder engine's picture points give a profile: every measured step that
-    encoded a picture, less its text-only twin's median step and the scan's pass
-    (StepModel.encoder_step_draws_s, pooled and sorted), their median (`encoder_step_s`),
-    and each point's figures, for provenance."""
+    """What one encoder run's picture points give a profile: every measured step that
+    encoded a picture, less its text-only twin's median step and the scan's pass, sorted
+    (StepModel.encoder_step_draws_s pools them over the engine's runs, and their median is
+    its `encoder_step_s`), and each point's figures, for provenance."""
 
-    step_s: float
     draws_s: list[float]
     points: list[dict[str, Any]]
 
@@ -381,7 +380,7 @@ def picture_steps(df: pl.DataFrame, scan: EncoderScan) -> PictureSteps | None:
     engine's picture points (sweep.picture_points; store.read_runner_jsonl of its run): for
     each picture point, each of its steps that encoded (`encoder_tokens`) less its text-only
     twin's median prefill step, less the scan's pass (`scan.pass_s`). The cost is not one
-    figure: on the H200 a 280-token picture's step ran ~40 ms or ~90 ms beyond its twin, in
+    figure: on the H200 a 280-token picture's step ran ~35-60 or ~75-105 ms beyond its twin, in
     spells of several steps, alone and beside decodes, in calibration and in serving alike
     (docs/calibration.md, "A picture's step"), so the profile keeps every step's figure for
     the simulator to draw from, and their median. None without picture points."""
@@ -413,8 +412,7 @@ def picture_steps(df: pl.DataFrame, scan: EncoderScan) -> PictureSteps | None:
                      "beyond_pass_p10_p90_ms": [round(float(p10), 3), round(float(p90), 3)]})
     if not rows:
         return None
-    return PictureSteps(max(0.0, float(np.median(draws))),
-                        sorted(round(d, 5) for d in draws), rows)
+    return PictureSteps(sorted(round(d, 5) for d in draws), rows)
 
 
 @dataclass
