@@ -565,7 +565,8 @@ def encoder() -> None:
     point's median pass, measured and as the profile prices it, and the fitted terms."""
     prov = json.loads((CALIBRATION_DIR / "h200" / "vllm-0.26.0" / "gemma-4-31b" / "fp8"
                        / "provenance.json").read_text())["encoder_scan"]
-    print(f"== encoder ({prov['run']}): floor {prov['encoder_floor_s'] * 1e3:.1f} ms, "
+    print(f"== encoder ({', '.join(prov.get('runs', [prov['run']]))}; each point from its "
+          f"quickest run): floor {prov['encoder_floor_s'] * 1e3:.1f} ms, "
           f"{prov['encoder_token_s'] * 1e6:.1f} us an image token, "
           f"{prov['encoder_token2_s'] * 1e9:.1f} ns a token squared a picture")
     for q in prov["points"]:
