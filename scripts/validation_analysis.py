@@ -1493,20 +1493,13 @@ def main() -> None:
     if sys.argv[1:2] == ["before"]:
         before(sys.argv[2], sys.argv[3:])
         return
-    if sys.argv[1:2] == ["reach"]:
-        reach(*sys.argv[2:3])
-        return
-    if sys.argv[1:2] == ["eager"]:
-        eager(*sys.argv[2:3])
-        return
     if sys.argv[1:2] == ["pair"]:
         pair(sys.argv[2])
         return
-    if sys.argv[1:2] == ["pictures"]:
-        pictures(*sys.argv[2:3])
-        return
-    if sys.argv[1:2] == ["sync"]:
-        sync(*sys.argv[2:3])
+    of_an_engine: dict[str, Callable[..., None]] = {
+        "reach": reach, "eager": eager, "pictures": pictures, "sync": sync}
+    if sys.argv[1:2] and sys.argv[1] in of_an_engine:  # [ENGINE]
+        of_an_engine[sys.argv[1]](*sys.argv[2:3])
         return
     what = sys.argv[1:] or ["seeds", "noise", "steps"]
     rows = _rows() if {"seeds", "noise"} & set(what) else {}

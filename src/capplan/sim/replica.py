@@ -30,7 +30,11 @@ such a step; the serving core's own time varies from step to step (its core trac
 ln(p90 / p10) / 2.563 = 0.10-0.17 for decode-only steps, 0.14-0.24 for piecewise ones,
 0.20-0.27 past the largest graph),
 and with `simulation.core_spread` each step's launch is drawn as the median x exp(sigma z)
-(LaunchSpread, `StepTimer.launch_sigma`).
+(LaunchSpread, `StepTimer.launch_sigma`). Without asynchronous scheduling the core schedules,
+launches, waits for the step's tokens and updates from them in turn (vllm/v1/engine/core.py
+EngineCore.step), so its own time a step adds to the step's (`StepTimer.serial_core_s`).
+A step that encodes a picture pays one of the profile's measured picture steps around the
+encoder's pass, drawn (PictureDraws).
 """
 
 from __future__ import annotations
