@@ -172,7 +172,8 @@ def _raw_from_stored(stored: Path, raw: Path, runs: list[str], *, finished: bool
                 f.write(json.dumps({**r, "workload": index[r["workload"]]}) + "\n")
         info = {k: v for k, v in measured["runs"][name].items() if k != "engine_start"}
         exps[name] = info if finished else {}
-    meta = {"argv": ["runner.py"], "started_unix": 1.8e9, "finished_unix": 1.8e9 + 60,
+    meta = {"job": stored.name, "argv": ["runner.py"], "started_unix": 1.8e9,
+            "finished_unix": 1.8e9 + 60,
             "versions": {k: prov[k] for k in ("gpu_name", "driver", "cuda", "torch", "vllm")},
             "engine_kwargs": prov["engine_kwargs"], "engine": measured["engine"],
             "experiments": exps}
@@ -341,3 +342,24 @@ def test_predict_prints_what_compare_will_hold_the_engine_to(tmp_path) -> None:
     assert table.exit_code == 0 and "ttft_p99_s" in table.output
     bad = CliRunner().invoke(main, ["validate", "predict", str(path), "--engine", "nope"])
     assert bad.exit_code != 0 and len(bad.output.strip().splitlines()) == 1
+
+
+def test_ingest_stores_a_traced_engines_core_trace_where_asked(tmp_path) -> None:
+    """`ingest --core-traces DIR` packs the runner's core trace (trace_core) beside the
+    stored run, as corelaunch.py reads it; an engine without one stores none."""
+    src = next(p for p in stored_runs() if p.name == "llama-3.1-8b-bf16-seqs8")
+    raw = _make(tmp_path / "raw", src, ["chat-c4"])
+    args = ["validate", "ingest", str(SUITE), str(tmp_path / "raw"), "--engine", src.name,
+            "--root", str(tmp_path / "cal"), "--core-traces", str(tmp_path / "traces")]
+    out = CliRunner().invoke(main, args)
+    assert out.exit_code == 0, out.output
+    assert "core trace" not in out.output and not (tmp_path / "traces").exists()
+    (raw / "coretrace").mkdir()
+    (raw / "coretrace" / "core-9.jsonl").write_text(
+        '["execute_model", "MainThread", 5.0, 5.01]\n')
+    out = CliRunner().invoke(main, args)
+    assert out.exit_code == 0, out.output
+    trace = pl.read_parquet(tmp_path / "traces" / f"{src.name}.parquet")
+    meta = json.loads((tmp_path / "traces" / f"{src.name}.json").read_text())
+    assert trace.rows() == [(9, "execute_model", "MainThread", 0, 10_000)]
+    assert meta["engine"] == src.name and meta["clock_base_s"] == 5.0

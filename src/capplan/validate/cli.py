@@ -82,8 +82,12 @@ def emit(suite_file: Path, out: Path, engines: tuple[str, ...], models: Path, mi
 @click.option("--engine", "engines", multiple=True, help="only these engine runs (repeatable)")
 @click.option("--root", type=click.Path(path_type=Path), default=CALIBRATION_DIR,
               show_default=True, help="calibration folder to store into")
+@click.option("--core-traces", type=click.Path(path_type=Path, file_okay=False),
+              help="also store each traced engine's core trace here (trace_core: "
+                   "<engine>.parquet and .json, as validate/corelaunch.py reads them)")
 @errors_as_lines
-def ingest(suite_file: Path, raw: Path, engines: tuple[str, ...], root: Path) -> None:
+def ingest(suite_file: Path, raw: Path, engines: tuple[str, ...], root: Path,
+           core_traces: Path | None) -> None:
     """Store the runner output in RAW (one folder per engine run, found at any depth; one
     configuration started several times is merged, first folder first) under calibration/."""
     from capplan.validate.store import ingest as store
@@ -96,9 +100,25 @@ def ingest(suite_file: Path, raw: Path, engines: tuple[str, ...], root: Path) ->
             continue
         dest = store(folders, suite.engine(name), root, gpu=suite.gpu, vllm_version=suite.vllm)
         click.echo(f"{name}: stored in {dest}")
+        traced = [f for f in folders if any((f / "coretrace").glob("core-*.jsonl"))]
+        if core_traces is not None and traced:
+            click.echo(f"{name}: core trace in {_store_trace(traced[0], name, core_traces)}")
         found += 1
     if not found:
         raise CalibrationError(f"{raw}: no runner output for any engine of {suite_file}")
+
+
+def _store_trace(folder: Path, name: str, out: Path) -> Path:
+    """The engine's core trace from the runner's `folder`, packed (corelaunch.pack) as
+    `out/<name>.parquet` and `.json`; the first start's, where the engine started more than
+    once (a trace's clock is its own start's)."""
+    from capplan.validate.corelaunch import pack
+
+    trace, meta = pack(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    trace.write_parquet(out / f"{name}.parquet")
+    (out / f"{name}.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return out / f"{name}.parquet"
 
 
 def _fmt(metric: str, v: float) -> str:
