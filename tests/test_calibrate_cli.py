@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from capplan.calibrate import cli as ccli
 from capplan.calibrate import store
 from capplan.cli import main
-from capplan.errors import CalibrationError
+from capplan.errors import CalibrationError, ConfigError
 from capplan.profile import Profile, StepModel, StepTimer
 
 RAW = store.CALIBRATION_DIR / "_raw"
@@ -219,6 +219,20 @@ def test_multimodal_engines_run_text_only_plus_one_with_images() -> None:
     assert [j.name for j in text] == ["llama-3.1-8b--bf16"] and text[0].limit_images is None
 
 
+def test_a_repeat_with_the_encoder_scan_repeats_the_encoder_engine_too() -> None:
+    """`--repeat N --encoder-scan` starts the timed engines and the encoder engines as run
+    N (`--rN--encoder`: its picture steps join the profile's draws); a model without a
+    vision encoder refuses the scan, repeated or not."""
+    jobs = ccli.plan_jobs("gemma-4-31b", [ccli.Precision.FP8], [0], "draft_model", None,
+                          "auto", [0.85, 0.90, 0.95], 1, repeat=4, encoder_scan=True)
+    assert [j.name for j in jobs] == ["gemma-4-31b--fp8--r4", "gemma-4-31b--fp8--r4--encoder"]
+    assert jobs[1].encoder_scan and jobs[1].limit_images is None
+    for repeat in (0, 2):
+        with pytest.raises(ConfigError, match="no vision encoder"):
+            ccli.plan_jobs("llama-3.1-8b", [ccli.Precision.BF16], [0], "draft_model", None,
+                           "auto", [0.90], 1, repeat=repeat, encoder_scan=True)
+
+
 def test_image_reservation_is_the_kv_difference_at_one_utilisation() -> None:
     from capplan.calibrate.build import _NAME, image_reservation
 
@@ -320,7 +334,6 @@ def test_encoder_scan_engine_allows_images_and_times_only_the_encoder() -> None:
     and picture points, each beside its text-only twin after a warm-up of its shape; a
     model without a vision encoder is refused in one line."""
     from capplan.calibrate.build import _NAME
-    from capplan.errors import ConfigError
 
     jobs = ccli.plan_jobs("gemma-4-31b", [ccli.Precision.FP8], [0, 2], "mtp", None, "auto",
                           [0.90], 1, encoder_scan=True)

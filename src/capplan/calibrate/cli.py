@@ -85,7 +85,9 @@ def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
     decoding times the engine core's CPU time a step (sweep.core_points); with
     `encoder_scan`, one more per timed engine without speculative decoding, with images
     allowed, times the vision encoder (sweep.encoder_points). With `repeat`
-    N, only the timed engines start, as run N of each (`--rN`), whose steps join the fit."""
+    N, only the timed engines start, as run N of each (`--rN`), whose steps join the fit, and
+    with `encoder_scan` the encoder engines as run N (`--rN--encoder`), whose picture steps
+    join the profile's draws (build.encoder_time)."""
     if tp != 1:
         raise ConfigError(f"--tp {tp}: only tensor parallel 1 is calibrated so far")
     spec = load_model_spec(model)
@@ -105,11 +107,16 @@ def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
     if spec.vision_encoder_params:
         jobs.append(Job(spec, first, kv_only=True, kv_cache_dtype=kv_cache_dtype))
     timed = [j for j in jobs if not j.kv_only]
+    if encoder_scan and not spec.vision_encoder_params:
+        raise ConfigError(f"--encoder-scan: {spec.name} has no vision encoder "
+                          "(its spec's vision_encoder_params is 0)")
+    encoders = [replace(j, encoder_scan=True, limit_images=None)
+                for j in timed if not j.spec_k] if encoder_scan else []
     if repeat:
         if repeat < 2:
             raise ConfigError(f"--repeat {repeat}: run 1 is the main run; number a repeat 2 "
                               "or more")
-        return [replace(j, repeat=repeat) for j in timed]
+        return [replace(j, repeat=repeat) for j in timed + encoders]
     if prefix_cache:
         jobs += [replace(j, prefix_cache=True) for j in timed]
     if graph_scan:
@@ -118,13 +125,7 @@ def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
         jobs += [replace(j, mixlen_scan=True) for j in timed if not j.spec_k]
     if core_scan:
         jobs += [replace(j, core_scan=True) for j in timed if not j.spec_k]
-    if encoder_scan:
-        if not spec.vision_encoder_params:
-            raise ConfigError(f"--encoder-scan: {spec.name} has no vision encoder "
-                              "(its spec's vision_encoder_params is 0)")
-        jobs += [replace(j, encoder_scan=True, limit_images=None)
-                 for j in timed if not j.spec_k]
-    return jobs
+    return jobs + encoders
 
 
 def _plan(job: Job, budget_s: float) -> dict[str, object]:
@@ -265,7 +266,8 @@ def _refit(raw: Path, out: Path, gpu: str) -> list[Path]:
               "allowed, that times its vision encoder: the profile's encoder_token_s")
 @click.option("--repeat", type=int, default=0,
               help="start only the timed engines, as run N (`<model>--<key>--rN`) of each: a "
-              "later lease's steps, fitted with the main run's")
+              "later lease's steps, fitted with the main run's (with --encoder-scan, the "
+              "encoder engines too, `--rN--encoder`)")
 def calibrate(model: str | None, precision: str, spec_tokens: str, spec_method: str,
               spec_model: str | None, kv_cache_dtype: str, utils: str, tp: int,
               budget_s: float, gpu: str, out: Path, raw: Path | None, from_raw: Path | None,
