@@ -566,6 +566,14 @@ def _traced_pictures(engine: str, folder: Path, timer: StepTimer) -> None:
     t = step_core_times(pl.read_parquet(trace_dir / f"{engine}.parquet"), meta,
                         pl.read_parquet(folder / "steps.parquet"))
     draws = np.array(timer.encoder_draws) + timer.encoder_pass_s(280, 1)
+    within = t.filter((pl.col("kind") == "piecewise") & (pl.col("prefill_reqs") > 0))
+    if len(within):
+        _, core = timer.step_times(400, 1, 400 * 200, 0)
+        _, held = timer.step_times(400, 1, 400 * 200, 0, 280)
+        print(f"  traced: the core's time a step that encodes a picture within the largest "
+              f"CUDA graph {np.median(within['core_s']) * 1e3:.1f} ms (median of "
+              f"{len(within)}); the profile holds the core {core * 1e3:.1f} ms for such a "
+              f"text step, {held * 1e3:.1f} with the picture's pass and median step")
     for run in t["run"].unique().sort():
         beyond = []
         for r in t.filter((pl.col("run") == run) & (pl.col("prefill_reqs") > 0)).iter_rows(

@@ -524,6 +524,13 @@ def test_a_step_pays_the_encoder_pass_of_its_pictures() -> None:
     assert around.step_time_s(512, 1, 512 * 256, 0) == pytest.approx(plain)
     assert around.step_time_s(512, 1, 512 * 256, 0, 280, encoder_images=1,  # one drawn
                               encoder_step_s=5e-3) == pytest.approx(plain + 42e-3)
+    # within the largest CUDA graph the core's time is its piecewise launch, and with a
+    # picture the encoder's too: vLLM runs it eagerly inside execute_model
+    _, core = around.step_times(400, 1, 400 * 200, 0)
+    work, launch = around.step_times(400, 1, 400 * 200, 0, 280, encoder_images=1,
+                                     encoder_step_s=5e-3)
+    assert core == shipped.step.core_piecewise_s > 0
+    assert launch == pytest.approx(core + 42e-3) and launch < work
 
 
 def test_a_measured_encoder_is_not_replaced_by_the_analytic_one() -> None:

@@ -661,9 +661,14 @@ class StepTimer:
         if self.k:
             passes, per_token, per_seq_later = self._draft
             extra = passes + per_token * t_pad + per_seq_later * seqs
+        encoder = 0.0
         if encoder_tokens:
             around = self._enc_step if encoder_step_s is None else encoder_step_s
-            extra += max(self.encoder_pass_s(encoder_tokens, encoder_images) + around, 0.0)
+            encoder = max(self.encoder_pass_s(encoder_tokens, encoder_images) + around, 0.0)
+            extra += encoder
         if launch:
             return t + extra, launch + extra
-        return t + extra, self._core[1] if prefill_attn else self._core[0]
+        # the encoder runs eagerly inside execute_model, the core launching its kernels
+        # (gpu_model_runner.py _execute_mm_encoder; compile_mm_encoder and
+        # cudagraph_mm_encoder off): it keeps the core as long as the GPU
+        return t + extra, (self._core[1] if prefill_attn else self._core[0]) + encoder
