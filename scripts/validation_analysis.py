@@ -541,12 +541,13 @@ def sync(engine: str = "gemma-4-31b-fp8-opens") -> None:
                     "piecewise" if tok <= 512 else "eager")
             work, launch = timer.step_times(tok, dec + r["prefill_reqs"], pf**2 / 2, dec * 600,
                                             decode_seqs=dec)
-            rows.append((kind, (up1[k] - up1[k - 1]) / 1e3, max(work, launch) * 1e3,
-                         (max(work, launch) + timer.serial_core_s) * 1e3))
-        df = pl.DataFrame(rows, schema=["kind", "took", "overlapped", "serial"], orient="row")
-        for kind, g in df.group_by("kind", maintain_order=True):
+            rows.append((kind, r["prefill_reqs"], (up1[k] - up1[k - 1]) / 1e3,
+                         max(work, launch) * 1e3, (max(work, launch) + timer.serial_core_s) * 1e3))
+        df = pl.DataFrame(rows, schema=["kind", "prefills", "took", "overlapped", "serial"],
+                          orient="row")
+        for (kind, n), g in df.group_by("kind", "prefills", maintain_order=True):
             took = g["took"].to_numpy()
-            print(f"{engine} {run} {kind[0]:9s} {len(took):4d} steps: "
+            print(f"{engine} {run} {kind:9s} {n} prefills {len(took):4d} steps: "
                   + "/".join(f"{x:.1f}" for x in np.percentile(took, [10, 50, 90]))
                   + f" ms (p10/p50/p90); priced {np.median(g['overlapped']):.1f} overlapped, "
                   f"{np.median(g['serial']):.1f} with the core's time serial (medians)")
