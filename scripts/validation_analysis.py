@@ -496,8 +496,8 @@ def pictures(engine: str = "gemma-4-31b-fp8-vision") -> None:
     prof = resolve_profile(mix.pool("vision"), load_model_spec(mix.pool("vision").model))
     median = prof.step.encoder_step_s
     extra = median + float(np.median(held - priced - base)) / 1e3
-    cases = [(f"drawn from the picture points' {len(prof.step.encoder_step_draws_s)} steps",
-              {}),
+    n = len(prof.step.encoder_step_draws_s)
+    cases = [(f"drawn from the picture points' {n} steps, in spells", {}),
              (f"{median * 1e3:+.1f} ms beyond its pass (their median)",
               {"encoder_step_draws_s": []}),
              (f"{extra * 1e3:+.1f} ms (this run's median beyond the price)",
@@ -551,6 +551,40 @@ def sync(engine: str = "gemma-4-31b-fp8-opens") -> None:
                   + "/".join(f"{x:.1f}" for x in np.percentile(took, [10, 50, 90]))
                   + f" ms (p10/p50/p90); priced {np.median(g['overlapped']):.1f} overlapped, "
                   f"{np.median(g['serial']):.1f} with the core's time serial (medians)")
+
+
+def spells(seeds: int = 8) -> None:
+    """The vision rows predicted over `seeds` seeds (arrivals and draws), with the picture
+    steps' slow and fast spells as the profile measured them and with each step drawn on its
+    own: the medians over seeds of TTFT p50, TTFT p99 and ITL p99 (twentieth session)."""
+    from capplan.profiles import resolve_profile
+
+    for folder in stored_runs():
+        if not folder.name.startswith("gemma-4-31b-fp8-vision"):
+            continue
+        run_, reqs, _ = load_run(folder)
+        prof = resolve_profile(run_.pool, load_model_spec(run_.pool.model))
+        alone = prof.model_copy(update={"step": prof.step.model_copy(
+            update={"encoder_slow_spell_s": 0.0, "encoder_fast_spell_s": 0.0})})
+        for exp in run_.experiments:
+            if not exp.name.startswith("vision-of"):
+                continue
+            mix = run_.mix(exp)
+            got = reqs.filter(pl.col("run") == exp.name)
+            measured = [float(np.percentile(got["ttft_s"], q)) * 1e3 for q in (50, 99)]
+            out = []
+            for p in (prof, alone):
+                figs = []
+                for s in range(seeds):
+                    m = mix.model_copy(update={"simulation": mix.simulation.model_copy(
+                        update={"seed": exp.seed + s})})
+                    w = simulate(m, "validate", 1, profile=p).workload(exp.workloads[0].name)
+                    figs.append((w.ttft_p50_s * 1e3, w.ttft_p99_s * 1e3, w.itl_p99_s * 1e3))
+                out.append(np.median(np.array(figs), axis=0))
+            print(f"{folder.name} {exp.name}: TTFT p50 / p99 measured {measured[0]:.1f} / "
+                  f"{measured[1]:.1f} ms; over {seeds} seeds, in spells "
+                  f"{out[0][0]:.1f} / {out[0][1]:.1f} (ITL p99 {out[0][2]:.1f}), each drawn "
+                  f"on its own {out[1][0]:.1f} / {out[1][1]:.1f} (ITL p99 {out[1][2]:.1f})")
 
 
 def _traced_pictures(engine: str, folder: Path, timer: StepTimer) -> None:
@@ -1516,7 +1550,7 @@ def main() -> None:
         "seeds": lambda: seeds(rows), "noise": lambda: noise(rows), "steps": steps,
         "trial": trial, "idle": idle, "graph": graph, "gemma": gemma, "prefix": prefix,
         "waves": waves, "band": band, "rules": rules, "gaps": gaps, "loop": loop,
-        "tried": tried, "core": core, "wake": wake, "spread": spread,
+        "tried": tried, "core": core, "wake": wake, "spread": spread, "spells": spells,
     }
     for name in what:
         if name not in commands:

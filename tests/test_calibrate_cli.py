@@ -468,6 +468,26 @@ def test_picture_points_keep_every_step_for_the_simulator_to_draw(tmp_path: Path
     assert enc["encoder_step_s"] * 1e3 == pytest.approx((140.0 + 190.0) / 2 - 60.0 - pass_ms,
                                                         abs=0.02)
     assert "drawn a step at a time from its 4 steps" in note
+    # fast, slow, fast, slow, 4 s apart: the split between 140 and 190 ms, each spell 4 s
+    assert enc["encoder_slow_above_s"] * 1e3 == pytest.approx(165.0 - 60.0 - pass_ms, abs=0.02)
+    assert (enc["encoder_slow_spell_s"], enc["encoder_fast_spell_s"]) == pytest.approx((4.0, 4.0))
+    assert "2 of them" in note and "slow spells of 4.00 s" in note
+
+
+def test_spells_are_split_where_the_sample_splits_and_timed_as_they_end() -> None:
+    """fit.slow_above splits a two-speed sample between its speeds; fit.spell_lengths is
+    each state's time between observations over the times it ended, skipping gaps of
+    SPELL_GAP_S or more, and 0, 0 where a state never ended."""
+    from capplan.calibrate import fit as F
+
+    assert F.slow_above([0.01, 0.012, 0.011, 0.05, 0.052, 0.009]) == pytest.approx(0.031)
+    seq = [(0.0, 0.0), (1.0, 0.1), (2.0, 0.1), (3.0, 0.0), (4.0, 0.0), (5.0, 0.1)]
+    slow, fast = F.spell_lengths([seq], 0.05)  # slow 2 s, ended once; fast 3 s, twice
+    assert (slow, fast) == pytest.approx((2.0, 1.5))
+    far = [(0.0, 0.0), (1.0, 0.1), (2.0, 0.1), (3.0, 0.0), (50.0, 0.0), (51.0, 0.1),
+           (52.0, 0.0)]  # 3 -> 50 s says nothing: slow 3 s over 2 ends, fast 2 s over 2
+    assert F.spell_lengths([far], 0.05) == pytest.approx((1.5, 1.0))
+    assert F.spell_lengths([[(0.0, 0.0), (1.0, 0.0)]], 0.05) == (0.0, 0.0)
 
 
 def test_every_encoder_run_of_an_engine_counts(tmp_path: Path) -> None:

@@ -45,7 +45,8 @@ def test_profile_loads_with_complete_provenance(d: Path) -> None:
 
 
 ENCODER = ("encoder_token_s", "encoder_token2_s", "encoder_floor_s", "encoder_step_s",
-           "encoder_step_draws_s")
+           "encoder_step_draws_s", "encoder_slow_above_s", "encoder_slow_spell_s",
+           "encoder_fast_spell_s")
 
 
 @pytest.mark.parametrize("d", PROFILES, ids=IDS)

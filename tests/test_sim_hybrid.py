@@ -763,12 +763,14 @@ def test_each_pictures_step_draws_its_cost_around_the_pass() -> None:
     as often, and the same seed draws the same; without draws every step pays
     encoder_step_s."""
     pic = {"images_per_request": 1, "tokens_per_image": 280}
-    drawn = _picture_ttfts(300, pic, {"encoder_step_s": 0.05, "encoder_step_draws_s": [0.0, 0.1]})
+    alone = {"encoder_step_s": 0.05, "encoder_step_draws_s": [0.0, 0.1],
+             "encoder_slow_spell_s": 0.0, "encoder_fast_spell_s": 0.0}
+    drawn = _picture_ttfts(300, pic, alone)
     low = float(drawn.min())
     assert float(drawn.max()) - low == pytest.approx(0.1, abs=1e-3)
     high = int((drawn > low + 0.05).sum())
     assert 0.3 < high / len(drawn) < 0.7 and len(drawn) > 50
-    again = _picture_ttfts(300, pic, {"encoder_step_s": 0.05, "encoder_step_draws_s": [0.0, 0.1]})
+    again = _picture_ttfts(300, pic, alone)
     assert again.to_list() == drawn.to_list()
     median = _picture_ttfts(300, pic, {"encoder_step_s": 0.05, "encoder_step_draws_s": []})
     assert float(median.max() - median.min()) < 1e-3
@@ -824,3 +826,27 @@ def test_without_async_scheduling_each_step_adds_the_cores_own_time() -> None:
     serial = StepTimer(prof, max_num_seqs=256, max_num_batched_tokens=8192).serial_core_s
     assert serial == prof.step.core_graph_s > 0
     assert itl_p50(False) - itl_p50(True) == pytest.approx(serial, abs=0.1e-3)
+
+
+def test_picture_steps_come_in_spells_of_the_measured_length() -> None:
+    """PictureDraws with spells: draws close in time come from one spell (a burst of
+    pictures meets one), the slow spell's share of the time is slow / (slow + fast), and
+    the same seed draws the same; without spell lengths every draw is independent."""
+    import numpy as np
+
+    from capplan.sim.replica import PictureDraws
+
+    draws = (0.0, 0.001, 0.1, 0.101)
+
+    def run(spells: tuple[float, float, float], seed: int = 0) -> list[float]:
+        pd = PictureDraws(draws, np.random.default_rng(seed), spells)
+        return [pd.draw(t * 0.01) for t in range(200_000)]  # every 10 ms for 2,000 s
+
+    got = np.array(run((0.05, 3.0, 1.0)))
+    slow = got > 0.05
+    assert np.mean(slow) == pytest.approx(0.75, abs=0.05)
+    # two spells end every 3 + 1 s: 0.005 of the 10 ms steps change spell
+    assert np.mean(slow[1:] != slow[:-1]) == pytest.approx(0.01 * 2 / 4.0, rel=0.15)
+    assert run((0.05, 3.0, 1.0)) == got.tolist()
+    alone = np.array(run((0.0, 0.0, 0.0))) > 0.05
+    assert np.mean(alone[1:] != alone[:-1]) == pytest.approx(0.5, abs=0.02)

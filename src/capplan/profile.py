@@ -214,6 +214,19 @@ class StepModel(BaseModel):
         "step took ~35-60 or ~75-105 ms beyond its twin on the H200, in spells; empty: "
         "every such step pays `encoder_step_s`",
     )
+    encoder_slow_above_s: float = Field(
+        default=0.0,
+        description="where `encoder_step_draws_s` splits into the fast spell's and the slow "
+        "spell's (fit.slow_above)",
+    )
+    encoder_slow_spell_s: float = Field(
+        default=0.0, ge=0,
+        description="how long a slow spell of picture steps lasts, on average (fit.spell_lengths: "
+        "the picture points' steps in time order); 0: each step is drawn on its own",
+    )
+    encoder_fast_spell_s: float = Field(
+        default=0.0, ge=0, description="how long a fast spell lasts, on average",
+    )
     prefill_step_s: float = Field(
         default=0.0, ge=0,
         description="per step holding a prefill chunk: vLLM replays full CUDA graphs only "
@@ -491,6 +504,7 @@ class StepTimer:
         "_window",
         "box",
         "encoder_draws",
+        "encoder_spells",
         "extrapolated_steps",
         "k",
         "strict",
@@ -514,6 +528,9 @@ class StepTimer:
         self._enc = (s.encoder_token_s, s.encoder_token2_s, s.encoder_floor_s)
         self._enc_step = s.encoder_step_s
         self.encoder_draws = tuple(s.encoder_step_draws_s)
+        # the draws' slow spell: where it starts, and the spells' mean lengths (0: none)
+        self.encoder_spells = (s.encoder_slow_above_s, s.encoder_slow_spell_s,
+                               s.encoder_fast_spell_s)
         self._shared = s.decode_ctx_s * s.shared_ctx_saving
         self._prefill_step = s.prefill_step_s
         self._eager = s.eager_step_s

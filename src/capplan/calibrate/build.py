@@ -171,6 +171,7 @@ def encoder_time(raw: Path, g: Group) -> tuple[dict[str, Any] | None, str]:
     secs = sum(x for x in seconds if x) or None
     draws: list[float] = []
     points: list[dict[str, Any]] = []
+    sequences: list[list[tuple[float, float]]] = []
     for run, path in zip(runs, paths, strict=True):
         assert path is not None
         try:  # the picture points' steps (scans from the nineteenth session on)
@@ -180,13 +181,24 @@ def encoder_time(raw: Path, g: Group) -> tuple[dict[str, Any] | None, str]:
         if pictures:
             draws += pictures.draws_s
             points += [{"run": run, **p} for p in pictures.points]
+            sequences.append(pictures.sequence)
     out = {"run": runs[0], "runs": runs, "encoder_token_s": fitted.token_s,
            "encoder_token2_s": fitted.token2_s, "encoder_floor_s": fitted.floor_s,
            "gpu_seconds": secs, "points": fitted.points}
     step_s = max(0.0, float(np.median(draws))) if draws else 0.0
+    spells = ""
     if draws:
+        above = F.slow_above(draws)
+        slow_s, fast_s = F.spell_lengths(sequences, above)
         out |= {"encoder_step_s": step_s, "encoder_step_draws_s": sorted(draws),
                 "picture_points": points}
+        if slow_s:
+            out |= {"encoder_slow_above_s": round(above, 5),
+                    "encoder_slow_spell_s": round(slow_s, 4),
+                    "encoder_fast_spell_s": round(fast_s, 4)}
+            slow = sum(d > above for d in draws)
+            spells = (f"; {slow} of them, past {above * 1e3:.1f} ms, in slow spells of "
+                      f"{slow_s:.2f} s on average, between fast ones of {fast_s:.2f} s")
     note = (f"vision encoder {fitted.token_s * 1e6:.1f} us an image token + "
             f"{fitted.token2_s * 1e9:.1f} ns a token squared a picture, a pass at least "
             f"{fitted.floor_s * 1e3:.1f} ms ({fitted.pass_s(1, size) * 1e3:.1f} ms for one "
@@ -194,8 +206,8 @@ def encoder_time(raw: Path, g: Group) -> tuple[dict[str, Any] | None, str]:
             f"picture in eights)"
             + (f"; a step that encodes one {step_s * 1e3:.1f} ms more (median; "
                f"{_spread_ms(draws)} ms p10 / p90, drawn a step at a time from its "
-               f"{len(draws)} steps), from its picture points against their text twins"
-               if draws else "")
+               f"{len(draws)} steps{spells}), from its picture points against their text "
+               "twins" if draws else "")
             + " from " + (runs[0] if len(runs) == 1 else
                           f"{', '.join(runs[:-1])} and {runs[-1]}")
             + (f" ({secs / 60:.1f} GPU-minutes more, engine start included)" if secs else ""))
@@ -533,7 +545,8 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     if encoder is not None:
         step = step.model_copy(update={k: encoder[k] for k in (
             "encoder_token_s", "encoder_token2_s", "encoder_floor_s", "encoder_step_s",
-            "encoder_step_draws_s") if k in encoder})
+            "encoder_step_draws_s", "encoder_slow_above_s", "encoder_slow_spell_s",
+            "encoder_fast_spell_s") if k in encoder})
         notes.append(note)
     core, note = core_time(raw, g, df, eng)
     if core is not None:

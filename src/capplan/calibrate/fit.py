@@ -373,6 +373,8 @@ class PictureSteps:
 
     draws_s: list[float]
     points: list[dict[str, Any]]
+    # each encoding step's start (the run's clock, s) and its figure, in time order
+    sequence: list[tuple[float, float]]
 
 
 def picture_steps(df: pl.DataFrame, scan: EncoderScan) -> PictureSteps | None:
@@ -387,7 +389,9 @@ def picture_steps(df: pl.DataFrame, scan: EncoderScan) -> PictureSteps | None:
     df = df.filter(~pl.col("warmup"))
     if "encoder_tokens" not in df.columns:
         return None
-    rows, draws = [], []
+    rows: list[dict[str, Any]] = []
+    draws: list[float] = []
+    sequence: list[tuple[float, float]] = []
     for pid in sorted(p for p in df["point"].unique() if p.startswith("picture-")
                       and "-i0" not in p):
         twin = pid.replace("-i1", "-i0")
@@ -403,6 +407,7 @@ def picture_steps(df: pl.DataFrame, scan: EncoderScan) -> PictureSteps | None:
         pass_s = scan.pass_s(1, tokens)
         beyond = pic["step_s"].to_numpy() - txt_s - pass_s
         draws += beyond.tolist()
+        sequence += zip(pic["t_sched0"].to_list(), beyond.tolist(), strict=True)
         p10, p50, p90 = np.percentile(beyond, [10, 50, 90]) * 1e3
         rows.append({"point": pid, "twin": twin, "steps": pic.height,
                      "twin_steps": txt.height, "image_tokens": tokens,
@@ -412,7 +417,45 @@ def picture_steps(df: pl.DataFrame, scan: EncoderScan) -> PictureSteps | None:
                      "beyond_pass_p10_p90_ms": [round(float(p10), 3), round(float(p90), 3)]})
     if not rows:
         return None
-    return PictureSteps(sorted(round(d, 5) for d in draws), rows)
+    return PictureSteps(sorted(round(d, 5) for d in draws), rows, sorted(sequence))
+
+
+SPELL_GAP_S = 10.0
+"""Observations of a run's picture steps further apart than this say nothing of the spell
+between them (another engine's points ran there)."""
+
+
+def slow_above(draws: list[float]) -> float:
+    """Where a sample of picture steps (StepModel.encoder_step_draws_s) splits into its fast
+    and slow spells: the split of the sorted sample that leaves the least variance within
+    the two sides (Otsu's threshold, in one dimension), halfway between them."""
+    x = np.sort(np.asarray(draws, dtype=float))
+    if len(x) < 2:
+        return float("inf")
+    cost = [x[:i].var() * i + x[i:].var() * (len(x) - i) for i in range(1, len(x))]
+    i = int(np.argmin(cost)) + 1
+    return float((x[i - 1] + x[i]) / 2)
+
+
+def spell_lengths(sequences: list[list[tuple[float, float]]],
+                  above: float) -> tuple[float, float]:
+    """The mean length (s) of a slow spell and of a fast one, from runs' picture steps in
+    time order (PictureSteps.sequence), a step slow past `above`: each state's time between
+    consecutive steps over the times the state ended, as for a two-state Markov process
+    observed at those instants (steps SPELL_GAP_S or more apart are not counted). 0, 0
+    where no spell ended."""
+    time = {True: 0.0, False: 0.0}
+    ended = {True: 0, False: 0}
+    for seq in sequences:
+        for (t0, d0), (t1, d1) in pairwise(seq):
+            if t1 - t0 >= SPELL_GAP_S:
+                continue
+            slow0, slow1 = d0 > above, d1 > above
+            time[slow0] += t1 - t0
+            ended[slow0] += slow0 != slow1
+    if not ended[True] or not ended[False]:
+        return 0.0, 0.0
+    return time[True] / ended[True], time[False] / ended[False]
 
 
 @dataclass

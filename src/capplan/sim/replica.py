@@ -34,7 +34,7 @@ and with `simulation.core_spread` each step's launch is drawn as the median x ex
 launches, waits for the step's tokens and updates from them in turn (vllm/v1/engine/core.py
 EngineCore.step), so its own time a step adds to the step's (`StepTimer.serial_core_s`).
 A step that encodes a picture pays one of the profile's measured picture steps around the
-encoder's pass, drawn (PictureDraws).
+encoder's pass, drawn in the replica's own slow and fast spells (PictureDraws).
 """
 
 from __future__ import annotations
@@ -137,16 +137,32 @@ class LaunchSpread:
 class PictureDraws:
     """What each step that encodes a picture costs around the encoder's pass: one of the
     profile's measured steps (StepModel.encoder_step_draws_s), drawn from the replica's own
-    stream."""
+    stream. Where the profile measured how long the slow and fast spells last
+    (`encoder_slow_spell_s`, `encoder_fast_spell_s`), the replica is in one or the other,
+    each lasting an exponential time of that mean, starting in the slow one as often as the
+    spells' lengths say, and draws among that spell's steps (those past, or not past,
+    `encoder_slow_above_s`): a burst of pictures meets one spell, as served."""
 
-    __slots__ = ("_draws", "_rng")
+    __slots__ = ("_fast", "_means", "_rng", "_slow", "_slow_now", "_until")
 
-    def __init__(self, draws: tuple[float, ...], rng: np.random.Generator) -> None:
-        self._draws = draws
+    def __init__(self, draws: tuple[float, ...], rng: np.random.Generator,
+                 spells: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> None:
+        above, slow_s, fast_s = spells
         self._rng = rng
+        self._slow = tuple(d for d in draws if d > above)
+        self._fast = tuple(d for d in draws if d <= above)
+        self._means = (fast_s, slow_s)
+        if not (slow_s and fast_s and self._slow and self._fast):  # drawn on their own
+            self._slow, self._fast, self._means = draws, draws, (math.inf, math.inf)
+        self._slow_now = bool(rng.random() < slow_s / (slow_s + fast_s)) if slow_s else False
+        self._until = float(rng.exponential(self._means[self._slow_now]))
 
-    def draw(self) -> float:
-        return self._draws[int(self._rng.integers(len(self._draws)))]
+    def draw(self, now: float) -> float:
+        while self._until <= now:
+            self._slow_now = not self._slow_now
+            self._until += float(self._rng.exponential(self._means[self._slow_now]))
+        pool = self._slow if self._slow_now else self._fast
+        return pool[int(self._rng.integers(len(pool)))]
 
 
 class Replica:
@@ -264,7 +280,7 @@ class Replica:
                 prefill_attn_window=plan.prefill_attn_w,
                 shared_ctx=int(plan.shared_ctx),
                 encoder_images=plan.encoder_images,
-                encoder_step_s=(self.pictures.draw()
+                encoder_step_s=(self.pictures.draw(now)
                                 if plan.encoder_tokens and self.pictures is not None else None),
             )
             if self.spread is not None and launch:

@@ -332,7 +332,8 @@ class _Run:
                 OutputJitter(jitter, np.random.default_rng([seed, 4, i])) if jitter else None,
                 LaunchSpread(np.random.default_rng([seed, 5, i]))
                 if mix.simulation.core_spread else None,
-                PictureDraws(timer.encoder_draws, np.random.default_rng([seed, 6, i]))
+                PictureDraws(timer.encoder_draws, np.random.default_rng([seed, 6, i]),
+                             timer.encoder_spells)
                 if timer.encoder_draws else None,
             ))
         self.router = Router(st.pool.router, self.replicas)
