@@ -615,10 +615,14 @@ def pictures() -> None:
                   + "/".join(f"{x:.1f}" for x in q) + " ms (p10/p50/p90), "
                   + "".join("S" if b > SLOW_SPELL_MS else "." for b in beyond))
     d = np.array(prof.step.encoder_step_draws_s) * 1e3
+    st = prof.step
     print(f"== the profile: a pass of {pass_ms:.1f} ms, and around it {len(d)} draws, median "
-          f"{prof.step.encoder_step_s * 1e3:.1f} ms; beyond the text twin "
+          f"{st.encoder_step_s * 1e3:.1f} ms; beyond the text twin "
           + "/".join(f"{x:.1f}" for x in np.percentile(d + pass_ms, [10, 50, 90]))
-          + f" ms (p10/p50/p90), {np.mean(d + pass_ms > SLOW_SPELL_MS):.0%} in a slow spell")
+          + f" ms (p10/p50/p90), {np.mean(d + pass_ms > SLOW_SPELL_MS):.0%} in a slow spell; "
+          f"split past {st.encoder_slow_above_s * 1e3:.1f} ms beyond the pass "
+          f"({np.sum(d > st.encoder_slow_above_s * 1e3)} slow), spells of "
+          f"{st.encoder_slow_spell_s:.2f} s slow and {st.encoder_fast_spell_s:.2f} s fast")
 
 
 def kvstarts() -> None:
