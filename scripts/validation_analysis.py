@@ -482,6 +482,9 @@ def pictures(engine: str = "gemma-4-31b-fp8-vision") -> None:
           + f" ms (the step, encoder pass {timer.encoder_pass_s(280, 1) * 1e3:.1f} ms "
           f"included, plus one decode-only step). By the largest CUDA graph (512 tokens): "
           + _split(held, priced + base, tokens[at] + dec[at] <= 512))
+    prompts = pre[pre > 0]
+    print(f"  {run}: {len(prompts)} steps with a prompt, {int((prompts > 1).sum())} of them "
+          "with more than one")
     _traced_pictures(engine, folder, timer)
     wait = steps["wait_ms"].to_numpy()
     print(f"  the core's wait for the GPU in the record before such a step: median "
