@@ -1024,6 +1024,35 @@ def spread() -> None:
             f"{p.pool} {p.gpus} GPUs (margin {p.binding_margin:.1%})" for p in plan.pools))
 
 
+def drift() -> None:
+    """The twentieth session's look at how the serving core's time a step varies in time:
+    for each traced engine of the eighteenth session, each kind of step's log core time less
+    what its composition explains (least squares on tokens, decodes and prompts), and that
+    residual's autocorrelation a few steps and many steps apart (simulation.core_spread
+    draws each step on its own)."""
+    from capplan.validate.corelaunch import step_core_times
+
+    trace_dir = ROOT / "validation" / "logs" / "s18-coretrace"
+    for meta_path in sorted(trace_dir.glob("*.json")):
+        engine = meta_path.stem
+        folder = next(p for p in stored_runs() if p.name == engine)
+        t = step_core_times(pl.read_parquet(trace_dir / f"{engine}.parquet"),
+                            json.loads(meta_path.read_text()),
+                            pl.read_parquet(folder / "steps.parquet"))
+        for (run, kind), sub in t.group_by("run", "kind", maintain_order=True):
+            if len(sub) < 500:
+                continue
+            y = np.log(sub["core_s"].to_numpy())
+            x = np.column_stack([np.ones(len(sub))] + [sub[c].to_numpy().astype(float)
+                                 for c in ("tokens", "decode_reqs", "prefill_reqs")])
+            resid = y - x @ np.linalg.lstsq(x, y, rcond=None)[0]
+            lags = (1, 10, 50, 200)
+            ac = [float(np.corrcoef(resid[:-k], resid[k:])[0, 1]) for k in lags]
+            at = ", ".join(f"{a:+.2f} at {k}" for a, k in zip(ac, lags, strict=True))
+            print(f"  {engine} {run} {kind}: {len(sub)} steps, residual sd {resid.std():.3f}; "
+                  f"autocorrelation {at}")
+
+
 GAP_ROWS = (("llama-3.1-8b-bf16-waves", "chat-c32-r2"), ("llama-3.1-8b-fp8", "chat-p44"),
             ("llama-3.1-8b-fp8-loop", "prefix90-on-c32"),
             ("llama-3.1-8b-bf16-loop", "prefix90-on-c32"),
@@ -1554,6 +1583,7 @@ def main() -> None:
         "trial": trial, "idle": idle, "graph": graph, "gemma": gemma, "prefix": prefix,
         "waves": waves, "band": band, "rules": rules, "gaps": gaps, "loop": loop,
         "tried": tried, "core": core, "wake": wake, "spread": spread, "spells": spells,
+        "drift": drift,
     }
     for name in what:
         if name not in commands:
