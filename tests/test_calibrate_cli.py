@@ -581,3 +581,18 @@ def test_a_measured_encoder_is_not_replaced_by_the_analytic_one() -> None:
     out = _with_encoder(bf16, pool, spec, None)
     assert out.step.encoder_token_s == 20e-6
     assert out.provenance.analytic_terms == ("x", "image KV reservation")
+
+
+def test_the_core_spread_scales_the_cores_time_not_a_pictures() -> None:
+    """StepTimer.step_times' launch_factor (simulation.core_spread) scales the core's own
+    time, within the largest CUDA graph and past it, but not the encoder's pass and the
+    picture's drawn step, whose spread the draws carry; the GPU's work is not scaled."""
+    shipped = Profile.load(store.CALIBRATION_DIR / "h200" / "vllm-0.26.0" / "gemma-4-31b"
+                           / "fp8" / "profile.json")
+    t = StepTimer(shipped, max_num_seqs=256, max_num_batched_tokens=8192)
+    for tokens in (400, 600):  # piecewise, and past the largest graph
+        work, launch = t.step_times(tokens, 1, tokens**2 / 2, 0, 280, encoder_step_s=0.05)
+        work2, launch2 = t.step_times(tokens, 1, tokens**2 / 2, 0, 280, encoder_step_s=0.05,
+                                      launch_factor=2.0)
+        encoder = t.encoder_pass_s(280, 1) + 0.05
+        assert work2 == work and launch2 - encoder == pytest.approx(2 * (launch - encoder))

@@ -617,6 +617,7 @@ class StepTimer:
         shared_ctx: int = 0,
         encoder_images: int = 1,
         encoder_step_s: float | None = None,
+        launch_factor: float = 1.0,
     ) -> tuple[float, float]:
         """(work, launch) seconds of one engine step of this composition. `launch` is the
         engine core's own time for the step, during which it can neither schedule nor hand
@@ -632,7 +633,9 @@ class StepTimer:
         tokens read in common with another running request (at most `decode_ctx` count).
         `encoder_tokens` are the image tokens of the `encoder_images` pictures whose vision
         encoder runs in this step (`encoder_pass_s`); the step around the pass costs
-        `encoder_step_s`, the profile's median unless given (one of its draws)."""
+        `encoder_step_s`, the profile's median unless given (one of its draws).
+        `launch_factor` scales the core's own time (simulation.core_spread), not the
+        encoder's, whose spread its draws carry."""
         fixed, per_tok, knee, p_attn, d_ctx, per_seq = self._c
         max_tokens, max_seqs, max_context = self._box
         if tokens > max_tokens or seqs > max_seqs or (seqs and decode_ctx > max_context * seqs):
@@ -682,10 +685,10 @@ class StepTimer:
         if encoder_tokens:
             around = self._enc_step if encoder_step_s is None else encoder_step_s
             encoder = max(self.encoder_pass_s(encoder_tokens, encoder_images) + around, 0.0)
-            extra += encoder
         if launch:
-            return t + extra, launch + extra
+            return t + extra + encoder, (launch + extra) * launch_factor + encoder
         # the encoder runs eagerly inside execute_model, the core launching its kernels
         # (gpu_model_runner.py _execute_mm_encoder; compile_mm_encoder and
         # cudagraph_mm_encoder off): it keeps the core as long as the GPU
-        return t + extra, (self._core[1] if prefill_attn else self._core[0]) + encoder
+        core = self._core[1] if prefill_attn else self._core[0]
+        return t + extra + encoder, core * launch_factor + encoder

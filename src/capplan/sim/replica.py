@@ -270,6 +270,11 @@ class Replica:
                     continue  # a step that only preempted: vLLM's busy loop schedules again
                 break
             seqs = len(plan.reqs) + plan.cohort_size
+            factor = 1.0
+            if self.spread is not None:
+                sigma = self.timer.launch_sigma(plan.total_tokens, plan.prefill_seqs > 0)
+                if sigma:
+                    factor = self.spread.factor(sigma)
             work, launch = self.timer.step_times(
                 plan.total_tokens,
                 seqs,
@@ -282,11 +287,8 @@ class Replica:
                 encoder_images=plan.encoder_images,
                 encoder_step_s=(self.pictures.draw(now)
                                 if plan.encoder_tokens and self.pictures is not None else None),
+                launch_factor=factor,
             )
-            if self.spread is not None and launch:
-                sigma = self.timer.launch_sigma(plan.total_tokens, plan.prefill_seqs > 0)
-                if sigma:
-                    launch *= self.spread.factor(sigma)
             if self._serial:
                 work += self._serial
                 launch += self._serial
