@@ -30,6 +30,8 @@ core's launch, the GPU's end) against their price (docs/validation.md, eighteent
 the time the steps that encode one hold the decodes, against their price (nineteenth session),
 and where the engine's core was traced, each such step beyond its text price against the
 profile's pass and draws (twentieth session).
+`spread [RHO]` the core-time spread on the whole suite, drawn step by step or, with RHO,
+drifting (twentieth session; `drift` measures the drift).
 `sync [ENGINE]` a traced engine without asynchronous scheduling: each kind of step's period
 against its price, overlapped and with the core's time serial (twentieth session).
 `pair ENGINE` pairs each request of an engine's open-loop experiment with its prediction
@@ -980,23 +982,42 @@ def rules() -> None:
         replica.ENGINE_WAKE_S, suite.HARNESS_SEND_S = kept
 
 
-def spread() -> None:
+class _Drifting:
+    """A core-time factor exp(sigma z) whose z drifts: z' = rho z + sqrt(1 - rho^2) e, e
+    standard normal, a step at a time (the twentieth session's try of a spread that drifts,
+    as `drift` measured it, in place of sim/replica.py LaunchSpread)."""
+
+    def __init__(self, rng: np.random.Generator, rho: float) -> None:
+        self.rng, self.rho = rng, rho
+        self.z = float(rng.standard_normal())
+
+    def factor(self, sigma: float) -> float:
+        e = float(self.rng.standard_normal())
+        self.z = self.rho * self.z + (1 - self.rho**2) ** 0.5 * e
+        return float(np.exp(sigma * self.z))
+
+
+def spread(rho: str = "0") -> None:
     """The sixteenth session's core-time spread (simulation.core_spread, sim/replica.py
     LaunchSpread) tried on the whole suite: rows within target and the mean absolute error
     (errors capped at 200 %) with it off and on, on three noise streams (the stream's key
-    [seed, 5, i], then 6 and 7); then the production plan with it on."""
+    [seed, 5, i], then 6 and 7); then the production plan with it on. With RHO > 0 (`spread
+    0.6`), a spread that drifts from step to step with that autocorrelation instead
+    (`_Drifting`, twentieth session)."""
     import capplan.sim.run as simrun
     import capplan.validate.suite as suite
 
     targets = {"output_tok_s": .05, "ttft_p50_s": .05, "ttft_p99_s": .10, "itl_p50_s": .05,
                "itl_p99_s": .10, "e2e_p99_s": .10}
     made = simrun.LaunchSpread
+    r = float(rho)
 
     def keyed(key: int) -> Callable[[np.random.Generator], Any]:
         def make(rng: np.random.Generator) -> Any:
             # the same replica's stream under another key: [seed, key, i] for [seed, 5, i]
             seed = rng.bit_generator.seed_seq.entropy  # type: ignore[attr-defined]
-            return made(np.random.default_rng([seed[0], key, seed[2]]))
+            stream = np.random.default_rng([seed[0], key, seed[2]])
+            return _Drifting(stream, r) if r else made(stream)
         return make
 
     try:
@@ -1571,10 +1592,10 @@ def main() -> None:
     if sys.argv[1:2] == ["pair"]:
         pair(sys.argv[2])
         return
-    of_an_engine: dict[str, Callable[..., None]] = {
-        "reach": reach, "eager": eager, "pictures": pictures, "sync": sync}
-    if sys.argv[1:2] and sys.argv[1] in of_an_engine:  # [ENGINE]
-        of_an_engine[sys.argv[1]](*sys.argv[2:3])
+    with_an_argument: dict[str, Callable[..., None]] = {
+        "reach": reach, "eager": eager, "pictures": pictures, "sync": sync, "spread": spread}
+    if sys.argv[1:2] and sys.argv[1] in with_an_argument:  # [ENGINE], or spread's [RHO]
+        with_an_argument[sys.argv[1]](*sys.argv[2:3])
         return
     what = sys.argv[1:] or ["seeds", "noise", "steps"]
     rows = _rows() if {"seeds", "noise"} & set(what) else {}
