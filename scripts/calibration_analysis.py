@@ -604,10 +604,7 @@ def pictures() -> None:
             continue
         for pid in sorted(p for p in df["point"].unique() if p.startswith("picture-")
                           and "-i0" not in p):
-            pic = df.filter((pl.col("point") == pid) & (pl.col("encoder_tokens") > 0))
-            txt = df.filter((pl.col("point") == pid.replace("-i1", "-i0"))
-                            & (pl.col("prefill_seqs") == 1) & (pl.col("prefill_tokens") > 0))
-            txt = txt.filter(pl.col("prefill_tokens") == txt["prefill_tokens"].min())
+            pic, txt = F.picture_and_twin(df, pid)
             twin = float(txt["step_s"].median()) * 1e3  # type: ignore[arg-type]
             beyond = pic.sort("step")["step_s"].to_numpy() * 1e3 - twin
             q = np.percentile(beyond, [10, 50, 90])

@@ -414,6 +414,17 @@ def _run_timer(folder: Path) -> StepTimer:
                      max_num_batched_tokens=eng.max_num_batched_tokens)
 
 
+def _stored_trace(engine: str) -> tuple[pl.DataFrame, dict[str, Any]] | None:
+    """A traced engine's core trace as stored under validation/logs/s*-coretrace
+    (`capplan validate ingest --core-traces`) and its json, or None."""
+    trace_dir = next((d for d in sorted((ROOT / "validation" / "logs").glob("s*-coretrace"))
+                      if (d / f"{engine}.json").exists()), None)
+    if trace_dir is None:
+        return None
+    return (pl.read_parquet(trace_dir / f"{engine}.parquet"),
+            json.loads((trace_dir / f"{engine}.json").read_text()))
+
+
 def eager(engine: str = "gemma-4-31b-fp8-opent") -> None:
     """A traced serving engine's steps past the largest CUDA graph (`step_core_times`): how
     long the core's execute_model takes to launch one, and when the GPU ends it after the
@@ -422,11 +433,9 @@ def eager(engine: str = "gemma-4-31b-fp8-opent") -> None:
     from capplan.validate.corelaunch import step_core_times
 
     folder = next(p for p in stored_runs() if p.name == engine)
-    trace_dir = next(d for d in sorted((ROOT / "validation" / "logs").glob("s*-coretrace"))
-                     if (d / f"{engine}.json").exists())
-    meta = json.loads((trace_dir / f"{engine}.json").read_text())
-    t = step_core_times(pl.read_parquet(trace_dir / f"{engine}.parquet"), meta,
-                        pl.read_parquet(folder / "steps.parquet"))
+    stored = _stored_trace(engine)
+    assert stored is not None, f"{engine}: no stored core trace"
+    t = step_core_times(*stored, pl.read_parquet(folder / "steps.parquet"))
     e = t.filter(pl.col("kind") == "eager")
     timer = _run_timer(folder)
     launch = e["execute_s"].to_numpy() * 1e3
@@ -524,10 +533,9 @@ def sync(engine: str = "gemma-4-31b-fp8-opens") -> None:
     from capplan.validate.corelaunch import core_process, spans
 
     folder = next(p for p in stored_runs() if p.name == engine)
-    trace_dir = next(d for d in sorted((ROOT / "validation" / "logs").glob("s*-coretrace"))
-                     if (d / f"{engine}.json").exists())
-    meta = json.loads((trace_dir / f"{engine}.json").read_text())
-    trace = core_process(pl.read_parquet(trace_dir / f"{engine}.parquet"))
+    stored = _stored_trace(engine)
+    assert stored is not None, f"{engine}: no stored core trace"
+    trace, meta = core_process(stored[0]), stored[1]
     _, up1 = spans(trace, "update_from_output")
     timer = _run_timer(folder)
     steps = pl.read_parquet(folder / "steps.parquet")
@@ -598,13 +606,10 @@ def _traced_pictures(engine: str, folder: Path, timer: StepTimer) -> None:
     picture, against the profile's pass plus its draws (calibration_analysis.py pictures)."""
     from capplan.validate.corelaunch import step_core_times
 
-    trace_dir = next((d for d in sorted((ROOT / "validation" / "logs").glob("s*-coretrace"))
-                      if (d / f"{engine}.json").exists()), None)
-    if trace_dir is None:
+    stored = _stored_trace(engine)
+    if stored is None:
         return
-    meta = json.loads((trace_dir / f"{engine}.json").read_text())
-    t = step_core_times(pl.read_parquet(trace_dir / f"{engine}.parquet"), meta,
-                        pl.read_parquet(folder / "steps.parquet"))
+    t = step_core_times(*stored, pl.read_parquet(folder / "steps.parquet"))
     draws = np.array(timer.encoder_draws) + timer.encoder_pass_s(280, 1)
     within = t.filter((pl.col("kind") == "piecewise") & (pl.col("prefill_reqs") > 0))
     if len(within):

@@ -377,6 +377,17 @@ class PictureSteps:
     sequence: list[tuple[float, float]]
 
 
+def picture_and_twin(df: pl.DataFrame, pid: str) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """A picture point's steps that encoded (`encoder_tokens`), and its text-only twin's
+    prompt steps: the twin's prompts alone, not the prefill that set up its running decodes."""
+    pic = df.filter((pl.col("point") == pid) & (pl.col("encoder_tokens") > 0))
+    txt = df.filter((pl.col("point") == pid.replace("-i1", "-i0"))
+                    & (pl.col("prefill_tokens") > 0) & (pl.col("prefill_seqs") == 1))
+    if txt.is_empty():
+        return pic, txt
+    return pic, txt.filter(pl.col("prefill_tokens") == txt["prefill_tokens"].min())
+
+
 def picture_steps(df: pl.DataFrame, scan: EncoderScan) -> PictureSteps | None:
     """What a step that encodes a picture costs beyond the encoder's pass, from an encoder
     engine's picture points (sweep.picture_points; store.read_runner_jsonl of its run): for
@@ -395,13 +406,9 @@ def picture_steps(df: pl.DataFrame, scan: EncoderScan) -> PictureSteps | None:
     for pid in sorted(p for p in df["point"].unique() if p.startswith("picture-")
                       and "-i0" not in p):
         twin = pid.replace("-i1", "-i0")
-        pic = df.filter((pl.col("point") == pid) & (pl.col("encoder_tokens") > 0))
-        # the twin's prompts, not the prefill that set up its running decodes
-        txt = df.filter((pl.col("point") == twin) & (pl.col("prefill_tokens") > 0)
-                        & (pl.col("prefill_seqs") == 1))
+        pic, txt = picture_and_twin(df, pid)
         if pic.is_empty() or txt.is_empty():
             continue
-        txt = txt.filter(pl.col("prefill_tokens") == txt["prefill_tokens"].min())
         tokens = int(pic["encoder_tokens"].median())  # type: ignore[arg-type]
         txt_s = float(txt["step_s"].median())  # type: ignore[arg-type]
         pass_s = scan.pass_s(1, tokens)
