@@ -31,6 +31,9 @@ elif command -v taskset > /dev/null; then
 print(",".join(map(str, c[:h])), ",".join(map(str, c[h:])))')
   [[ -n ${cpus1:-} ]] && pin0=(taskset -c "$cpus0") pin1=(taskset -c "$cpus1")
 fi
+# PROBE=1: scripts/cpu_probe.py times the host's CPU beside the lanes into $OUT/cpuprobe.jsonl.gz
+probe=
+if [[ ${PROBE:-} == 1 ]]; then python3 scripts/cpu_probe.py /tmp/cpuprobe.jsonl & probe=$!; fi
 echo "pinned: ${pin0[*]:-no}" > "$OUT/lane0.log"; echo "pinned: ${pin1[*]:-no}" > "$OUT/lane1.log"
 (
   if [[ -n $queue0 ]]; then
@@ -40,6 +43,7 @@ echo "pinned: ${pin0[*]:-no}" > "$OUT/lane0.log"; echo "pinned: ${pin1[*]:-no}" 
   left=$(( deadline - (SECONDS - start) ))
   [[ -n $lane0 ]] && "${pin0[@]}" bash scripts/gpu_validate.sh 0 "$left" $lane0
 ) >> "$OUT/lane0.log" 2>&1 &
+l0=$!
 (
   # LANE1_FIRST=validate: lane 1 runs its validation jobs before its calibration queue
   if [[ ${LANE1_FIRST:-} == validate && -n $lane1 ]]; then
@@ -50,6 +54,8 @@ echo "pinned: ${pin0[*]:-no}" > "$OUT/lane0.log"; echo "pinned: ${pin1[*]:-no}" 
   left=$(( deadline - (SECONDS - start) ))
   [[ -n $lane1 ]] && "${pin1[@]}" bash scripts/gpu_validate.sh 1 "$left" $lane1
 ) >> "$OUT/lane1.log" 2>&1 &
-wait
+l1=$!
+wait "$l0" "$l1"
+if [[ -n $probe ]]; then kill "$probe"; wait "$probe"; gzip -c /tmp/cpuprobe.jsonl > "$OUT/cpuprobe.jsonl.gz"; fi
 grep -hE '^pinned|^\[gpu|^===|^ENGINE|^SKIP|STOP|QUEUE END|rc=' "$OUT"/lane*.log | cut -c1-240 | tail -n 80
 ls -la "$OUT"
