@@ -4,7 +4,7 @@ drafter's cost and the stairs of its verify steps.
 
     python scripts/calibration_analysis.py [table|sanity|graph|floor|drafter|stairs|...]
     (also: repeats, cached, decode, firstuse, finishes, graphs, idle, mixlen, specgraphs,
-     encoder, pictures, kvstarts, starts)
+     encoder, pictures, probe, kvstarts, starts)
     python scripts/calibration_analysis.py points MODEL/KEY   # e.g. gemma-4-31b/fp8
     python scripts/calibration_analysis.py composition MODEL/KEY  # each run's own steps
 
@@ -611,6 +611,9 @@ def pictures() -> None:
             print(f"  {pid:20s} twin {twin:5.1f} ms; picture beyond it "
                   + "/".join(f"{x:.1f}" for x in q) + " ms (p10/p50/p90), "
                   + "".join("S" if b > SLOW_SPELL_MS else "." for b in beyond))
+            launches = _neighbour_launches(df.filter(pl.col("point") == pid))
+            if launches is not None:
+                print("  " + " " * 20 + " " + launches)
     d = np.array(prof.step.encoder_step_draws_s) * 1e3
     st = prof.step
     print(f"== the profile: a pass of {pass_ms:.1f} ms, and around it {len(d)} draws, median "
@@ -620,6 +623,73 @@ def pictures() -> None:
           f"split past {st.encoder_slow_above_s * 1e3:.1f} ms beyond the pass "
           f"({np.sum(d > st.encoder_slow_above_s * 1e3)} slow), spells of "
           f"{st.encoder_slow_spell_s:.2f} s slow and {st.encoder_fast_spell_s:.2f} s fast")
+
+
+def _neighbour_launches(steps: pl.DataFrame, around: int = 3) -> str | None:
+    """A picture point with running decodes: the core's launch of its decode-only steps
+    within `around` steps of each picture step, beside the picture step's own launch, split
+    at the picture steps' median. Where the neighbours launch slower beside a slow picture
+    step, the spell is not the encoder's alone."""
+    st = steps.sort("step")
+    pic = st["encoder_tokens"].fill_null(0).to_numpy() > 0
+    decode = ~pic & (st["prefill_seqs"].to_numpy() == 0)
+    launch = st["cpu_launch_s"].to_numpy() * 1e3
+    pairs = []
+    for i in np.flatnonzero(pic):
+        near = [j for j in range(max(0, i - around), min(len(st), i + around + 1)) if decode[j]]
+        if near:
+            pairs.append((launch[i], float(np.median(launch[near]))))
+    if len(pairs) < 5:
+        return None
+    a = np.array(pairs)
+    slow = a[:, 0] > np.median(a[:, 0])
+    return (f"launches: the picture step {np.median(a[slow, 0]):.1f} / {np.median(a[~slow, 0]):.1f}"
+            f" ms (slower / quicker half), the decode-only steps around it "
+            f"{np.median(a[slow, 1]):.2f} / {np.median(a[~slow, 1]):.2f} ms, correlation "
+            f"{np.corrcoef(a[:, 0], a[:, 1])[0, 1]:+.2f}")
+
+
+def probe(run: str = "gemma-4-31b--fp8--r5--encoder") -> None:
+    """The encoder run measured with scripts/cpu_probe.py beside it (twenty-first session):
+    the probe's pure-Python loop over the run, its two speeds and how fast they alternate,
+    and the loop's time while each picture step ran, for the slower and the quicker half of
+    the picture steps. One clock (perf_counter) stamps both."""
+    raw = CALIBRATION_DIR / "_raw"
+    session = next(d for d in sorted(raw.glob("logs-s*")) if (d / f"{run}.cpuprobe.jsonl.gz").exists())
+    pr = pl.read_ndjson(session / f"{run}.cpuprobe.jsonl.gz")
+    t, loop = pr["t"].to_numpy(), pr["loop_ms"].to_numpy()
+    df = store.read_runner_jsonl(store.runner_jsonl(raw, run)).filter(~pl.col("warmup"))
+    inside = (t >= df["t_sched0"].min()) & (t <= df["t_done"].max())
+    print(f"{run}: the probe's loop while the engine's points ran, {inside.sum()} samples: "
+          + _two_speeds(t[inside], loop[inside]))
+    stat = pr.filter(pl.col("stat").is_not_null())["stat"].to_list()
+    ticks = np.array(stat).sum(axis=0)
+    print(f"  the host's CPU time over the probe's record: {ticks[2] / ticks.sum():.0%} idle, "
+          f"steal {ticks[6] / ticks.sum():.2%}")
+    for pid in sorted(p for p in df["point"].unique() if p.startswith("picture-") and "-i0" not in p):
+        pic = df.filter((pl.col("point") == pid) & (pl.col("encoder_tokens").fill_null(0) > 0))
+        took = pic["cpu_launch_s"].to_numpy() * 1e3
+        at = [np.median(loop[(t >= a - 0.3) & (t <= b + 0.3)]) for a, b in
+              zip(pic["t_sched0"].to_numpy(), pic["t_done"].to_numpy(), strict=True)]
+        at = np.array(at)
+        slow = took > np.median(took)
+        print(f"  {pid:20s} picture steps {np.median(took[slow]):.1f} / {np.median(took[~slow]):.1f} ms"
+              f" (slower / quicker half); the probe's loop meanwhile {np.median(at[slow]):.2f} / "
+              f"{np.median(at[~slow]):.2f} ms, correlation {np.corrcoef(took, at)[0, 1]:+.2f}")
+
+
+def _two_speeds(t: np.ndarray, loop: np.ndarray, split_ms: float = 2.4) -> str:
+    """A probe record's two speeds (split at `split_ms`): each one's median, the slow share,
+    and the mean length of each speed's unbroken stretches."""
+    slow = loop > split_ms
+    edges = np.flatnonzero(np.diff(slow.astype(int))) + 1
+    spans = {True: [], False: []}
+    for a, b in pairwise([0, *edges, len(t)]):
+        spans[bool(slow[a])].append(t[b - 1] - t[a] + 0.05)
+    return (f"{np.median(loop[~slow]):.2f} / {np.median(loop[slow]):.2f} ms (quick / slow, "
+            f"{np.median(loop[slow]) / np.median(loop[~slow]):.2f}x), slow {slow.mean():.0%} of "
+            f"samples, stretches of {np.mean(spans[False]):.2f} s quick and "
+            f"{np.mean(spans[True]):.2f} s slow")
 
 
 def kvstarts() -> None:
@@ -670,7 +740,7 @@ def main() -> None:
          "repeats": repeats, "cached": cached, "decode": decode, "firstuse": firstuse,
          "floor": floor, "drafter": drafter, "stairs": stairs, "graphs": graphs,
          "idle": idle, "mixlen": mixlen, "specgraphs": specgraphs, "encoder": encoder,
-         "kvstarts": kvstarts, "starts": starts, "pictures": pictures}[name]()
+         "kvstarts": kvstarts, "starts": starts, "pictures": pictures, "probe": probe}[name]()
 
 
 if __name__ == "__main__":

@@ -126,12 +126,89 @@ layout.group_by("variant", maintain_order=True).agg(
     pl.col("gpus").sum(), pl.col("usd_per_month").sum(), pl.col("pool")
 )"""),
     ("md", """\
+## 4. The vision pool's inter-token SLO and the encoder
+
+Gemma 4's vision encoder runs eagerly in the step that schedules a picture's first chunk,
+and every decode in that step waits for it: a pass of 34.0 ms for one picture on the H200,
+measured in the engine's own worker, and the step around it, measured whole beside its text
+twin (`docs/calibration.md`, "The vision encoder" and "A picture's step"). Once such steps
+are more than 1 % of the inter-token gaps, ITL p99 counts them, so the replicas the vision
+pool needs turn on how tight its ITL p99 limit is, not on throughput."""),
+    ("code", """\
+vision = mix.pool("vision")
+itl = pl.concat([
+    simulate(mix, "vision", n, duration_s=60, seed=0).to_polars()
+    .select("name", "ttft_p99_s", "itl_p50_s", "itl_p99_s")
+    .with_columns(pl.lit(n).alias("replicas"))
+    for n in (6, 8, 9)
+])
+itl"""),
+    ("md", """\
+The p99 is whether more than 1 % of the gaps carry such a step, so the router matters:
+least-outstanding routing (the default) sends a picture to the replica with the fewest
+decodes to stall. Behind round robin, or for one replica taking a random ninth of the load:"""),
+    ("code", """\
+round_robin = with_pool(mix, vision.model_copy(update={"router": "round_robin"}))
+one = mix.model_copy(update={"workloads": [
+    w.model_copy(update={"arrival": w.arrival.model_copy(update={"rate_rps": 10 / 9})})
+    if w.name == "vision" else w for w in mix.workloads]})
+routers = pl.concat([
+    simulate(m, "vision", n, seed=0).to_polars().select("name", "itl_p99_s")
+    .with_columns(pl.lit(label).alias("router"), pl.lit(n).alias("replicas"))
+    for m, n, label in ((mix, 9, "least-outstanding"), (round_robin, 9, "round robin"),
+                        (round_robin, 10, "round robin"), (one, 1, "a ninth of the load"))
+])
+routers"""),
+    ("md", """\
+Measured whole, a step that encodes a picture took ~35-60 or ~75-125 ms more than its text
+twin, in spells (`docs/calibration.md`, "A picture's step"): the engine core's CPU runs slow in
+spells, and the picture's step, its most CPU-bound, shows it most. The profile keeps the 300
+steps the encoder engine measured on four leases (`encoder_step_draws_s`) and the simulator
+draws one for each such step. A host whose engine core ran slow more often
+(`docs/validation.md`, the nineteenth and twenty-first sessions') would need more: the same
+simulation with every picture's step priced longer:"""),
+    ("code", """\
+from capplan.modelspec import load_model_spec
+from capplan.profiles import resolve_profile
+
+prof = resolve_profile(vision, load_model_spec(vision.model))
+
+
+def around(extra_s):
+    \"\"\"The vision profile with every picture's step `extra_s` longer than measured.\"\"\"
+    step = prof.step
+    return prof.model_copy(update={"step": step.model_copy(update={
+        "encoder_step_s": step.encoder_step_s + extra_s,
+        "encoder_step_draws_s": [d + extra_s for d in step.encoder_step_draws_s],
+        "encoder_slow_above_s": step.encoder_slow_above_s + extra_s})})
+
+
+stall = pl.concat([
+    simulate(mix, "vision", n, seed=0, profile=around(extra)).to_polars()
+    .select("name", "itl_p99_s", "slo_met")
+    .with_columns(pl.lit(extra * 1e3).alias("extra_ms"), pl.lit(n).alias("replicas"))
+    for extra in (0.0, 0.025, 0.05) for n in (9, 10)
+])
+stall"""),
+    ("code", """\
+def with_itl(mix, limit_s):
+    \"\"\"The mix with the vision workload's ITL p99 limit at `limit_s`.\"\"\"
+    wls = [w.model_copy(update={"slo": w.slo.model_validate(
+               {"ttft_p99_s": 1.0, "itl_p99_s": limit_s})}) if w.name == "vision" else w
+           for w in mix.workloads]
+    return mix.model_copy(update={"workloads": wls})
+
+
+encoder = pl.concat([sized(with_itl(mix, limit), ["vision"], f"ITL p99 <= {limit * 1e3:g} ms")
+                     for limit in (0.05, 0.075, 0.1)])
+encoder"""),
+    ("md", """\
 ## Summary
 
 Every variant side by side. Numbers come from quick sizing on short simulations with the
 measured profiles; confirm the one you pick with a full `capplan size`."""),
     ("code", """\
-summary = pl.concat([precision, spec, layout])
+summary = pl.concat([precision, spec, layout, encoder])
 assert (summary["gpus"] > 0).all()
 summary"""),
 ]

@@ -32,6 +32,8 @@ and where the engine's core was traced, each such step beyond its text price aga
 profile's pass and draws (twentieth session).
 `spread [RHO]` the core-time spread on the whole suite, drawn step by step or, with RHO,
 drifting (twentieth session; `drift` measures the drift).
+`probe [ENGINE]` a traced engine served with scripts/cpu_probe.py beside it: the core's time a
+step against the probe's pure-Python loop on the same clock (twenty-first session).
 `sync [ENGINE]` a traced engine without asynchronous scheduling: each kind of step's period
 against its price, overlapped and with the core's time serial (twentieth session).
 `pair ENGINE` pairs each request of an engine's open-loop experiment with its prediction
@@ -631,6 +633,21 @@ def _traced_pictures(engine: str, folder: Path, timer: StepTimer) -> None:
                                      decode_seqs=dec)
             beyond.append((took - text) * 1e3)
         b = np.array(beyond)
+        x = t.filter(pl.col("run") == run)
+        core, kind = x["core_s"].to_numpy() * 1e3, x["kind"].to_numpy()
+        pairs = []
+        for i in np.flatnonzero(x["prefill_reqs"].to_numpy() > 0):
+            near = [j for j in range(max(0, i - 6), min(len(x), i + 7)) if kind[j] == "graph"]
+            if len(near) >= 3:
+                pairs.append((core[i], float(np.median(core[near]))))
+        if len(pairs) >= 5:
+            a = np.array(pairs)
+            slow = a[:, 0] > np.median(a[:, 0])
+            print(f"  traced {run}: the core's time a picture step {np.median(a[slow, 0]):.1f} / "
+                  f"{np.median(a[~slow, 0]):.1f} ms (slower / quicker half), the decode-only "
+                  f"steps within six of it {np.median(a[slow, 1]):.2f} / "
+                  f"{np.median(a[~slow, 1]):.2f} ms, correlation "
+                  f"{np.corrcoef(a[:, 0], a[:, 1])[0, 1]:+.2f}")
         print(f"  traced {run}: {len(b)} steps that encode a picture, beyond their text price "
               + "/".join(f"{x:.1f}" for x in np.percentile(b, [10, 50, 90]))
               + f" ms (p10/p50/p90), {np.mean(b > 65):.0%} past 65 ms; the profile's pass and "
@@ -1590,6 +1607,48 @@ def _reach_run(label: str, timer: StepTimer, reqs: pl.DataFrame, st: pl.DataFram
                   f"measured {m:6.2f} s, {m / saved[k].sum() - 1:+.1%} against priced")
 
 
+def probe(engine: str = "llama-3.1-8b-fp8-probe") -> None:
+    """A traced serving engine with scripts/cpu_probe.py beside it (twenty-first session):
+    each run's core time a step by kind, the probe's loop over the run, and the decode-only
+    steps' core time in quarter-second windows against the probe's loop in the same windows
+    (one clock, perf_counter, stamps both)."""
+    from capplan.validate.corelaunch import step_core_times
+
+    folder = next(p for p in stored_runs() if p.name == engine)
+    stored = _stored_trace(engine)
+    assert stored is not None, f"{engine}: no stored core trace"
+    trace, meta = stored
+    steps = pl.read_parquet(folder / "steps.parquet")
+    t = step_core_times(trace, meta, steps)
+    session = next(d for d in sorted((ROOT / "validation" / "logs").glob("s*-coretrace"))
+                   if (d / f"{engine}.json").exists()).name.split("-")[0]
+    pr = pl.read_ndjson(ROOT / "validation" / "logs" / f"{session}-{engine}.cpuprobe.jsonl.gz")
+    pt, loop = pr["t"].to_numpy(), pr["loop_ms"].to_numpy()
+    for run in t["run"].unique().sort():
+        x = t.filter(pl.col("run") == run)
+        kinds = ", ".join(
+            f"{k} {np.median(x.filter(pl.col('kind') == k)['core_s']) * 1e3:.2f} ms "
+            f"({(x['kind'] == k).sum()})" for k in ("graph", "piecewise", "eager")
+            if (x["kind"] == k).any())
+        t0 = meta["experiments"][run]["t0_perf"]
+        y = steps.filter(pl.col("run") == run).join(x.select("step", "kind", "core_s"), on="step")
+        at = t0 + y["t"].to_numpy()
+        graph = y["kind"].to_numpy() == "graph"
+        core = y["core_s"].to_numpy() * 1e3
+        windows = []
+        for a in np.arange(at.min(), at.max(), 0.25):
+            m, q = (at >= a) & (at < a + 0.25) & graph, (pt >= a) & (pt < a + 0.25)
+            if m.sum() >= 5 and q.any():
+                windows.append((np.median(core[m]), np.median(loop[q])))
+        w = np.array(windows)
+        slow = w[:, 1] > 2.4
+        print(f"{run}: the core's time a step by kind (median, steps): {kinds}; the probe's "
+              f"loop {np.median(loop[(pt >= at.min()) & (pt <= at.max())]):.2f} ms; in "
+              f"{len(w)} quarter-seconds, decode-only steps {np.median(w[slow, 0]):.2f} ms "
+              f"where the probe ran slow, {np.median(w[~slow, 0]):.2f} where quick "
+              f"(correlation {np.corrcoef(w[:, 0], w[:, 1])[0, 1]:+.2f})")
+
+
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
         before(sys.argv[2], sys.argv[3:])
@@ -1598,7 +1657,8 @@ def main() -> None:
         pair(sys.argv[2])
         return
     with_an_argument: dict[str, Callable[..., None]] = {
-        "reach": reach, "eager": eager, "pictures": pictures, "sync": sync, "spread": spread}
+        "reach": reach, "eager": eager, "pictures": pictures, "sync": sync, "spread": spread,
+        "probe": probe}
     if sys.argv[1:2] and sys.argv[1] in with_an_argument:  # [ENGINE], or spread's [RHO]
         with_an_argument[sys.argv[1]](*sys.argv[2:3])
         return

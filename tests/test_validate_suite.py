@@ -363,3 +363,24 @@ def test_ingest_stores_a_traced_engines_core_trace_where_asked(tmp_path) -> None
     meta = json.loads((tmp_path / "traces" / f"{src.name}.json").read_text())
     assert trace.rows() == [(9, "execute_model", "MainThread", 0, 10_000)]
     assert meta["engine"] == src.name and meta["clock_base_s"] == 5.0
+
+
+def test_ingest_stores_the_trace_of_the_start_that_measured(tmp_path) -> None:
+    """An engine started, stopped for want of time after its warm-ups alone, and started
+    again (scripts/gpu_validate.sh's start2/): the core trace stored is the second start's,
+    whose clock the measured experiments share, not the first's (twenty-first session)."""
+    src = next(p for p in stored_runs() if p.name == "llama-3.1-8b-bf16-seqs8")
+    first = tmp_path / "raw" / src.name
+    _raw_from_stored(src, first, [])
+    (first / "warmup.jsonl").write_text("")
+    second = _make(tmp_path / "raw" / "start2", src, ["chat-c4"])
+    for folder, t0 in ((first, 5.0), (second, 7.0)):
+        (folder / "coretrace").mkdir()
+        (folder / "coretrace" / "core-9.jsonl").write_text(
+            f'["execute_model", "MainThread", {t0}, {t0 + 0.01}]\n')
+    out = CliRunner().invoke(main, [
+        "validate", "ingest", str(SUITE), str(tmp_path / "raw"), "--engine", src.name,
+        "--root", str(tmp_path / "cal"), "--core-traces", str(tmp_path / "traces")])
+    assert out.exit_code == 0, out.output
+    meta = json.loads((tmp_path / "traces" / f"{src.name}.json").read_text())
+    assert meta["clock_base_s"] == 7.0
