@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,14 +53,76 @@ def _figures(send: np.ndarray, ttft: np.ndarray, e2e: np.ndarray, out_tokens: np
     }
 
 
+def _served(rows: pl.DataFrame) -> pl.DataFrame:
+    return rows.filter(pl.col("ttft_s").is_not_null() & pl.col("error").is_null())
+
+
+def _gaps(ok: pl.DataFrame) -> list[np.ndarray]:
+    return [np.diff(np.asarray(t, dtype=np.float64)) for t in ok["chunk_t"].to_list()]
+
+
 def measured_metrics(rows: pl.DataFrame) -> dict[str, float]:
     """The table's figures for one workload of one run, from its request rows."""
-    ok = rows.filter(pl.col("ttft_s").is_not_null() & pl.col("error").is_null())
-    gaps = [np.diff(np.asarray(t, dtype=np.float64)) for t in ok["chunk_t"].to_list()]
+    ok = _served(rows)
+    gaps = _gaps(ok)
     itl = np.concatenate(gaps) if gaps else np.empty(0)
     hit = float(ok["cached_tokens"].sum()) / max(float(ok["input_tokens"].sum()), 1.0)
     return _figures(ok["send_s"].to_numpy(), ok["ttft_s"].to_numpy(), ok["e2e_s"].to_numpy(),
                     ok["output_tokens"].to_numpy(), _pct(itl, 50), _pct(itl, 99), hit)
+
+
+NOISE_LEVEL = 0.90
+NOISE_RESAMPLES = 100
+
+
+def measured_intervals(rows: pl.DataFrame, seed: int = 0) -> dict[str, tuple[float, float]]:
+    """How far each measured percentile could move by which requests happened to be served:
+    its central NOISE_LEVEL interval. TTFT and E2E are one figure a request, so the interval
+    is the order statistics' (distribution-free: the q-quantile of n draws lies between the
+    l-th and u-th smallest with the binomial's probability); a p99 of 30 requests spans
+    their slowest few. ITL's gaps share their request's steps, so its interval is a
+    bootstrap's over whole requests (NOISE_RESAMPLES, seeded). Throughput, a rate over the
+    whole run, has none."""
+    ok = _served(rows)
+    n = ok.height
+    if n < 2:
+        return {}
+    out: dict[str, tuple[float, float]] = {}
+    for metric, column, q in (("ttft_p50_s", "ttft_s", 0.50), ("ttft_p99_s", "ttft_s", 0.99),
+                              ("e2e_p99_s", "e2e_s", 0.99)):
+        out[metric] = _order_interval(np.sort(ok[column].to_numpy().astype(np.float64)), q)
+    gaps = _gaps(ok)
+    sizes = np.array([len(g) for g in gaps])
+    if sizes.sum():
+        itl = np.concatenate(gaps)
+        order = np.argsort(itl, kind="stable")
+        xs, owner = itl[order], np.repeat(np.arange(n), sizes)[order]
+        counts = np.random.default_rng(seed).multinomial(n, np.full(n, 1 / n),
+                                                         size=NOISE_RESAMPLES)
+        lo_q, hi_q = 50 * (1 - NOISE_LEVEL), 50 * (1 + NOISE_LEVEL)
+        for metric, q in (("itl_p50_s", 0.50), ("itl_p99_s", 0.99)):
+            figures = np.array([xs[_weighted_index(c[owner], q)] for c in counts])
+            out[metric] = (float(np.percentile(figures, lo_q)),
+                           float(np.percentile(figures, hi_q)))
+    return out
+
+
+def _order_interval(xs: np.ndarray, q: float) -> tuple[float, float]:
+    """The distribution-free NOISE_LEVEL interval of the q-quantile of the sorted draws
+    `xs`: from the l-th to the u-th order statistic, l and u the binomial(n, q)'s tails."""
+    from scipy.stats import binom
+
+    n = len(xs)
+    tail = (1 - NOISE_LEVEL) / 2
+    lo = int(binom.ppf(tail, n, q))  # order statistics counted from 1
+    hi = int(binom.ppf(1 - tail, n, q)) + 1
+    return float(xs[max(lo, 1) - 1]), float(xs[min(hi, n) - 1])
+
+
+def _weighted_index(weights: np.ndarray, q: float) -> int:
+    """Where the q-quantile falls among sorted values with these multiplicities."""
+    cum = np.cumsum(weights)
+    return min(int(np.searchsorted(cum, q * cum[-1])), len(weights) - 1)
 
 
 @dataclass(frozen=True)
@@ -79,6 +141,13 @@ class Row:
     """The profile the prediction used, as a plan names it (`h200/llama-3.1-8b/bf16`)."""
     arrival: str = ""
     """The workload's arrival kind (`closed`, `poisson`, `gamma`)."""
+    noise: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Per metric, the measured figure's sampling interval (`measured_intervals`)."""
+
+    def within_noise(self, metric: str) -> bool:
+        """Whether the prediction lies inside the measured figure's sampling interval."""
+        lo, hi = self.noise.get(metric, (math.nan, math.nan))
+        return lo <= self.predicted[metric] <= hi
 
     def error(self, metric: str) -> float:
         m, p = self.measured[metric], self.predicted[metric]
@@ -135,7 +204,8 @@ def compare_run(folder: Path) -> list[Row]:
                 note = f"draft acceptance {acc:.3f} (measured)" if acc is not None else ""
                 rows.append(Row(run.name, run.pool.model, str(run.pool.precision), exp.name,
                                 name, w.name, tuple(exp.tags), measured_metrics(wr),
-                                pred[w.name], note, profile, w.arrival.kind))
+                                pred[w.name], note, profile, w.arrival.kind,
+                                measured_intervals(wr)))
     return rows
 
 
@@ -157,6 +227,9 @@ def to_frame(rows: list[Row]) -> pl.DataFrame:
             d[f"{m}_measured"] = r.measured[m]
             d[f"{m}_predicted"] = r.predicted[m]
             d[f"{m}_error"] = r.error(m)
+            if m != "output_tok_s":
+                lo, hi = r.noise.get(m, (math.nan, math.nan))
+                d[f"{m}_measured_lo"], d[f"{m}_measured_hi"] = lo, hi
         d["hit_rate_measured"] = r.measured["hit_rate"]
         d["hit_rate_predicted"] = r.predicted["hit_rate"]
         data.append(d)

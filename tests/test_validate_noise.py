@@ -1,0 +1,65 @@
+"""The measured figures' sampling intervals (compare.measured_intervals) and the table's
+mark for a miss inside one, on stored real runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from capplan.validate.compare import Row, measured_intervals, measured_metrics
+from capplan.validate.report import _cell, summary_lines
+from capplan.validate.store import load_run, stored_runs
+
+
+def _requests(engine: str, run: str) -> pl.DataFrame:
+    folder = next(p for p in stored_runs() if p.name == engine)
+    _, reqs, _ = load_run(folder)
+    return reqs.filter(pl.col("run") == run)
+
+
+def test_each_interval_holds_its_measured_figure() -> None:
+    """Every interval of a real run holds the figure measured from all its requests."""
+    for engine, run in (("llama-3.1-8b-bf16", "chat-c1"), ("llama-3.1-8b-bf16", "chat-p28")):
+        reqs = _requests(engine, run)
+        measured, noise = measured_metrics(reqs), measured_intervals(reqs)
+        assert set(noise) == {"ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "e2e_p99_s"}
+        for metric, (lo, hi) in noise.items():
+            assert lo <= measured[metric] <= hi, (engine, run, metric)
+
+
+def test_a_p99_of_few_requests_spans_their_slowest() -> None:
+    """A p99 of 32 requests is their slowest or second slowest (the 99th percentile lies
+    below the second slowest with probability 0.04): its interval runs from the second
+    slowest to the slowest, and the same requests' median interval is narrower."""
+    reqs = _requests("llama-3.1-8b-bf16", "chat-c1")
+    ttft = np.sort(reqs["ttft_s"].to_numpy())
+    assert len(ttft) == 32
+    lo, hi = measured_intervals(reqs)["ttft_p99_s"]
+    assert (lo, hi) == (ttft[-2], ttft[-1])
+    lo50, hi50 = measured_intervals(reqs)["ttft_p50_s"]
+    assert hi50 - lo50 < hi - lo
+
+
+def test_more_requests_narrow_the_interval() -> None:
+    """Half the requests of a run give a wider TTFT p50 interval than all of them; the
+    bootstrap of ITL is seeded (the same interval twice)."""
+    reqs = _requests("llama-3.1-8b-bf16", "chat-p28")
+    lo, hi = measured_intervals(reqs)["ttft_p50_s"]
+    lo2, hi2 = measured_intervals(reqs.head(reqs.height // 2))["ttft_p50_s"]
+    assert hi2 - lo2 > hi - lo
+    assert measured_intervals(reqs)["itl_p99_s"] == measured_intervals(reqs)["itl_p99_s"]
+
+
+def test_a_miss_inside_the_interval_is_marked_apart() -> None:
+    """The table marks a miss ✗, and ✗° where the prediction lies inside the measured
+    figure's interval; the summary counts the latter per metric."""
+    measured = {"requests": 30.0, "output_tok_s": 100.0, "ttft_p50_s": 0.100,
+                "ttft_p99_s": 0.200, "itl_p50_s": 0.010, "itl_p99_s": 0.020, "e2e_p99_s": 1.0}
+    predicted = {**measured, "ttft_p50_s": 0.120, "ttft_p99_s": 0.240}
+    noisy = Row("e", "m", "bf16", "x", "x", "w", (), measured, predicted,
+                noise={"ttft_p50_s": (0.090, 0.125), "ttft_p99_s": (0.190, 0.210)})
+    assert _cell(noisy, "ttft_p50_s").endswith("✗°")
+    assert _cell(noisy, "ttft_p99_s").endswith("✗")
+    assert not _cell(noisy, "itl_p50_s").endswith("✗")
+    ttft_p50 = next(line for line in summary_lines([noisy]) if line.startswith("| TTFT p50"))
+    assert ttft_p50.endswith("| 1 |")
