@@ -1426,8 +1426,14 @@ def pair(engine: str) -> None:
     from capplan.validate.store import load_run
 
     folder = next(f for f in stored_runs() if f.name == engine)
-    run, reqs, _ = load_run(folder)
+    run, reqs, measured = load_run(folder)
     for exp in run.experiments:
+        gcs = measured["runs"].get(exp.name, {}).get("gc_pauses")
+        if gcs is not None:  # recorded since the twenty-first session (runner.GcPauses)
+            long = [p for p in gcs if p[1] >= 50]
+            print(f"  {exp.name}: the serving process's garbage collections >= 5 ms: {len(gcs)}, "
+                  f"longest {max((p[1] for p in gcs), default=0):.0f} ms; >= 50 ms at "
+                  + (", ".join(f"{t:.2f} s ({ms:.0f} ms)" for t, ms, _ in long) or "none"))
         res = simulate(run.mix(exp, None), "validate", 1, keep_requests=True)
         pred = res.requests().sort("arrival_s").with_columns(i=pl.int_range(pl.len()))
         meas = (reqs.filter(pl.col("run") == exp.name).sort("send_s")

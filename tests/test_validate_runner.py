@@ -189,3 +189,28 @@ def test_pictures_sit_after_the_first_token_and_keep_the_prompts_length() -> Non
     with pytest.raises(ValueError, match="cannot hold 2 pictures"):
         pics.place(list(range(30)), 2, 20)
     assert runner.token_grid(280) == (14, 20) and runner.token_grid(70) == (7, 10)
+
+
+def test_gc_pauses_records_the_collections_that_held_the_process() -> None:
+    """runner.GcPauses (a gc.callbacks hook) keeps each collection that held the process
+    at least its threshold, timed from the experiment's start, and hands each out once."""
+    import gc
+    import time
+
+    pauses = runner.GcPauses(min_s=0.0)
+    gc.callbacks.append(pauses)
+    try:
+        t0 = time.perf_counter()
+        junk = [[i] for i in range(100_000)]
+        gc.collect()
+        del junk
+    finally:
+        gc.callbacks.remove(pauses)
+    taken = pauses.take(t0)
+    assert taken and all(at >= 0 and ms >= 0 for at, ms, _ in taken)
+    assert taken[-1][2] == 2  # gc.collect() is a full, generation-2 collection
+    assert pauses.take(t0) == []
+    quiet = runner.GcPauses(min_s=10.0)
+    quiet("start", {"generation": 0})
+    quiet("stop", {"generation": 0})
+    assert quiet.take(0.0) == []

@@ -23,11 +23,13 @@ Writes DIR/<experiment>.jsonl (one line per measured request), DIR/<experiment>.
 DIR/<experiment>.steps.jsonl with job option `trace_steps` (every engine step as the serving
 engine reports it), DIR/coretrace/core-<pid>.jsonl with job option `trace_core` (coretrace.py:
 where each process's time goes) and DIR/engine.json (engine settings, KV capacity, versions,
-errors; each experiment's start `t0_perf` on the clock the traces use).
+errors; each experiment's start `t0_perf` on the clock the traces use, and `gc_pauses`: the
+runner process's garbage collections of 5 ms or more during it).
 """
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import runpy
@@ -436,6 +438,31 @@ class StepTrace:
         return [dict(zip(keys, (round(r[0] - t0, 6), *r[1:]), strict=True)) for r in rows]
 
 
+class GcPauses:
+    """The runner process's garbage collections that held it at least `min_s` (gc.callbacks).
+    The client and AsyncLLM's output handler share this process, so such a pause delays
+    every token it receives meanwhile, as a serving process's own would; twice a 0.5 s gap
+    with the engine core stepping on (docs/validation.md, twenty-first session) asked whether
+    these were the cause. `take(t0)` returns the pauses since the last take as
+    [start from t0 (s), ms, generation]."""
+
+    def __init__(self, min_s=0.005):
+        self.min_s, self.started, self.pauses = min_s, None, []
+
+    def __call__(self, phase, info):
+        if phase == "start":
+            self.started = time.perf_counter()
+        elif self.started is not None:
+            held = time.perf_counter() - self.started
+            if held >= self.min_s:
+                self.pauses.append((self.started, held, info.get("generation")))
+            self.started = None
+
+    def take(self, t0):
+        pauses, self.pauses = self.pauses, []
+        return [[round(t - t0, 4), round(held * 1e3, 2), gen] for t, held, gen in pauses]
+
+
 def scrape():
     import prometheus_client
     from vllm.v1.metrics.prometheus import get_prometheus_registry
@@ -532,6 +559,8 @@ async def amain(args):
                               output_kind=RequestOutputKind.DELTA)
 
     deadline = T_START + args.time_budget_s  # counted from the process start
+    gc_pauses = GcPauses()
+    gc.callbacks.append(gc_pauses)
     rc = 0
     try:
         for exp in job["experiments"]:
@@ -548,6 +577,7 @@ async def amain(args):
                 continue
             await engine.reset_prefix_cache()
             before = scrape()
+            gc_pauses.take(0.0)  # from here on, this experiment's
             x = Experiment(engine, exp, prompts, os.path.join(args.out, f"{name}.jsonl"),
                            streamed_params, pictures)
             limit = exp.get("timeout_s", 4 * exp["duration_s"] + 120)
@@ -572,7 +602,8 @@ async def amain(args):
                     f.write(before)
                 with open(os.path.join(args.out, f"{name}.metrics-1.txt"), "w") as f:
                     f.write(scrape())
-            meta["experiments"][name] = {"wall_s": round(wall, 3), "t0_perf": x.t0, **summ}
+            meta["experiments"][name] = {"wall_s": round(wall, 3), "t0_perf": x.t0, **summ,
+                                         "gc_pauses": gc_pauses.take(x.t0)}
             write_json(meta_path, meta)
             print("EXP", name, f"{wall:.1f}s", json.dumps(summ), flush=True)
     finally:
