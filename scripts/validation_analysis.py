@@ -32,6 +32,8 @@ and where the engine's core was traced, each such step beyond its text price aga
 profile's pass and draws (twentieth session).
 `spread [RHO]` the core-time spread on the whole suite, drawn step by step or, with RHO,
 drifting (twentieth session; `drift` measures the drift).
+`stalls` every stored step trace's gaps of more than 0.3 s with requests running, and where the
+core was traced, whether it stepped on meanwhile (twenty-first session).
 `probe [ENGINE]` a traced engine served with scripts/cpu_probe.py beside it: the core's time a
 step against the probe's pure-Python loop on the same clock (twenty-first session).
 `sync [ENGINE]` a traced engine without asynchronous scheduling: each kind of step's period
@@ -1655,6 +1657,41 @@ def probe(engine: str = "llama-3.1-8b-fp8-probe") -> None:
               f"(correlation {np.corrcoef(w[:, 0], w[:, 1])[0, 1]:+.2f})")
 
 
+def stalls() -> None:
+    """Every stored step trace's gaps of more than 0.3 s between the client's receipts of two
+    steps' stats with requests running (twenty-first session): when it came, how long, and
+    the prompt tokens of the step after it (a step of thousands of prompt tokens takes that
+    long; a small one does not). Where the engine's core was traced, the core's steps in the
+    same window and its longest pause there say whether the core or the serving process
+    stalled."""
+    from capplan.validate.corelaunch import core_process
+
+    for folder in stored_runs():
+        if not (folder / "steps.parquet").exists():
+            continue
+        steps = pl.read_parquet(folder / "steps.parquet")
+        stored = _stored_trace(folder.name)
+        for run in steps["run"].unique().sort():
+            x = steps.filter(pl.col("run") == run).sort("t")
+            t, running = x["t"].to_numpy(), x["running"].to_numpy()
+            prompt = x["prefill_tokens"].to_numpy()
+            gap = np.diff(t)
+            for i in np.flatnonzero((gap > 0.3) & (running[:-1] > 0)):
+                line = (f"{folder.name} {run}: {gap[i] * 1e3:.0f} ms at {t[i]:.2f} s, the next "
+                        f"step {prompt[i + 1]} prompt tokens")
+                if stored is not None and run in stored[1]["experiments"]:
+                    trace, meta = stored
+                    main = core_process(trace).filter(pl.col("thread") == "MainThread")
+                    at = (meta["experiments"][run]["t0_perf"] - meta["clock_base_s"]) * 1e6
+                    w = main.filter((pl.col("t0_us") >= at + t[i] * 1e6)
+                                    & (pl.col("t0_us") < at + t[i + 1] * 1e6)).sort("t0_us")
+                    ends = np.maximum.accumulate((w["t0_us"] + w["dur_us"]).to_numpy())
+                    pause = np.max(w["t0_us"].to_numpy()[1:] - ends[:-1], initial=0) / 1e3
+                    line += (f"; the core meanwhile {(w['name'] == 'execute_model').sum()} "
+                             f"steps, its longest pause {pause:.0f} ms")
+                print(line)
+
+
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
         before(sys.argv[2], sys.argv[3:])
@@ -1675,7 +1712,7 @@ def main() -> None:
         "trial": trial, "idle": idle, "graph": graph, "gemma": gemma, "prefix": prefix,
         "waves": waves, "band": band, "rules": rules, "gaps": gaps, "loop": loop,
         "tried": tried, "core": core, "wake": wake, "spread": spread, "spells": spells,
-        "drift": drift,
+        "drift": drift, "stalls": stalls,
     }
     for name in what:
         if name not in commands:
