@@ -3,6 +3,8 @@ mark for a miss inside one, on stored real runs."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 
@@ -63,3 +65,35 @@ def test_a_miss_inside_the_interval_is_marked_apart() -> None:
     assert not _cell(noisy, "itl_p50_s").endswith("✗")
     ttft_p50 = next(line for line in summary_lines([noisy]) if line.startswith("| TTFT p50"))
     assert ttft_p50.endswith("| 1 |")
+
+
+def test_repeated_experiments_share_the_range_they_measured() -> None:
+    """Rows of the same experiment (experiment_key: configuration, workloads, load and
+    duration, not name or seed) carry the range all their runs measured, and a prediction
+    inside it is within the measurement's noise; a longer run of the same load is another
+    experiment."""
+    from capplan.validate.compare import experiment_key, with_repeats
+    from capplan.validate.suite import load_suite
+
+    suite = load_suite(Path(__file__).resolve().parents[1] / "validation" / "h200.yaml")
+    vision = suite.engine("gemma-4-31b-fp8-vision")
+    vision3 = suite.engine("gemma-4-31b-fp8-vision3")
+    image = next(e for e in vision.experiments if e.name == "image-c1")
+    assert experiment_key(vision, image) == experiment_key(
+        vision3, next(e for e in vision3.experiments if e.name == "image-c1"))
+    longer = image.model_copy(update={"duration_s": image.duration_s * 2})
+    assert experiment_key(vision, longer) != experiment_key(vision, image)
+    assert experiment_key(vision, image.model_copy(update={"seed": 7, "name": "x"})) == \
+        experiment_key(vision, image)
+
+    base = {"requests": 30.0, "output_tok_s": 100.0, "ttft_p50_s": 0.100, "ttft_p99_s": 0.2,
+            "itl_p50_s": 0.01, "itl_p99_s": 0.02, "e2e_p99_s": 1.0}
+    predicted = {**base, "ttft_p50_s": 0.118}
+    a = Row("e1", "m", "bf16", "x", "x", "w", (), base, predicted, key="k")
+    b = Row("e2", "m", "bf16", "x", "x", "w", (), {**base, "ttft_p50_s": 0.120}, predicted,
+            key="k")
+    other = Row("e3", "m", "bf16", "y", "y", "w", (), base, predicted, key="j")
+    a, b, other = with_repeats([a, b, other])
+    assert a.repeats["ttft_p50_s"] == (0.100, 0.120) and not other.repeats
+    assert a.within_noise("ttft_p50_s") and _cell(a, "ttft_p50_s").endswith("✗°")
+    assert not other.within_noise("ttft_p50_s")

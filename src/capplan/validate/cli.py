@@ -161,7 +161,7 @@ def compare(root: Path, fmt: str, out: Path | None, write_docs: Path | None,
     """Predict every stored validation run again and show measured vs predicted."""
     from capplan._cli import ProgressBar
     from capplan.validate import report
-    from capplan.validate.compare import METRICS, TARGETS, compare_run, to_frame
+    from capplan.validate.compare import METRICS, TARGETS, compare_run, to_frame, with_repeats
     from capplan.validate.store import stored_runs
 
     folders = stored_runs(root)
@@ -171,6 +171,7 @@ def compare(root: Path, fmt: str, out: Path | None, write_docs: Path | None,
             bar.update(description=f"predicting {f.name}")
             rows += compare_run(f)
             bar.update(advance=1)
+    rows = with_repeats(rows)
     if not rows:
         raise CalibrationError(f"{root}: no stored validation runs (capplan validate ingest)")
     if write_docs is not None:

@@ -101,7 +101,7 @@ def summary_lines(rows: list[Row]) -> list[str]:
     import numpy as np
 
     lines = ["| metric | target | rows within | median abs. error | p90 abs. error | "
-             "misses within sampling noise |",
+             "misses within the measurement's noise |",
              "| --- | --- | --- | --- | --- | --- |"]
     for m in METRICS:
         scored = [r for r in rows if math.isfinite(r.error(m))]
@@ -111,6 +111,34 @@ def summary_lines(rows: list[Row]) -> list[str]:
                  str(sum(abs(r.error(m)) > TARGETS[m] and r.within_noise(m) for r in scored)))
         lines.append(f"| {LABELS[m]} | ±{TARGETS[m]:.0%} | {within} / {len(errs)} | "
                      f"{np.median(errs):.1%} | {np.percentile(errs, 90):.1%} | {noise} |")
+    return lines
+
+
+def repeat_lines(rows: list[Row]) -> list[str]:
+    """The experiments measured more than once (the same configuration, workloads and load:
+    `compare.experiment_key`): per metric, how far apart their runs measured, as (max - min)
+    / mean over each experiment's runs."""
+    import numpy as np
+
+    groups: dict[tuple[str, str], list[Row]] = defaultdict(list)
+    for r in rows:
+        groups[(r.key, r.workload)].append(r)
+    repeated = [g for g in groups.values() if len(g) > 1]
+    if not repeated:
+        return ["- none"]
+    runs = sum(len(g) for g in repeated)
+    engines = len({r.engine for g in repeated for r in g})
+    lines = [f"{len(repeated)} experiments were measured more than once ({runs} runs, on "
+             f"{engines} engine starts); how far apart their runs measured, (max − min) ÷ mean:",
+             "", "| metric | median spread | p90 spread | largest |", "| --- | --- | --- | --- |"]
+    for m in METRICS:
+        spread = []
+        for g in repeated:
+            x = np.array([r.measured[m] for r in g])
+            if np.isfinite(x).all() and x.mean() > 0:
+                spread.append((x.max() - x.min()) / x.mean())
+        lines.append(f"| {LABELS[m]} | {np.median(spread):.1%} | {np.percentile(spread, 90):.1%} "
+                     f"| {max(spread):.1%} |")
     return lines
 
 
@@ -186,11 +214,14 @@ def generated_block(rows: list[Row], folders: list[Path] | None = None) -> str:
     folders = stored_runs() if folders is None else folders
     lines = [BEGIN, "", "### Summary", "", *summary_lines(rows), "",
              "Experiments in the suite not measured yet:", "", *unmeasured_lines(folders), "",
+             "### The same experiment measured again", "", *repeat_lines(rows), "",
              "### KV capacity", "", *kv_lines(folders), "", "### Every row", "",
              "Measured / predicted (error). Times in ms, throughput in output tokens/s; "
-             "✗ marks a miss of the target, ✗° one whose prediction lies within the measured "
-             f"figure's {NOISE_LEVEL:.0%} sampling interval (which requests happened to be "
-             "served: `compare.measured_intervals`).", *table_lines(rows), "", END]
+             "✗ marks a miss of the target, ✗° one whose prediction lies within the "
+             f"measurement's own noise: the measured figure's {NOISE_LEVEL:.0%} sampling "
+             "interval (which requests happened to be served: `compare.measured_intervals`) "
+             "or the range the same experiment measured over its runs (`compare.with_repeats`).",
+             *table_lines(rows), "", END]
     return "\n".join(lines)
 
 
