@@ -200,7 +200,8 @@ def compare(root: Path, fmt: str, out: Path | None, write_docs: Path | None,
     elif fmt == "json":
         text = df.write_json()
     else:
-        table = Table(title="measured / predicted (error); ms unless marked s; throughput tok/s")
+        table = Table(title="measured / predicted (error); ms unless marked s; throughput tok/s; "
+                            "yellow: a miss within the measurement's own noise")
         for col in ("engine", "run", "workload", *METRICS):
             table.add_column(col.removesuffix("_s"), justify="left" if col in
                              ("engine", "run", "workload") else "right")
@@ -208,7 +209,8 @@ def compare(root: Path, fmt: str, out: Path | None, write_docs: Path | None,
             cells = []
             for m in METRICS:
                 err = r.error(m)
-                style = "green" if abs(err) <= TARGETS[m] else "red"
+                style = ("green" if abs(err) <= TARGETS[m] else
+                         "yellow" if r.within_noise(m) else "red")
                 cells.append(f"{_fmt(m, r.measured[m])} / {_fmt(m, r.predicted[m])} "
                              f"[{style}]({err:+.0%})[/{style}]")
             table.add_row(r.engine, r.run, r.workload, *cells)
