@@ -52,3 +52,21 @@ def test_a_plan_quotes_its_binding_metric_only_where_rows_exist() -> None:
     over = summarise([_row("h200/m/bf16", 1.0, 1.2)] * 5)  # never under: nothing to take off
     g = fidelity_of("h200/m/bf16", "ttft_p99_s", 0.6, over)
     assert g is not None and g.worst_under == 0.0 and g.margin_after_worst == pytest.approx(0.6)
+
+
+def test_the_summary_counts_predictions_within_the_measurements_noise() -> None:
+    """A row whose prediction lies in its measured figure's sampling interval counts as
+    within noise, and the plan's Fidelity carries the count; a summary written before the
+    count existed gives none."""
+    from dataclasses import replace
+
+    rows = [_row("h200/m/bf16", 1.0, p) for p in (0.5, 0.9, 1.0, 1.1, 1.2)]
+    rows[1] = replace(rows[1], noise={"ttft_p99_s": (0.85, 1.05)})
+    table = summarise(rows)
+    assert table["h200/m/bf16"]["ttft_p99_s"]["within_noise"] == 1
+    assert table["h200/m/bf16"]["itl_p99_s"]["within_noise"] == 0
+    f = fidelity_of("h200/m/bf16", "ttft_p99_s", 0.6, table)
+    assert f is not None and f.within_noise == 1
+    del table["h200/m/bf16"]["ttft_p99_s"]["within_noise"]
+    old = fidelity_of("h200/m/bf16", "ttft_p99_s", 0.6, table)
+    assert old is not None and old.within_noise is None

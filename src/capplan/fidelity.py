@@ -34,12 +34,14 @@ Table = dict[str, dict[str, dict[str, float]]]
 
 
 def summarise(rows: Iterable[Row]) -> Table:
-    """{profile: {metric: {rows, p10, p50, p90, min, max}}}: the signed errors' spread over
-    the open-loop rows whose prediction used that profile (rows with no finite error left
-    out)."""
+    """{profile: {metric: {rows, p10, p50, p90, min, max, within_noise}}}: the signed
+    errors' spread over the open-loop rows whose prediction used that profile (rows with no
+    finite error left out), and how many of those predictions lie within the measurement's
+    own noise (Row.within_noise: the figure's sampling interval, or the range the same
+    experiment measured over its runs)."""
     from capplan.validate.compare import METRICS
 
-    errors: defaultdict[str, defaultdict[str, list[float]]] = defaultdict(
+    errors: defaultdict[str, defaultdict[str, list[tuple[float, bool]]]] = defaultdict(
         lambda: defaultdict(list))
     for r in rows:
         if not r.profile or r.arrival == "closed":
@@ -47,16 +49,17 @@ def summarise(rows: Iterable[Row]) -> Table:
         for m in METRICS:
             e = r.error(m)
             if math.isfinite(e):
-                errors[r.profile][m].append(e)
+                errors[r.profile][m].append((e, r.within_noise(m)))
     out: Table = {}
     for profile in sorted(errors):
         out[profile] = {}
         for m, es in errors[profile].items():
-            x = np.asarray(es)
+            x = np.asarray([e for e, _ in es])
             p10, p50, p90 = np.percentile(x, [10, 50, 90])
             out[profile][m] = {"rows": len(x), "p10": round(float(p10), 4),
                                "p50": round(float(p50), 4), "p90": round(float(p90), 4),
-                               "min": round(float(x.min()), 4), "max": round(float(x.max()), 4)}
+                               "min": round(float(x.min()), 4), "max": round(float(x.max()), 4),
+                               "within_noise": sum(noisy for _, noisy in es)}
     return out
 
 

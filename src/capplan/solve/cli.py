@@ -133,7 +133,10 @@ def _print_pool(p: PoolPlan, console: Console) -> None:
     if f is not None:
         console.print(
             f"  fidelity: {f.metric} on {f.rows} validation rows of this profile: predicted "
-            f"{f.p10:+.0%} to {f.p90:+.0%} of vLLM's (p10-p90), worst {f.worst_under:+.0%}",
+            f"{f.p10:+.0%} to {f.p90:+.0%} of vLLM's (p10-p90), worst {f.worst_under:+.0%}"
+            + ("" if f.within_noise is None else
+               f"; {f.within_noise} of the {f.rows} predictions inside the measurement's own "
+               "noise"),
             highlight=False)
         worst = f.margin_after_worst
         style = "yellow" if worst is not None and worst < 0 else "default"

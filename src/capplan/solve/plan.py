@@ -149,6 +149,10 @@ class Fidelity(BaseModel):
                                "highest above the prediction)")
     margin_after_p10: float | None
     margin_after_worst: float | None
+    within_noise: int | None = Field(
+        default=None, description="of those rows, how many predictions lie within the "
+        "measurement's own noise (its sampling interval, or the range the same experiment "
+        "measured over its runs)")
 
 
 def fidelity_of(profile: str, slo: str, margin: float | None,
@@ -164,9 +168,11 @@ def fidelity_of(profile: str, slo: str, margin: float | None,
     def after(e: float) -> float | None:
         return None if margin is None else round(margin_after(margin, e), 6)
 
+    noisy = f.get("within_noise")
     return Fidelity(metric=slo, rows=int(f["rows"]), p10=f["p10"], p90=f["p90"],
                     worst_under=min(f["min"], 0.0), margin_after_p10=after(min(f["p10"], 0.0)),
-                    margin_after_worst=after(min(f["min"], 0.0)))
+                    margin_after_worst=after(min(f["min"], 0.0)),
+                    within_noise=None if noisy is None else int(noisy))
 
 
 class BracketLine(BaseModel):
