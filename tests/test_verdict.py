@@ -112,3 +112,27 @@ def test_sizing_reports_a_stopped_one_fewer_check() -> None:
     assert plan.confidence.one_fewer_stopped_at_s == sizing.below.stopped_at_s
     if sizing.below.stopped_at_s is not None:
         assert any("stopped early" in line for line in lines)
+
+
+def test_a_capped_drain_serves_the_requests_of_the_full_run() -> None:
+    """Sizing's probes cap the drain (simulate's drain_cap_s) but keep the arrival streams'
+    horizon, so a probe and a confirmation of the same count, length and seed serve the same
+    requests: the figures of a run whose requests all finish within the cap are the full
+    run's to the bit. Capping the mix's drain_s instead redraws every request's lengths
+    (each stream chunk draws them for the arrivals within its horizon), which once turned a
+    9-replica vision pool's ITL p99 from 30.0 ms into 40.3 ms and a guarded plan's answer
+    from 9 replicas into 10."""
+    mix = load_mix(Path(__file__).parents[1] / "examples" / "chat-only.yaml")
+    full = simulate(mix, "chat", 2, duration_s=40, seed=3, keep_requests=False)
+    capped = simulate(mix, "chat", 2, duration_s=40, seed=3, keep_requests=False,
+                      drain_cap_s=15.0)
+    a, b = full.workload("chat"), capped.workload("chat")
+    assert (a.completed, a.ttft_p99_s, a.itl_p99_s, a.e2e_p99_s) == \
+        (b.completed, b.ttft_p99_s, b.itl_p99_s, b.e2e_p99_s)
+    redrawn = mix.model_copy(update={"simulation": mix.simulation.model_copy(
+        update={"drain_s": 15.0})})
+    other = simulate(redrawn, "chat", 2, duration_s=40, seed=3, keep_requests=False)
+    assert other.workload("chat").e2e_p99_s != a.e2e_p99_s
+    overloaded = simulate(tight(0.1, 4.0), "chat", 1, seed=7, keep_requests=False,
+                          drain_cap_s=5.0)
+    assert overloaded.pool.simulated_s <= tight(0.1, 4.0).simulation.duration_s + 5.0 + 1e-9

@@ -199,6 +199,7 @@ def simulate(
     keep_requests: bool = True,
     client_latency_s: float | None = None,
     stop_when_missed: bool = False,
+    drain_cap_s: float | None = None,
 ) -> SimResult:
     """Simulate `replicas` replicas of `pool` serving its workloads (rates x rate_scale).
 
@@ -208,7 +209,10 @@ def simulate(
     the mix's one-way client-engine latency (`simulation.client_latency_s`).
     `stop_when_missed=True` (sizing) ends the run as soon as a TTFT or E2E target is missed
     for certain (sim/verdict.py); the result's `stopped_at_s` then says when, and its figures
-    cover the run up to that moment only."""
+    cover the run up to that moment only. `drain_cap_s` (sizing's probes) ends the drain
+    after that long at most without changing a single request: the arrival streams still
+    run to the mix's `duration_s + drain_s`, whose length sets how many requests each chunk
+    of a stream draws sizes for, so a capped run serves the requests of the full one."""
     if replicas < 1:
         raise ConfigError(f"replicas must be >= 1, got {replicas}", field="replicas")
     p = mix.pool(pool)
@@ -228,7 +232,7 @@ def simulate(
         raise ConfigError(f"client_latency_s must be >= 0, got {client_latency_s}")
     return _Run(mix, st, workloads, replicas, duration, warmup, sim.drain_s, seed,
                 rate_scale, decode_cohort, keep_requests, client_latency_s,
-                stop_when_missed).run()
+                stop_when_missed, drain_cap_s).run()
 
 
 def simulate_timed(
@@ -256,8 +260,10 @@ class _Run:
         keep_requests: bool = True,
         client_latency_s: float = 0.0,
         stop_when_missed: bool = False,
+        drain_cap_s: float | None = None,
     ) -> None:
         self.mix, self.st, self.workloads = mix, st, workloads
+        self.end_s = duration + (drain if drain_cap_s is None else min(drain, drain_cap_s))
         self.latency = client_latency_s
         send_s = mix.simulation.client_send_s
         self.client = ClientLoop(send_s) if send_s else None
@@ -516,7 +522,7 @@ class _Run:
                     self._next_closed(i, user, env.now)
                     user += 1
         env.process(self._open_loop())
-        ends = [self.done, env.timeout(self.duration + self.drain)]
+        ends = [self.done, env.timeout(self.end_s)]
         if self.watch is not None:
             env.process(self._watch_misses())
             ends.append(self.stopped)

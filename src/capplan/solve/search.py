@@ -175,16 +175,16 @@ class Sizer:
         self.seed = mix.simulation.seed if self.settings.seed is None else self.settings.seed
         st, scale = self.setup, self.settings.rate_scale
         self.bracket = bracket(st, self.workloads, rate_scale=scale, base_dir=mix.base_dir)
-        # probes cut the drain short (an overloaded probe is slow and fails either way);
-        # confirmation runs keep the mix's drain, so `capplan simulate` reproduces them
+        # probes cut the drain short (an overloaded probe is slow and fails either way) but
+        # serve the very requests of a confirmation run of the same length and seed
+        # (simulate's drain_cap_s), which keeps the mix's drain, so `capplan simulate`
+        # reproduces it: a probe and a confirmation at one count never disagree by their
+        # requests alone
         e2e_limits = [t.limit_s for w in self.workloads for t in w.slo.targets
                       if t.metric == "e2e"]
         drain = max(10.0, 2 * tail_e2e_s(st, self.workloads), *e2e_limits)
-        drain = min(mix.simulation.drain_s, drain)
+        self.probe_drain_s = min(mix.simulation.drain_s, drain)
         self.mix = mix
-        self.probe_mix = mix.model_copy(
-            update={"simulation": mix.simulation.model_copy(update={"drain_s": drain})}
-        )
         self.probe_s, self.confirm_s = self._durations(mix)
         self.probes: list[tuple[int, bool]] = []
         self._cache: dict[_Key, SimResult] = {}
@@ -249,11 +249,12 @@ class Sizer:
         return self._cache[key]
 
     def _args(self, key: _Key) -> tuple[TrafficMix, str, int]:
-        return (self.probe_mix if key[3] else self.mix), self.pool.name, key[0]
+        return self.mix, self.pool.name, key[0]
 
     def _kwargs(self, key: _Key, verdict_only: bool) -> dict[str, Any]:
         return {"duration_s": key[1], "seed": key[2], "rate_scale": self.settings.rate_scale,
-                "setup": self.setup, "keep_requests": False, "stop_when_missed": verdict_only}
+                "setup": self.setup, "keep_requests": False, "stop_when_missed": verdict_only,
+                "drain_cap_s": self.probe_drain_s if key[3] else None}
 
     def _submit(
         self, key: _Key, verdict_only: bool, priority: tuple[int, float]
