@@ -27,7 +27,8 @@ GROWTHS = (0.5, 1.0, 1.5, 2.0, 3.0)
 DURATION_S = 60.0
 QUICK_DURATION_S = 20.0
 DRAIN_S = 15.0
-"""Overloaded runs stop waiting for stragglers after this; the rest count as infinitely late."""
+"""Overloaded runs stop waiting for stragglers after this (simulate's drain_cap_s: the same
+requests as an uncapped run); the rest count as infinitely late."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,13 +103,6 @@ def planned_mix(
     return m, setups, errors
 
 
-def _with_drain(mix: TrafficMix, drain_s: float) -> TrafficMix:
-    sim = mix.simulation
-    if sim.drain_s <= drain_s:
-        return mix
-    return mix.model_copy(update={"simulation": sim.model_copy(update={"drain_s": drain_s})})
-
-
 def _margins(res: SimResult) -> dict[str, float]:
     return {f"{w.name} / {c.key}": c.margin for w in res.workloads for c in w.slo}
 
@@ -139,17 +133,19 @@ def growth_curve(
 def _job(
     mix: TrafficMix, pool: str, replicas: int, st: PoolSetup, duration_s: float, seed: int,
     growth: float, scale: float, *, keep_requests: bool = True,
+    drain_cap_s: float | None = None,
 ) -> SimResult:
     """One re-simulation (module level, so a worker process can run it)."""
     m = grown(mix, growth * scale)
     return simulate(m, pool, replicas, duration_s=duration_s, seed=seed,
-                    rate_scale=growth * scale, setup=st, keep_requests=keep_requests)
+                    rate_scale=growth * scale, setup=st, keep_requests=keep_requests,
+                    drain_cap_s=drain_cap_s)
 
 
 def _load_job(*args: Any) -> LoadPoint | str:
     """A scaled run reduced to its margins in the worker (no per-request rows kept)."""
     try:
-        return _point(args[-1], _job(*args, keep_requests=False))
+        return _point(args[-1], _job(*args, keep_requests=False, drain_cap_s=DRAIN_S))
     except CapplanError as e:
         return str(e)
 
@@ -184,7 +180,6 @@ def run_all(
     """Every planned pool's runs, keyed by pool name: the planned load (unless `sims` holds
     it) and `scales` x it, in `workers` processes."""
     m, setups, errors = planned_mix(plan, mix)
-    load_mix = _with_drain(m, DRAIN_S)
     out: dict[str, PoolRuns] = {}
     jobs: list[tuple[Any, ...]] = []
     keys: list[tuple[str, float | None]] = []  # (pool, scale; None: the planned-load run)
@@ -204,7 +199,7 @@ def run_all(
             keys.append((pp.pool, None))
         for s in scales:
             if s != 1.0:
-                jobs.append((_load_job, load_mix, *args, s))
+                jobs.append((_load_job, m, *args, s))
                 keys.append((pp.pool, s))
         try:
             r.growth = growth_curve(pp, st, m, plan.growth, growths)
