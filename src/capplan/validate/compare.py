@@ -199,21 +199,24 @@ def experiment_key(run: EngineRun, exp: Experiment) -> str:
                       sort_keys=True)
 
 
-def with_repeats(rows: list[Row]) -> list[Row]:
-    """The rows, each of an experiment measured more than once (the same `key` and
-    workload) carrying the range of every run's measured figures."""
+def repeated(rows: list[Row]) -> list[list[Row]]:
+    """The rows of each workload of an experiment measured more than once (the same `key`),
+    in the order they first appear."""
     groups: dict[tuple[str, str], list[Row]] = {}
     for r in rows:
         groups.setdefault((r.key, r.workload), []).append(r)
-    out = []
-    for r in rows:
-        same = groups[(r.key, r.workload)]
-        if len(same) > 1:
-            r = replace(r, repeats={m: (min(x.measured[m] for x in same),
-                                        max(x.measured[m] for x in same))
-                                    for m in METRICS})
-        out.append(r)
-    return out
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def with_repeats(rows: list[Row]) -> list[Row]:
+    """The rows, each of an experiment measured more than once carrying the range of every
+    run's measured figures (`repeated`)."""
+    ranges = {}
+    for same in repeated(rows):
+        span = {m: (min(x.measured[m] for x in same), max(x.measured[m] for x in same))
+                for m in METRICS}
+        ranges.update({id(x): span for x in same})
+    return [replace(r, repeats=ranges[id(r)]) if id(r) in ranges else r for r in rows]
 
 
 def compare_run(folder: Path) -> list[Row]:

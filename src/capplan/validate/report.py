@@ -12,7 +12,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from capplan.validate.compare import METRICS, NOISE_LEVEL, TARGETS, Row
+from capplan.validate.compare import METRICS, NOISE_LEVEL, TARGETS, Row, repeated
 
 ALLOWANCE = 0.02  # absolute error a harmless change may add to a row (2 percentage points)
 BEGIN, END = "<!-- BEGIN GENERATED: capplan validate compare --write-docs -->", \
@@ -120,20 +120,17 @@ def repeat_lines(rows: list[Row]) -> list[str]:
     / mean over each experiment's runs."""
     import numpy as np
 
-    groups: dict[tuple[str, str], list[Row]] = defaultdict(list)
-    for r in rows:
-        groups[(r.key, r.workload)].append(r)
-    repeated = [g for g in groups.values() if len(g) > 1]
-    if not repeated:
+    groups = repeated(rows)
+    if not groups:
         return ["- none"]
-    runs = sum(len(g) for g in repeated)
-    engines = len({r.engine for g in repeated for r in g})
-    lines = [f"{len(repeated)} experiments were measured more than once ({runs} runs, on "
+    runs = sum(len(g) for g in groups)
+    engines = len({r.engine for g in groups for r in g})
+    lines = [f"{len(groups)} experiments were measured more than once ({runs} runs, on "
              f"{engines} engine starts); how far apart their runs measured, (max − min) ÷ mean:",
              "", "| metric | median spread | p90 spread | largest |", "| --- | --- | --- | --- |"]
     for m in METRICS:
         spread = []
-        for g in repeated:
+        for g in groups:
             x = np.array([r.measured[m] for r in g])
             if np.isfinite(x).all() and x.mean() > 0:
                 spread.append((x.max() - x.min()) / x.mean())
