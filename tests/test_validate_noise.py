@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from capplan.validate.compare import Row, measured_intervals, measured_metrics
 from capplan.validate.report import _cell, summary_lines
@@ -97,3 +99,26 @@ def test_repeated_experiments_share_the_range_they_measured() -> None:
     assert a.repeats["ttft_p50_s"] == (0.100, 0.120) and not other.repeats
     assert a.within_noise("ttft_p50_s") and _cell(a, "ttft_p50_s").endswith("✗°")
     assert not other.within_noise("ttft_p50_s")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.sampled_from([0.01, 0.5, 0.9, 0.99, 1.0]))
+def test_the_windowed_bootstrap_quantile_is_the_full_sums(seed: int, q: float) -> None:
+    """compare._weighted_quantile sums the resampled weights near the sample's quantile
+    only; it gives what summing them all gives (searchsorted on the whole cumulative
+    weight), whatever the requests' gap counts, including requests with none."""
+    from capplan.validate.compare import _weighted_quantile
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 40))
+    sizes = rng.integers(0, 30, n)
+    sizes[0] += 1  # at least one gap
+    owner = np.repeat(np.arange(n), sizes)
+    x = rng.exponential(1.0, len(owner))
+    order = np.argsort(x, kind="stable")
+    xs, own = x[order], owner[order]
+    counts = rng.multinomial(n, np.full(n, 1 / n), size=20)
+    fast = _weighted_quantile(xs, own, counts, q)
+    full = [xs[min(int(np.searchsorted(np.cumsum(c[own]), q * c[own].sum())), len(xs) - 1)]
+            for c in counts]
+    assert np.array_equal(fast, full)
