@@ -16,6 +16,7 @@ import math
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -161,17 +162,19 @@ def compare(root: Path, fmt: str, out: Path | None, write_docs: Path | None,
     """Predict every stored validation run again and show measured vs predicted."""
     from capplan._cli import ProgressBar
     from capplan.validate import report
-    from capplan.validate.compare import METRICS, TARGETS, compare_run, to_frame, with_repeats
+    from capplan.validate.compare import METRICS, TARGETS, compare_all, to_frame
     from capplan.validate.store import stored_runs
 
     folders = stored_runs(root)
-    rows = []
     with ProgressBar("predicting stored runs", total=len(folders)) as bar:
-        for f in folders:
-            bar.update(description=f"predicting {f.name}")
-            rows += compare_run(f)
-            bar.update(advance=1)
-    rows = with_repeats(rows)
+
+        def shown(folders: list[Path]) -> Iterator[Path]:
+            for f in folders:  # the bar advances once compare_all has predicted f
+                bar.update(description=f"predicting {f.name}")
+                yield f
+                bar.update(advance=1)
+
+        rows = compare_all(root, shown(folders))
     if not rows:
         raise CalibrationError(f"{root}: no stored validation runs (capplan validate ingest)")
     if write_docs is not None:
