@@ -649,14 +649,18 @@ def _neighbour_launches(steps: pl.DataFrame, around: int = 3) -> str | None:
             f"{np.corrcoef(a[:, 0], a[:, 1])[0, 1]:+.2f}")
 
 
-def probe(run: str = "gemma-4-31b--fp8--r5--encoder") -> None:
-    """The encoder run measured with scripts/cpu_probe.py beside it (twenty-first session):
-    the probe's pure-Python loop over the run, its two speeds and how fast they alternate,
-    and the loop's time while each picture step ran, for the slower and the quicker half of
-    the picture steps. One clock (perf_counter) stamps both."""
+def probe() -> None:
+    """Each encoder run measured with scripts/cpu_probe.py beside it (since the twenty-first
+    session): the probe's pure-Python loop over the run, its two speeds and how fast they
+    alternate, and the loop's time while each picture step ran, for the slower and the
+    quicker half of the picture steps. One clock (perf_counter) stamps both."""
     raw = CALIBRATION_DIR / "_raw"
-    session = next(d for d in sorted(raw.glob("logs-s*")) if (d / f"{run}.cpuprobe.jsonl.gz").exists())
-    pr = pl.read_ndjson(session / f"{run}.cpuprobe.jsonl.gz")
+    for record in sorted(raw.glob("logs-s*/*.cpuprobe.jsonl.gz")):
+        _probe(raw, record, record.name.removesuffix(".cpuprobe.jsonl.gz"))
+
+
+def _probe(raw: Path, record: Path, run: str) -> None:
+    pr = pl.read_ndjson(record)
     t, loop = pr["t"].to_numpy(), pr["loop_ms"].to_numpy()
     df = store.read_runner_jsonl(store.runner_jsonl(raw, run)).filter(~pl.col("warmup"))
     inside = (t >= df["t_sched0"].min()) & (t <= df["t_done"].max())

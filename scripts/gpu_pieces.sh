@@ -5,8 +5,10 @@
 # A call carries the working tree (tracked files and untracked ones git does not ignore) plus
 # its `carry` paths, 64 MiB in all. The tree grows each session (33 MB after the eighteenth,
 # once the stored chunk times became microsecond deltas: 62.8 MB before),
-# so the piece size is what is left under 64 MiB, less 1 MiB for the job files a session's last
-# call carries. Pieces go to .bundle/pc_* (the vLLM bundle's two parts, from
+# so the piece size is what is left under 64 MiB, less 2 MiB for the job files a session's last
+# call carries. The tree is counted as a tar holds it (a 512-byte header per file, each file
+# padded to 512 bytes): its bare sizes fell 0.9-1.4 MB short of what the device tool refused on
+# 2026-12-01 (1,245 files), the tar's count falls inside that window. Pieces go to .bundle/pc_* (the vLLM bundle's two parts, from
 # ../shared/gpu/vllm-bundle.sh) and, with --gemma, .whl/c/cu13_* (FlashAttention 4's CUDA 13
 # library, from scripts/gpu_wheels.sh fetch; the small wheels in .whl/b travel whole). Both
 # folders are in .git/info/exclude. The plan's last call assembles everything; append the
@@ -16,8 +18,8 @@ cd "$(dirname "$0")/.."
 gemma=${1:-}
 limit=$((64 * 1024 * 1024))
 tree=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } |
-        xargs -0 -r stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
-piece=$(( (limit - tree - 1024 * 1024) / 1048576 * 1048576 ))
+        xargs -0 -r stat -c %s 2>/dev/null | awk '{s += 512 + int(($1 + 511) / 512) * 512} END {print s + 0}')
+piece=$(( (limit - tree - 2 * 1024 * 1024) / 1048576 * 1048576 ))
 (( piece >= 4 * 1048576 )) || { echo "tree is $tree bytes: under 4 MiB left for a piece" >&2; exit 1; }
 [[ -f .bundle/vllm-bundle.part01 && -f .bundle/vllm-bundle.part02 ]] ||
   { echo "no .bundle/vllm-bundle.part0{1,2}: bash ../shared/gpu/vllm-bundle.sh .bundle" >&2; exit 1; }

@@ -122,3 +122,19 @@ def test_the_windowed_bootstrap_quantile_is_the_full_sums(seed: int, q: float) -
     full = [xs[min(int(np.searchsorted(np.cumsum(c[own]), q * c[own].sum())), len(xs) - 1)]
             for c in counts]
     assert np.array_equal(fast, full)
+
+
+def test_a_run_held_by_the_runners_own_collection_says_so() -> None:
+    """The stall check (llama-3.1-8b-fp8-gc, chat at 44 req/s five times, before the runner
+    froze its heap): the one run whose runner recorded a full collection of 390 ms carries it
+    in its row's note, the four without one carry none."""
+    from capplan.validate.compare import GC_NOTE_MS, compare_run
+
+    folder = next(p for p in stored_runs() if p.name == "llama-3.1-8b-fp8-gc")
+    _, _, measured = load_run(folder)
+    long = {name for name, info in measured["runs"].items()
+            if any(ms >= GC_NOTE_MS for _, ms, _ in info["gc_pauses"])}
+    assert long == {"chat-p44-r4"}
+    notes = {r.run: r.note for r in compare_run(folder)}
+    assert notes["chat-p44-r4"] == "the runner's own 390 ms garbage collection at 1.8 s"
+    assert not any(notes[r] for r in notes if r != "chat-p44-r4")

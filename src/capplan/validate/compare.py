@@ -28,6 +28,10 @@ METRICS = ("output_tok_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s",
 # Targets (issue: throughput and medians within 5 %, p99s within 10 %).
 TARGETS = {"output_tok_s": 0.05, "ttft_p50_s": 0.05, "itl_p50_s": 0.05,
            "ttft_p99_s": 0.10, "itl_p99_s": 0.10, "e2e_p99_s": 0.10}
+# A row whose run recorded a collection of the runner's own heap this long (runner.GcPauses)
+# says so: every token due during it reached the client late, a pause `vllm serve` avoids
+# by freezing its heap (the runner has frozen its own since 2026-12-01).
+GC_NOTE_MS = 100.0
 
 
 def _pct(x: np.ndarray, q: float) -> float:
@@ -257,7 +261,10 @@ def compare_run(folder: Path) -> list[Row]:
                 wr = r.filter(pl.col("workload") == w.name)
                 if not len(wr):
                     continue
-                note = f"draft acceptance {acc:.3f} (measured)" if acc is not None else ""
+                notes = [f"draft acceptance {acc:.3f} (measured)"] if acc is not None else []
+                notes += [f"the runner's own {ms:.0f} ms garbage collection at {t:.1f} s"
+                          for t, ms, _ in info.get("gc_pauses", ()) if ms >= GC_NOTE_MS]
+                note = "; ".join(notes)
                 rows.append(Row(run.name, run.pool.model, str(run.pool.precision), exp.name,
                                 name, w.name, tuple(exp.tags), measured_metrics(wr),
                                 pred[w.name], note, profile, w.arrival.kind,

@@ -23,8 +23,9 @@ Writes DIR/<experiment>.jsonl (one line per measured request), DIR/<experiment>.
 DIR/<experiment>.steps.jsonl with job option `trace_steps` (every engine step as the serving
 engine reports it), DIR/coretrace/core-<pid>.jsonl with job option `trace_core` (coretrace.py:
 where each process's time goes) and DIR/engine.json (engine settings, KV capacity, versions,
-errors; each experiment's start `t0_perf` on the clock the traces use, and `gc_pauses`: the
-runner process's garbage collections of 5 ms or more during it).
+errors; each experiment's start `t0_perf` on the clock the traces use, `gc_pauses`: the
+runner process's garbage collections of 5 ms or more during it, and `gc_frozen`: how many
+objects the collector skips, frozen before it as `vllm serve` freezes its own).
 """
 
 import argparse
@@ -495,6 +496,7 @@ async def amain(args):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.sampling_params import RequestOutputKind
         from vllm.usage.usage_lib import UsageContext
+        from vllm.utils.gc_utils import freeze_gc_heap
         from vllm.v1.engine.async_llm import AsyncLLM
     except ImportError as e:
         meta["error"] = f"vLLM is not installed here ({e}); validate runs on a GPU host"
@@ -577,6 +579,12 @@ async def amain(args):
                 continue
             await engine.reset_prefix_cache()
             before = scrape()
+            # what is alive now stays: frozen, the collector's oldest generation skips it, as
+            # `vllm serve` does once started (vllm/entrypoints/serve/utils/server_utils.py)
+            # and `vllm bench serve` before it sends (vllm/benchmarks/serve.py). Unfrozen, a
+            # full collection here held the process 390 ms mid-run (2026-12-01,
+            # llama-3.1-8b-fp8-gc chat-p44-r4): every token due meanwhile came late.
+            freeze_gc_heap()
             gc_pauses.take(0.0)  # from here on, this experiment's
             x = Experiment(engine, exp, prompts, os.path.join(args.out, f"{name}.jsonl"),
                            streamed_params, pictures)
@@ -603,7 +611,8 @@ async def amain(args):
                 with open(os.path.join(args.out, f"{name}.metrics-1.txt"), "w") as f:
                     f.write(scrape())
             meta["experiments"][name] = {"wall_s": round(wall, 3), "t0_perf": x.t0, **summ,
-                                         "gc_pauses": gc_pauses.take(x.t0)}
+                                         "gc_pauses": gc_pauses.take(x.t0),
+                                         "gc_frozen": gc.get_freeze_count()}
             write_json(meta_path, meta)
             print("EXP", name, f"{wall:.1f}s", json.dumps(summ), flush=True)
     finally:
