@@ -1663,7 +1663,8 @@ def stalls() -> None:
     the prompt tokens of the step after it (a step of thousands of prompt tokens takes that
     long; a small one does not). Where the engine's core was traced, the core's steps in the
     same window and its longest pause there say whether the core or the serving process
-    stalled."""
+    stalled; where the runner recorded its own garbage collections (since the twenty-first
+    session), one of 50 ms or more within the gap says what stalled it."""
     from capplan.validate.corelaunch import core_process
 
     for folder in stored_runs():
@@ -1671,6 +1672,7 @@ def stalls() -> None:
             continue
         steps = pl.read_parquet(folder / "steps.parquet")
         stored = _stored_trace(folder.name)
+        runs = json.loads((folder / "measured.json").read_text())["runs"]
         for run in steps["run"].unique().sort():
             x = steps.filter(pl.col("run") == run).sort("t")
             t, running = x["t"].to_numpy(), x["running"].to_numpy()
@@ -1689,6 +1691,9 @@ def stalls() -> None:
                     pause = np.max(w["t0_us"].to_numpy()[1:] - ends[:-1], initial=0) / 1e3
                     line += (f"; the core meanwhile {(w['name'] == 'execute_model').sum()} "
                              f"steps, its longest pause {pause:.0f} ms")
+                line += "".join(f"; the runner's own collection of {ms:.0f} ms at {at:.2f} s"
+                                for at, ms, _ in runs.get(run, {}).get("gc_pauses", ())
+                                if ms >= 50 and t[i] <= at <= t[i + 1])
                 print(line)
 
 
