@@ -670,15 +670,17 @@ def _probe(raw: Path, record: Path, run: str) -> None:
     ticks = np.array(stat).sum(axis=0)
     print(f"  the host's CPU time over the probe's record: {ticks[2] / ticks.sum():.0%} idle, "
           f"steal {ticks[6] / ticks.sum():.2%}")
-    for pid in sorted(p for p in df["point"].unique() if p.startswith("picture-") and "-i0" not in p):
+    points = df["point"].unique()
+    for pid in sorted(p for p in points if p.startswith("picture-") and "-i0" not in p):
         pic = df.filter((pl.col("point") == pid) & (pl.col("encoder_tokens").fill_null(0) > 0))
         took = pic["cpu_launch_s"].to_numpy() * 1e3
         at = [np.median(loop[(t >= a - 0.3) & (t <= b + 0.3)]) for a, b in
               zip(pic["t_sched0"].to_numpy(), pic["t_done"].to_numpy(), strict=True)]
         at = np.array(at)
         slow = took > np.median(took)
-        print(f"  {pid:20s} picture steps {np.median(took[slow]):.1f} / {np.median(took[~slow]):.1f} ms"
-              f" (slower / quicker half); the probe's loop meanwhile {np.median(at[slow]):.2f} / "
+        print(f"  {pid:20s} picture steps {np.median(took[slow]):.1f} / "
+              f"{np.median(took[~slow]):.1f} ms (slower / quicker half); the probe's loop "
+              f"meanwhile {np.median(at[slow]):.2f} / "
               f"{np.median(at[~slow]):.2f} ms, correlation {np.corrcoef(took, at)[0, 1]:+.2f}")
 
 

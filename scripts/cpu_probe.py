@@ -52,7 +52,7 @@ def main() -> None:
                     "cpu": cpu_now()}
             if t - last_stat_t >= 1.0:
                 now = stat_now()
-                line["stat"] = [a - b for a, b in zip(now, last_stat)]
+                line["stat"] = [a - b for a, b in zip(now, last_stat, strict=True)]
                 last_stat, last_stat_t = now, t
             f.write(json.dumps(line) + "\n")
             f.flush()

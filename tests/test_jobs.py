@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from capplan.errors import InfeasibleError
 from capplan.mix import TrafficMix, load_mix
 from capplan.solve import jobs
 from capplan.solve.jobs import InOrder
@@ -68,19 +67,23 @@ def test_confirmation_walk_with_prefetched_seeds_matches_one_process(offset: int
     assert out[0][0] != n + offset  # it walked
 
 
-def test_first_failing_pool_raises_as_in_one_process() -> None:
-    """A pool that no count can size raises the same error side by side as serially, and the
-    log stops where the serial one stopped."""
+def test_an_infeasible_pool_is_an_answer_side_by_side_as_in_one_process() -> None:
+    """A pool that no count can size is listed as infeasible with the same reason and log
+    side by side as serially, and the pool after it is sized all the same, as it is alone."""
     mix = production()
-    capped = with_pool(mix, mix.pool("batch").model_copy(update={"max_replicas": 1}))
+    capped = with_pool(mix, mix.pool("interactive").model_copy(update={"max_replicas": 1}))
     seen = []
     for workers in (1, 2):
         lines: list[str] = []
-        with pytest.raises(InfeasibleError) as e:
-            size_mix(capped, quick=True, workers=workers, log=lines.append)
-        seen.append((str(e.value), _untimed(lines)))
+        plan = size_mix(capped, quick=True, workers=workers, log=lines.append, advice=False,
+                        pools=["interactive", "batch"])
+        seen.append((plan.pools, plan.infeasible, _untimed(lines)))
     assert seen[0] == seen[1]
-    assert not any(line.startswith("vision") for line in seen[0][1])
+    pools, infeasible, lines = seen[0]
+    assert [x.pool for x in infeasible] == ["interactive"]
+    assert re.search(r"no replica count ≤ 1 ", infeasible[0].reason)
+    assert f"infeasible: {infeasible[0].reason}" in lines
+    assert pools == size_mix(mix, quick=True, advice=False, pools=["batch"]).pools
 
 
 def test_in_order_releases_lines_in_pool_order() -> None:

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from functools import cache
 from pathlib import Path
 
@@ -214,9 +215,8 @@ def test_gpus_never_fall_when_rate_rises(growth: float) -> None:
 def test_gpus_never_fall_when_slo_tightens(factor: float) -> None:
     """Property: a stricter SLO never needs fewer GPUs."""
     tight = with_slo(small(), "chat", itl_p99_s=round(0.03 * factor, 4))
-    try:
-        plan = size_mix(tight, quick=True, advice=False)
-    except InfeasibleError:
+    plan = size_mix(tight, quick=True, advice=False)
+    if not plan.feasible:
         return  # infeasible is the limit of "more GPUs"
     assert plan.gpus >= small_plan().gpus
 
@@ -224,13 +224,18 @@ def test_gpus_never_fall_when_slo_tightens(factor: float) -> None:
 # -- infeasible is an answer ------------------------------------------------------------------
 
 
+def _only_infeasible(plan: Plan, pool: str) -> str:
+    """The reason of the plan's one infeasible pool, checked to be `pool`, with no GPUs."""
+    assert not plan.feasible and [x.pool for x in plan.infeasible] == [pool]
+    assert pool not in [p.pool for p in plan.pools]
+    return plan.infeasible[0].reason
+
+
 def test_ttft_below_one_prefill_is_infeasible_with_reason() -> None:
-    """A TTFT SLO below one prefill of the prompt fails before any simulation, naming the
-    workload, the SLO and the floor."""
+    """A TTFT SLO below one prefill of the prompt is ruled out before any simulation: the
+    plan lists the pool as infeasible, naming the workload, the SLO and the floor."""
     bad = with_slo(small(), "docs", ttft_p99_s=0.001)
-    with pytest.raises(InfeasibleError) as e:
-        size_mix(bad, quick=True)
-    msg = str(e.value)
+    msg = _only_infeasible(size_mix(bad, quick=True), "chat")
     assert "docs" in msg and "ttft_p99_s ≤ 0.001 s" in msg and "prefill" in msg
     assert "\n" not in msg
 
@@ -238,16 +243,15 @@ def test_ttft_below_one_prefill_is_infeasible_with_reason() -> None:
 def test_itl_below_one_decode_step_is_infeasible() -> None:
     """An ITL SLO below a batch-1 decode step cannot be met by any replica count."""
     bad = with_slo(small(), "chat", itl_p99_s=0.0001)
-    with pytest.raises(InfeasibleError, match="decode step at batch 1"):
-        size_mix(bad, quick=True)
+    assert "decode step at batch 1" in _only_infeasible(size_mix(bad, quick=True), "chat")
 
 
 def test_infeasible_at_cap_reports_best_value() -> None:
-    """When even max_replicas misses, the error gives the best value reached there."""
+    """When even max_replicas misses, the reason gives the best value reached there."""
     mix = small()
     capped = with_pool(mix, mix.pool("chat").model_copy(update={"max_replicas": 1}))
-    with pytest.raises(InfeasibleError, match=r"no replica count ≤ 1 meets .* best .* at 1"):
-        size_mix(capped, quick=True)
+    assert re.search(r"no replica count ≤ 1 meets .* best .* at 1",
+                     _only_infeasible(size_mix(capped, quick=True), "chat"))
 
 
 # -- CLI ----------------------------------------------------------------------------------------
@@ -286,16 +290,25 @@ def test_print_plan_flags_analytic_profile_loudly() -> None:
         assert ("ANALYTIC" in buf.getvalue()) is loud
 
 
-def test_cli_infeasible_is_one_line_and_exit_5(tmp_path: Path) -> None:
-    """An infeasible SLO exits with InfeasibleError's code and one red line, no traceback."""
+def test_cli_infeasible_is_an_answer_and_exit_5(tmp_path: Path) -> None:
+    """An infeasible SLO is printed as the plan's answer for that pool (why, on one line),
+    written with --out, and exits with InfeasibleError's code; no traceback, no error line."""
     text = SMALL.read_text().replace("ttft_p99_s: 0.4", "ttft_p99_s: 0.0005")
     bad = tmp_path / "size-bad.yaml"
     bad.write_text(text)
-    r = CliRunner().invoke(size, ["--traffic", str(bad)])
+    out = tmp_path / "plan.json"
+    r = CliRunner().invoke(size, ["--traffic", str(bad), "--out", str(out)],
+                           terminal_width=400)
     assert r.exit_code == InfeasibleError.exit_code
-    lines = [x for x in r.output.splitlines() if x.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: no replica count")
-    assert "Traceback" not in r.output
+    why = [x for x in r.output.splitlines() if x.strip().startswith("infeasible: ")]
+    assert len(why) == 1 and "no replica count" in why[0] and "ttft_p99_s" in why[0]
+    assert "1 pool(s) infeasible: chat" in r.output
+    assert "Traceback" not in r.output and "error:" not in r.output
+    assert Plan.from_json(out.read_text()).infeasible[0].pool == "chat"
+    from capplan.deploy.cli import deploy
+
+    d = CliRunner().invoke(deploy, [str(out)])
+    assert d.exit_code == 0 and "pool chat: infeasible, not deployed: no replica count" in d.output
 
 
 def test_cli_bad_input_exit_code(tmp_path: Path) -> None:

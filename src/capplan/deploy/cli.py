@@ -70,7 +70,10 @@ def deploy(plan_path: Path, traffic: Path | None, fmt: str, out: Path | None, im
            namespace: str | None) -> None:
     """Per pool of PLAN.json, the `vllm serve` command for vLLM 0.26.0 or a Kubernetes
     Deployment + Service with its replica count and GPU requests."""
-    pools = plan_pools(load_plan(plan_path), traffic)
+    plan = load_plan(plan_path)
+    for x in plan.infeasible:  # nothing to deploy: say so where the commands do not go
+        click.echo(f"pool {x.pool}: infeasible, not deployed: {x.reason}", err=True)
+    pools = plan_pools(plan, traffic)
     if out is not None:
         try:
             out.mkdir(parents=True, exist_ok=True)

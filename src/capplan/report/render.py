@@ -137,6 +137,11 @@ def _header(plan: Plan, description: str = "") -> str:
         out += (f"<div class='note'><b>Guarded ({_e(plan.guard)}):</b> SLO limits tightened by "
                 "how far the simulator has run under real vLLM on each pool's profile; the "
                 f"limits below are the tightened ones.<ul>{items}</ul></div>")
+    if plan.infeasible:
+        items = "".join(f"<li><b>{_e(x.pool)}</b> ({_e(x.model)} on {_e(x.gpu)}, "
+                        f"{_e(x.precision)}): {_e(x.reason)}</li>" for x in plan.infeasible)
+        out += ("<div class='warn'><b>✗ Infeasible:</b> no replica count up to the cap sizes "
+                f"these pools; their GPUs are not in the totals.<ul>{items}</ul></div>")
     extrap = [p for p in plan.pools if p.extrapolated_steps]
     if extrap:
         names = ", ".join(f"<b>{_e(p.pool)}</b> ({p.extrapolated_steps:,} steps)" for p in extrap)

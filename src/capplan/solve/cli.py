@@ -72,6 +72,9 @@ def print_plan(plan: Plan, console: Console, elapsed_s: float | None = None) -> 
     title = f"plan for {plan.mix}: {plan.gpus} GPU(s), ${plan.usd_per_month:,.0f}/month"
     if plan.growth != 1 or plan.spare:
         title += f" (growth ×{plan.growth:g}, N+{plan.spare})"
+    if plan.infeasible:
+        title += (f"; {len(plan.infeasible)} pool(s) infeasible: "
+                  + ", ".join(x.pool for x in plan.infeasible))
     table = Table(title=title, title_justify="left")
     for col in ("pool", "GPUs", "replicas", "precision", "binding workload / SLO", "margin",
                 "engine busy", "$/month"):
@@ -83,6 +86,9 @@ def print_plan(plan: Plan, console: Console, elapsed_s: float | None = None) -> 
             p.pool, str(p.gpus), reps, p.precision, f"{p.binding_workload} / {p.binding_slo}",
             _pct(p.binding_margin), _pct(p.utilisation), f"{p.cost.usd_per_month:,.0f}",
         )
+    for x in plan.infeasible:
+        table.add_row(x.pool, "–", "–", x.precision, "[bold red]infeasible[/] (why below)",
+                      "–", "–", "–")
     console.print(table)
     if plan.guard != "none":
         n = sum(" -> " in line for line in plan.guarded)
@@ -93,6 +99,9 @@ def print_plan(plan: Plan, console: Console, elapsed_s: float | None = None) -> 
             console.print(f"  {line}", highlight=False)
     for p in plan.pools:
         _print_pool(p, console)
+    for x in plan.infeasible:
+        console.print(f"\n[bold]pool {x.pool}[/] ({x.model} on {x.gpu}, {x.precision})")
+        console.print(f"  [bold red]infeasible[/]: {x.reason}", highlight=False)
     if elapsed_s is not None:
         console.print(f"sized in {elapsed_s:.1f} s")
 
@@ -234,6 +243,9 @@ def size(traffic: Path, fmt: str, out: Path | None, growth: float, spare: int,
         click.echo(plan.to_csv(), nl=False)
     else:
         print_plan(plan, _console(), elapsed)
+    if plan.infeasible:
+        # the answer is printed (and written); the exit code tells a script it is not whole
+        raise click.exceptions.Exit(InfeasibleError.exit_code)
 
 
 class _Feedback:
@@ -355,15 +367,15 @@ def sweep(traffic: Path, growth_text: str, out: Path | None, plot: Path | None, 
                 bar.update(k * n + j, total=len(growths) * n,
                            description=f"growth ×{g:g}: pool {name}")
 
-            try:
-                plans.append(size_mix(mix, growth=g, spare=spare, seed=seed, quick=quick,
-                                      advice=False, floors=floors, on_pool=step,
-                                      workers=n_workers))
-                floors = floors_of(plans[-1])
-            except InfeasibleError as e:
+            plan = size_mix(mix, growth=g, spare=spare, seed=seed, quick=quick, advice=False,
+                            floors=floors, on_pool=step, workers=n_workers)
+            if plan.infeasible:
                 # more traffic never needs fewer GPUs: every larger growth is infeasible too
-                console.print(f"[red]growth ×{g:g} and above: infeasible: {_one_line(str(e))}[/]")
+                console.print(f"[red]growth ×{g:g} and above: infeasible: "
+                              f"{_one_line(plan.infeasible[0].reason)}[/]")
                 break
+            plans.append(plan)
+            floors = floors_of(plan)
     if not plans:
         raise InfeasibleError(f"no growth factor in {growth_text!r} is feasible")
     rows = sweep_rows(plans)

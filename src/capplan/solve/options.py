@@ -22,7 +22,7 @@ from capplan.profiles import measured_speculative
 from capplan.sim.run import PoolSetup
 from capplan.solve import jobs
 from capplan.solve.choose import AUTO_PRECISIONS, PoolChoice, choose, with_pool
-from capplan.solve.plan import Advice, Plan, PoolPlan, pool_plan
+from capplan.solve.plan import Advice, InfeasiblePool, Plan, PoolPlan, pool_plan
 from capplan.solve.search import SearchSettings, Sizer, worst_check
 from capplan.traffic import ClosedLoop, GammaArrival, PoissonArrival, Workload
 
@@ -278,7 +278,9 @@ def size_mix(
     `on_pool(name, i, n)` when pool i of n starts. `workers` > 1 (None: $CAPPLAN_WORKERS,
     else 1) sizes the pools side by side, their simulations in that many processes: the
     same plan (call it under an `if __name__ == "__main__":` guard, as multiprocessing
-    needs)."""
+    needs). A pool that no replica count up to its cap can size is an answer too: it is
+    listed under the plan's `infeasible` with the reason (`Plan.feasible` is then False) and
+    the other pools are sized all the same."""
     if spare < 0:
         raise ConfigError(f"spare must be >= 0, got {spare}", field="--spare")
     settings = SearchSettings(seed=seed, rate_scale=growth, quick=quick, log=log,
@@ -289,8 +291,14 @@ def size_mix(
         if (pools is None or p.name in pools) and m.workloads_of(p.name)
     ]
 
-    def plan_pool(pool: Pool, settings: SearchSettings) -> PoolPlan:
-        choice = choose(m, pool.name, settings, spare=spare, floors=floors)
+    def plan_pool(pool: Pool, settings: SearchSettings) -> PoolPlan | InfeasiblePool:
+        try:
+            choice = choose(m, pool.name, settings, spare=spare, floors=floors)
+        except InfeasibleError as e:
+            if settings.log is not None:
+                settings.log(f"infeasible: {e}")
+            return InfeasiblePool(pool=pool.name, model=pool.model, gpu=pool.gpu,
+                                  precision=str(pool.precision), reason=str(e))
         notes: list[Advice] = []
         if advice:
             chosen = with_pool(m, choice.sizing.setup.pool)
@@ -307,35 +315,38 @@ def size_mix(
         enc = encoder_advice(pp, m.workloads_of(pool.name), choice.sizing.setup) if advice else None
         return pp if enc is None else pp.model_copy(update={"advice": [*pp.advice, enc]})
 
-    plans: list[PoolPlan] = []
+    answers: list[PoolPlan | InfeasiblePool] = []
     workers = settings.processes
     if workers > 1 and len(todo) > 1:
         jobs.warm(workers)
-        plans = _side_by_side(todo, plan_pool, settings, on_pool)
+        answers = _side_by_side(todo, plan_pool, settings, on_pool)
     else:
         for i, pool in enumerate(todo):
             if on_pool is not None:
                 on_pool(pool.name, i, len(todo))
-            plans.append(plan_pool(pool, settings))
+            answers.append(plan_pool(pool, settings))
     return Plan(
         mix=mix.name, source=mix.source, growth=growth, spare=spare,
-        seed=mix.simulation.seed if seed is None else seed, quick=quick, pools=plans,
+        seed=mix.simulation.seed if seed is None else seed, quick=quick,
+        pools=[a for a in answers if isinstance(a, PoolPlan)],
+        infeasible=[a for a in answers if isinstance(a, InfeasiblePool)],
     )
 
 
 def _side_by_side(
     todo: list[Pool],
-    plan_pool: Callable[[Pool, SearchSettings], PoolPlan],
+    plan_pool: Callable[[Pool, SearchSettings], PoolPlan | InfeasiblePool],
     settings: SearchSettings,
     on_pool: Callable[[str, int, int], None] | None,
-) -> list[PoolPlan]:
+) -> list[PoolPlan | InfeasiblePool]:
     """Every pool at once, a thread each (their simulations run in worker processes): the
     same plans as one pool after another, and the same log and progress, in pool order; the
-    first pool (in order) that fails raises, as it would have serially. Interrupted (Ctrl-C),
-    the threads stop at their next simulation and the queued ones are dropped."""
+    first pool (in order) that fails raises, as it would have serially (an infeasible pool
+    does not fail: it is an answer). Interrupted (Ctrl-C), the threads stop at their next
+    simulation and the queued ones are dropped."""
     order = jobs.InOrder([p.name for p in todo], settings.log, on_pool)
     stop = threading.Event()
-    out: list[PoolPlan | BaseException | None] = [None] * len(todo)
+    out: list[PoolPlan | InfeasiblePool | BaseException | None] = [None] * len(todo)
 
     def one(i: int, pool: Pool) -> None:
         try:

@@ -5,7 +5,9 @@ JSON schema (`Plan.model_dump_json`), one object per pool under `pools`:
 binding_workload, binding_slo, binding_margin, workloads[].slo[] (key, limit_s, value_s,
 margin, met), workloads[] predicted percentiles, utilisation, prefix_hit_rate, kv_usage_peak,
 kv_headroom, profile, profile_source, cost, confidence, runners_up, advice, bracket, auto,
-reasoning`. `confidence.one_fewer_stopped_at_s`: the one-fewer check stopped there, its miss
+reasoning`; a pool no replica count can size is not among them but under `infeasible`
+(`pool, model, gpu, precision, reason`: which workload and SLO, and why).
+`confidence.one_fewer_stopped_at_s`: the one-fewer check stopped there, its miss
 certain. Margins are fractions of the limit (0.2: 20 % below it). `value_s` null: requests
 unfinished. Settings the mix left `auto` are listed under `auto`; `precision` and `engine` hold
 the values chosen for them, `runners_up` the candidates that lost and `reasoning` why.
@@ -230,8 +232,20 @@ class PoolPlan(BaseModel):
         return ", ".join([self.precision, *(setting_text(k, self.engine.get(k)) for k in keys)])
 
 
+class InfeasiblePool(BaseModel):
+    """A pool no replica count up to its cap can size: which workload and SLO, and why."""
+
+    model_config = _FROZEN
+    pool: str
+    model: str
+    gpu: str
+    precision: str = Field(description="the pool's precision, or auto")
+    reason: str
+
+
 class Plan(BaseModel):
-    """The answer to `capplan size`."""
+    """The answer to `capplan size`: the pools sized, and those no replica count can size
+    (`infeasible`, with why; they add no GPUs)."""
 
     model_config = _FROZEN
     schema_version: Literal[1] = 1
@@ -246,6 +260,14 @@ class Plan(BaseModel):
         default="none", description="SLO limits tightened by the simulator's validated error "
         "(capplan/solve/guard.py); the pools' limit_s are the tightened ones")
     guarded: list[str] = Field(default_factory=list, description="each limit tightened, why")
+    infeasible: list[InfeasiblePool] = Field(
+        default_factory=list, description="pools that no replica count up to their cap can "
+        "size, with why: an answer, not an error (their GPUs are not in the totals)")
+
+    @property
+    def feasible(self) -> bool:
+        """Every pool sized."""
+        return not self.infeasible
 
     @property
     def gpus(self) -> int:

@@ -50,7 +50,7 @@ def plan_suite(mix: TrafficMix, plan: Plan, *, duration_s: float = DURATION_S
         return None, {p.pool: f"the plan scales traffic by {plan.growth:g}; validate the "
                       "mix it was sized for (growth 1)" for p in plan.pools}
     engines: list[EngineRun] = []
-    skipped: dict[str, str] = {}
+    skipped = {x.pool: f"infeasible, nothing to check: {x.reason}" for x in plan.infeasible}
     for pp in plan.pools:
         pool = as_planned(mix.pool(pp.pool), pp)
         workloads = [w for w in mix.workloads if w.pool == pool.name]
