@@ -318,3 +318,14 @@ def test_profiles_show_a_pictures_encoder_pass() -> None:
     assert around > 0
     assert cells[("gemma-4-31b", "fp8")] == f"{(t.encoder_pass_s(280, 1) + around) * 1e3:.1f} ms"
     assert cells[("llama-3.1-8b", "bf16")] == "-"
+
+
+def test_a_value_a_union_refuses_names_the_field_and_every_choice(tmp_path: Path) -> None:
+    """A precision outside Precision | 'auto' names the YAML field as written (no pydantic
+    union tags) and every value it takes, on one line."""
+    bad = json.loads(json.dumps(MIX))
+    bad["pools"][0]["precision"] = "fp4x"
+    path = write_mix(tmp_path, bad)
+    line = assert_one_line_error(sim(path), ConfigError.exit_code, str(path),
+                                 "pools.0.precision: Input should be ")
+    assert all(v in line for v in ("'bf16'", "'fp8'", "'nvfp4'", "'awq'", "'auto'"))

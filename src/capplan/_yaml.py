@@ -38,7 +38,7 @@ def validation_message(err: ValidationError) -> tuple[str, str]:
     errors = err.errors()
     unknown = [e for e in errors if e["type"] == "extra_forbidden"]
     e = unknown[0] if unknown else errors[0]
-    loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
+    loc = _field(e["loc"])
     if e["type"] == "extra_forbidden":
         key = str(e["loc"][-1])
         missing = [str(m["loc"][-1]) for m in errors
@@ -49,7 +49,23 @@ def validation_message(err: ValidationError) -> tuple[str, str]:
     if e["type"] == "missing":
         return loc, "required key is missing"
     msg = e["msg"].removeprefix("Value error, ")
+    # a value a union refuses: each member says what it takes (Precision | "auto": the
+    # enum's values, then 'auto'); one line says them all
+    takes = [m["msg"] for m in errors if _field(m["loc"]) == loc]
+    if len(takes) > 1 and all(t.startswith(SHOULD_BE) for t in takes):
+        msg = SHOULD_BE + " or ".join(dict.fromkeys(t.removeprefix(SHOULD_BE) for t in takes))
     return loc, msg
+
+
+SHOULD_BE = "Input should be "
+
+
+def _field(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error location as the YAML's dotted field: without the validator and
+    union-member tags pydantic puts in it (`function-after[...]`, `str-enum[Precision]`,
+    `literal['auto']`), which name no key of the file."""
+    return ".".join(str(p) for p in loc
+                    if not (isinstance(p, str) and (p.startswith("function-") or "[" in p)))
 
 
 def load_model(cls: type[M], data: dict[str, Any], *, file: str) -> M:
