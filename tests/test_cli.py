@@ -329,3 +329,19 @@ def test_a_value_a_union_refuses_names_the_field_and_every_choice(tmp_path: Path
     line = assert_one_line_error(sim(path), ConfigError.exit_code, str(path),
                                  "pools.0.precision: Input should be ")
     assert all(v in line for v in ("'bf16'", "'fp8'", "'nvfp4'", "'awq'", "'auto'"))
+
+
+@pytest.mark.parametrize(("field", "value", "fragments"), [
+    ("gpu", "h900", ("pools.0.gpu: unknown gpu 'h900'; known: ",)),
+    ("tp", 3, ("tp: pool 'chat': tp 3 does not divide llama-3.1-8b's 32 attention heads",
+               "set tp to 1, 2, 4, 8")),
+])
+def test_a_pool_vllm_cannot_start_names_file_field_and_fix(
+        tmp_path: Path, field: str, value: object, fragments: tuple[str, ...]) -> None:
+    """An unknown GPU, or a tensor-parallel size that does not divide the model's attention
+    heads (vLLM refuses to start: vllm/config/model.py), is one line naming the file and the
+    field, with what to write instead."""
+    bad = json.loads(json.dumps(MIX))
+    bad["pools"][0][field] = value
+    path = write_mix(tmp_path, bad)
+    assert_one_line_error(sim(path), ConfigError.exit_code, str(path), *fragments)

@@ -207,11 +207,12 @@ class Pool(BaseModel):
     profile: str | None = Field(default=None, description="profile folder; default: best match")
     engine: EngineConfig = Field(default_factory=EngineConfig)
 
-    @model_validator(mode="after")
-    def _gpu_known(self) -> Pool:
-        if self.gpu not in GPUS:
-            raise ValueError(f"unknown gpu {self.gpu!r}; known: {', '.join(sorted(GPUS))}")
-        return self
+    @field_validator("gpu")
+    @classmethod
+    def _gpu_known(cls, gpu: str) -> str:
+        if gpu not in GPUS:
+            raise ValueError(f"unknown gpu {gpu!r}; known: {', '.join(sorted(GPUS))}")
+        return gpu
 
     @model_validator(mode="after")
     def _pinned_profile_is_fixed(self) -> Pool:

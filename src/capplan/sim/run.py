@@ -120,6 +120,17 @@ def setup_pool(pool: Pool, *, profile: Profile | None = None, source: str = "") 
         )
     refuse_open(pool, file=source or None)  # a placeholder must never be simulated
     spec = load_model_spec(pool.model)
+    if spec.num_attention_heads % pool.tp:
+        # vllm/config/model.py ModelConfig.verify_with_parallel_config
+        ways = [n for n in range(1, spec.num_attention_heads + 1)
+                if spec.num_attention_heads % n == 0 and n <= 8]
+        raise ConfigError(
+            f"pool {pool.name!r}: tp {pool.tp} does not divide {spec.name}'s "
+            f"{spec.num_attention_heads} attention heads (vLLM refuses to start); set tp to "
+            + ", ".join(map(str, ways)),
+            file=source or None,
+            field="tp",
+        )
     eng = pool.engine
     if (spec.images_whole and not eng.text_only
             and eng.max_num_batched_tokens < spec.image_tokens_per_image):
