@@ -304,7 +304,11 @@ def test_cli_infeasible_is_an_answer_and_exit_5(tmp_path: Path) -> None:
     assert len(why) == 1 and "no replica count" in why[0] and "ttft_p99_s" in why[0]
     assert "1 pool(s) infeasible: chat" in r.output
     assert "Traceback" not in r.output and "error:" not in r.output
-    assert Plan.from_json(out.read_text()).infeasible[0].pool == "chat"
+    written = Plan.from_json(out.read_text())
+    assert written.infeasible[0].pool == "chat"
+    frame = written.to_polars()  # a sum over the frame cannot miss it
+    assert frame["pool"].to_list() == ["chat"] and frame["gpus"].null_count() == 1
+    assert frame["infeasible"][0] == written.infeasible[0].reason and not frame["met"][0]
     from capplan.deploy.cli import deploy
 
     d = CliRunner().invoke(deploy, [str(out)])

@@ -232,6 +232,17 @@ class PoolPlan(BaseModel):
         return ", ".join([self.precision, *(setting_text(k, self.engine.get(k)) for k in keys)])
 
 
+FRAME_COLUMNS = {
+    "pool": "String", "gpus": "Int64", "replicas": "Int64", "precision": "String",
+    "binding_workload": "String", "binding_slo": "String", "utilisation": "Float64",
+    "usd_per_month": "Float64", "profile_source": "String", "workload": "String",
+    "slo": "String", "limit_s": "Float64", "value_s": "Float64", "margin": "Float64",
+    "met": "Boolean", "infeasible": "String",
+}
+"""`Plan.to_polars`' columns and their polars dtypes, fixed so that a plan of infeasible
+pools alone, or of none, has them too."""
+
+
 class InfeasiblePool(BaseModel):
     """A pool no replica count up to its cap can size: which workload and SLO, and why."""
 
@@ -281,7 +292,9 @@ class Plan(BaseModel):
         return next(p for p in self.pools if p.pool == name)
 
     def to_polars(self) -> pl.DataFrame:
-        """One row per (pool, workload, SLO)."""
+        """One row per (pool, workload, SLO); an infeasible pool is one row with no GPUs,
+        `met` false and its reason under `infeasible` (null on the sized pools' rows), so
+        that a sum over the frame cannot pass for the whole plan unnoticed."""
         import polars as pl
 
         rows = []
@@ -295,8 +308,17 @@ class Plan(BaseModel):
                         "usd_per_month": p.cost.usd_per_month, "profile_source": p.profile_source,
                         "workload": w.name, "slo": s.key, "limit_s": s.limit_s,
                         "value_s": s.value_s, "margin": s.margin, "met": s.met,
+                        "infeasible": None,
                     })
-        return pl.DataFrame(rows)
+        for x in self.infeasible:
+            rows.append({
+                "pool": x.pool, "gpus": None, "replicas": None, "precision": x.precision,
+                "binding_workload": None, "binding_slo": None, "utilisation": None,
+                "usd_per_month": None, "profile_source": None, "workload": None, "slo": None,
+                "limit_s": None, "value_s": None, "margin": None, "met": False,
+                "infeasible": x.reason,
+            })
+        return pl.DataFrame(rows, schema={k: getattr(pl, t) for k, t in FRAME_COLUMNS.items()})
 
     def to_csv(self, path: str | Path | None = None) -> str:
         """The `to_polars` rows as CSV; written to `path` when given."""
