@@ -119,6 +119,20 @@ def test_analytic_profile_flagged_loudly(small: tuple[Path, Path, Plan, str]) ->
     assert "<img" not in page and "no traffic mix given" in page
 
 
+def test_infeasible_pool_shown_at_the_top(small: tuple[Path, Path, Plan, str]) -> None:
+    """A pool no replica count can size is named at the top of the page with its reason, and
+    the GPU count says it leaves that pool out."""
+    from capplan.solve.plan import InfeasiblePool
+
+    plan = small[2]
+    x = InfeasiblePool(pool="late", model="llama-3.1-8b", gpu="h200", precision="bf16",
+                       reason="no replica count ≤ 64 meets ttft_p99_s ≤ 0.001 s")
+    page = render_report(plan.model_copy(update={"infeasible": [x]}), None)
+    top = page[: page.index("<h2>Plan</h2>")]
+    assert "Infeasible" in top and "<b>late</b>" in top and "ttft_p99_s ≤ 0.001 s" in top
+    assert "1 pool(s) infeasible" in top
+
+
 def test_fidelity_quoted_for_a_pool_that_has_it(small: tuple[Path, Path, Plan, str]) -> None:
     """The binding metric's validated error and the margins it would leave, in the pool's
     card; a pool without one has no such row."""

@@ -114,7 +114,8 @@ def _figure(img: str, caption: str) -> str:
 
 def _header(plan: Plan, description: str = "") -> str:
     kpis = [
-        (str(plan.gpus), "GPUs in all"),
+        (str(plan.gpus), "GPUs in all" if plan.feasible
+         else f"GPUs, {len(plan.infeasible)} pool(s) infeasible"),
         (_usd(plan.usd_per_month), "per month"),
         (str(len(plan.pools)), "pools"),
         (f"×{plan.growth:g}", "traffic growth"),
