@@ -335,6 +335,20 @@ def test_cli_sweep_curve(tmp_path: Path) -> None:
     assert len(gpus) == 2 and gpus[0] <= gpus[1]
 
 
+def test_cli_sweep_ends_where_a_pool_turns_infeasible(tmp_path: Path) -> None:
+    """A growth no replica count up to the cap can carry ends the curve there, with the
+    reason; the growths before it are written."""
+    capped = tmp_path / "capped.yaml"
+    capped.write_text(SMALL.read_text().replace("max_replicas: 16", "max_replicas: 2"))
+    out = tmp_path / "curve.csv"
+    r = CliRunner().invoke(sweep, ["--traffic", str(capped), "--growth", "1,4", "--quick",
+                                   "--out", str(out)], terminal_width=400)
+    assert r.exit_code == 0, r.output
+    assert "growth ×4 and above: infeasible: no replica count ≤ 2" in r.output
+    rows = out.read_text().splitlines()
+    assert [x.split(",")[0] for x in rows[1:]] == ["1.0"]
+
+
 # -- options ------------------------------------------------------------------------------------
 
 
