@@ -1430,51 +1430,58 @@ def pair(engine: str) -> None:
     folder = next(f for f in stored_runs() if f.name == engine)
     run, reqs, measured = load_run(folder)
     for exp in run.experiments:
-        gcs = measured["runs"].get(exp.name, {}).get("gc_pauses")
-        if gcs is not None:  # recorded since the twenty-first session (runner.GcPauses)
-            long = [p for p in gcs if p[1] >= 50]
-            print(f"  {exp.name}: the serving process's garbage collections >= 5 ms: {len(gcs)}, "
-                  f"longest {max((p[1] for p in gcs), default=0):.0f} ms; >= 50 ms at "
-                  + (", ".join(f"{t:.2f} s ({ms:.0f} ms)" for t, ms, _ in long) or "none"))
         res = simulate(run.mix(exp, None), "validate", 1, keep_requests=True)
         pred = res.requests().sort("arrival_s").with_columns(i=pl.int_range(pl.len()))
-        meas = (reqs.filter(pl.col("run") == exp.name).sort("send_s")
-                .with_columns(i=pl.int_range(pl.len())))
-        both = meas.join(pred, on="i", suffix="_p")
-        if not (len(both) == len(meas) == len(pred)
-                and (both["workload"] == both["workload_p"]).all()):
-            print(f"  {exp.name}: requests do not pair (closed loop?); skipped")
-            continue
-        print(f"  {engine} {exp.name}: {len(both)} requests")
-        for w in both["workload"].unique(maintain_order=True).to_list():
-            x = both.filter(pl.col("workload") == w)
-            q = [np.percentile(x[c].to_numpy(), v) * 1e3 for c in ("ttft_s", "ttft_s_p")
-                 for v in (50, 90, 99)]
-            print(f"    {w:8s} TTFT p50/p90/p99 measured {q[0]:.0f}/{q[1]:.0f}/{q[2]:.0f} ms, "
-                  f"predicted {q[3]:.0f}/{q[4]:.0f}/{q[5]:.0f} ms")
-        w = max(both["workload"].unique().to_list(), key=lambda n: float(np.percentile(
-            both.filter(pl.col("workload") == n)["ttft_s"].to_numpy(), 99)))
-        print("    the slowest first tokens of " + w + " (s from the start: measured / "
-              "predicted TTFT ms):")
-        slow = both.filter(pl.col("workload") == w).sort("ttft_s", descending=True).head(6)
-        for r in slow.iter_rows(named=True):
-            print(f"      {r['send_s']:6.1f} s: {r['ttft_s'] * 1e3:6.0f} / "
-                  f"{r['ttft_s_p'] * 1e3:6.0f}")
-        per = (both.filter(pl.col("output_tokens") > 1)
-               .with_columns(b=(pl.col("send_s") // 10).cast(pl.Int32),
-                             itl=(pl.col("e2e_s") - pl.col("ttft_s"))
-                             / (pl.col("output_tokens") - 1),
-                             itl_p=(pl.col("e2e_s_p") - pl.col("ttft_s_p"))
-                             / (pl.col("output_tokens") - 1))
-               .group_by("b").agg(ttft=pl.col("ttft_s").mean(), ttft_p=pl.col("ttft_s_p").mean(),
-                                  itl=pl.col("itl").mean(), itl_p=pl.col("itl_p").mean())
-               .sort("b"))
-        print("    by 10 s of arrivals, mean TTFT and inter-token time, measured / predicted:")
-        for r in per.iter_rows(named=True):
-            print(f"      {r['b'] * 10:3d} s: TTFT {r['ttft'] * 1e3:5.0f} / "
-                  f"{r['ttft_p'] * 1e3:5.0f} ms, ITL {r['itl'] * 1e3:5.2f} / "
-                  f"{r['itl_p'] * 1e3:5.2f} ms "
-                  f"({r['itl'] / r['itl_p'] - 1:+.1%})")
+        for name in exp.runs():  # a repeated experiment's runs serve the same requests
+            _pair_run(engine, name, measured["runs"].get(name, {}), reqs, pred)
+
+
+def _pair_run(engine: str, name: str, info: dict[str, Any], reqs: pl.DataFrame,
+              pred: pl.DataFrame) -> None:
+    """One run of `pair`: its garbage collections, then its requests beside the prediction's."""
+    gcs = info.get("gc_pauses")
+    if gcs is not None:  # recorded since the twenty-first session (runner.GcPauses)
+        long = [p for p in gcs if p[1] >= 50]
+        print(f"  {name}: the serving process's garbage collections >= 5 ms: {len(gcs)}, "
+              f"longest {max((p[1] for p in gcs), default=0):.0f} ms; >= 50 ms at "
+              + (", ".join(f"{t:.2f} s ({ms:.0f} ms)" for t, ms, _ in long) or "none"))
+    meas = (reqs.filter(pl.col("run") == name).sort("send_s")
+            .with_columns(i=pl.int_range(pl.len())))
+    both = meas.join(pred, on="i", suffix="_p")
+    if not (len(both) == len(meas) == len(pred)
+            and (both["workload"] == both["workload_p"]).all()):
+        print(f"  {name}: requests do not pair (closed loop?); skipped")
+        return
+    print(f"  {engine} {name}: {len(both)} requests")
+    for w in both["workload"].unique(maintain_order=True).to_list():
+        x = both.filter(pl.col("workload") == w)
+        q = [np.percentile(x[c].to_numpy(), v) * 1e3 for c in ("ttft_s", "ttft_s_p")
+             for v in (50, 90, 99)]
+        print(f"    {w:8s} TTFT p50/p90/p99 measured {q[0]:.0f}/{q[1]:.0f}/{q[2]:.0f} ms, "
+              f"predicted {q[3]:.0f}/{q[4]:.0f}/{q[5]:.0f} ms")
+    w = max(both["workload"].unique().to_list(), key=lambda n: float(np.percentile(
+        both.filter(pl.col("workload") == n)["ttft_s"].to_numpy(), 99)))
+    print("    the slowest first tokens of " + w + " (s from the start: measured / "
+          "predicted TTFT ms):")
+    slow = both.filter(pl.col("workload") == w).sort("ttft_s", descending=True).head(6)
+    for r in slow.iter_rows(named=True):
+        print(f"      {r['send_s']:6.1f} s: {r['ttft_s'] * 1e3:6.0f} / "
+              f"{r['ttft_s_p'] * 1e3:6.0f}")
+    per = (both.filter(pl.col("output_tokens") > 1)
+           .with_columns(b=(pl.col("send_s") // 10).cast(pl.Int32),
+                         itl=(pl.col("e2e_s") - pl.col("ttft_s"))
+                         / (pl.col("output_tokens") - 1),
+                         itl_p=(pl.col("e2e_s_p") - pl.col("ttft_s_p"))
+                         / (pl.col("output_tokens") - 1))
+           .group_by("b").agg(ttft=pl.col("ttft_s").mean(), ttft_p=pl.col("ttft_s_p").mean(),
+                              itl=pl.col("itl").mean(), itl_p=pl.col("itl_p").mean())
+           .sort("b"))
+    print("    by 10 s of arrivals, mean TTFT and inter-token time, measured / predicted:")
+    for r in per.iter_rows(named=True):
+        print(f"      {r['b'] * 10:3d} s: TTFT {r['ttft'] * 1e3:5.0f} / "
+              f"{r['ttft_p'] * 1e3:5.0f} ms, ITL {r['itl'] * 1e3:5.2f} / "
+              f"{r['itl_p'] * 1e3:5.2f} ms "
+              f"({r['itl'] / r['itl_p'] - 1:+.1%})")
 
 
 def reach(engine: str = "llama-3.1-8b-bf16-plan4t") -> None:
