@@ -140,18 +140,25 @@ def graph() -> None:
               f"{prof.step.eager_step_s * 1e3:.1f} ms")
 
 
-def points(profile: str) -> None:
+def points(profile: str, only: str | None = None) -> None:
     """Each sweep point of one profile: its steps' time, measured and by the fit, summed over
-    the point (a single CPU-stamped step can land a step late; the sum telescopes)."""
+    the point (a single CPU-stamped step can land a step late; the sum telescopes); with a
+    point's name, that point's steps one by one, in the order they ran."""
     prof, s, sizes = _fit_inputs(PROFILES / profile)
     pred = _predicted(prof, s, sizes)
     keep = ~s["warmup"]
     point = s["point"][keep]
     for name in dict.fromkeys(point):
+        if only is not None and name != only:
+            continue
         m = point == name
         took, fit = s["step_s"][keep][m].sum(), pred[keep][m].sum()
         print(f"  {name:28s} {int(m.sum()):4d} steps {took * 1e3:9.1f} ms measured, "
               f"{fit * 1e3:9.1f} ms by the fit ({fit / took - 1:+.0%})")
+        if only is not None:
+            print("    each step, ms (measured / by the fit): " + ", ".join(
+                f"{a * 1e3:.1f}/{b * 1e3:.1f}"
+                for a, b in zip(s["step_s"][keep][m], pred[keep][m], strict=True)))
 
 
 def _fit_inputs(d: Path) -> tuple[Profile, dict[str, np.ndarray], list[int]]:
@@ -737,8 +744,11 @@ def starts() -> None:
 
 def main() -> None:
     what = sys.argv[1:] or ["sanity", "graph"]
-    if what[0] in ("points", "composition"):
-        {"points": points, "composition": composition}[what[0]](what[1])
+    if what[0] == "points":
+        points(*what[1:3])
+        return
+    if what[0] == "composition":
+        composition(what[1])
         return
     for name in what:
         print(f"== {name}")
