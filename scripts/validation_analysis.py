@@ -34,6 +34,8 @@ profile's pass and draws (twentieth session).
 drifting (twentieth session; `drift` measures the drift).
 `stalls` every stored step trace's gaps of more than 0.3 s with requests running, and where the
 core was traced, whether it stepped on meanwhile (twenty-first session).
+`edge [ENGINE]` each run's share of steps that carry a prompt and their gaps, against the
+simulator's: which side of its edge a Poisson row's ITL p50 lands on (twenty-second session).
 `probe [ENGINE]` a traced engine served with scripts/cpu_probe.py beside it: the core's time a
 step against the probe's pure-Python loop on the same clock (twenty-first session).
 `sync [ENGINE]` a traced engine without asynchronous scheduling: each kind of step's period
@@ -162,12 +164,12 @@ def _trace_timer() -> StepTimer:
     return StepTimer(prof, max_num_seqs=1024, max_num_batched_tokens=8192)
 
 
-def _simulated_steps(run_name: str) -> np.ndarray:
+def _simulated_steps(run_name: str, engine: str = "llama-3.1-8b-bf16-trace") -> np.ndarray:
     """(tokens, prefill_attn, seconds) of every step the simulator runs for the traced
     experiment, recorded by wrapping the step-time model."""
     suite = load_suite(ROOT / "validation" / "h200.yaml")
-    run = suite.engine("llama-3.1-8b-bf16-trace")
-    exp = next(e for e in run.experiments if e.name == run_name)
+    run = suite.engine(engine)
+    exp = next(e for e in run.experiments if run_name in e.runs())
     log: list[tuple[float, float, float]] = []
     timed = StepTimer.step_times
 
@@ -245,6 +247,33 @@ def steps() -> None:
           "(least squares over 8-step windows):")
     print("  " + ", ".join(f"{lo}-{hi}: {c * 1e3:+.1f} ms" for (lo, hi), c
                            in zip(bins, coef, strict=True)))
+
+
+def edge(engine: str = "llama-3.1-8b-fp8-gc2") -> None:
+    """Which side of its edge a Poisson row's ITL p50 lands on (twenty-second session): each
+    run's share of engine steps that carry a prompt and the gap that ends at such a step's
+    record, against a decode-only one's (vLLM's iteration details, `trace_steps`), beside the
+    simulator's steps for the same requests. The median token comes from a decode-only step
+    only while fewer than half of the steps carry a prompt."""
+    folder = next(p for p in stored_runs() if p.name == engine)
+    run, _, _ = load_run(folder)
+    trace = pl.read_parquet(folder / "steps.parquet")
+    for exp in run.experiments:
+        names = exp.runs()
+        sim = _simulated_steps(names[0], engine)
+        carry = sim[:, 1] > 0
+        print(f"{engine} {exp.name}: simulated, {carry.mean():.0%} of {len(sim)} steps carry a "
+              f"prompt, such a step {np.median(sim[carry, 2]) * 1e3:.1f} ms, a decode-only one "
+              f"{np.median(sim[~carry, 2]) * 1e3:.1f} ms (medians)")
+        for name in names:
+            st = trace.filter(pl.col("run") == name).sort("step")
+            if not len(st):
+                continue
+            t, prompt = st["t"].to_numpy(), st["prefill_tokens"].to_numpy()
+            gap, carries = np.diff(t), prompt[1:] > 0
+            print(f"  {name}: {(prompt > 0).mean():.0%} of {len(st)} steps carry a prompt; the "
+                  f"gap ending at such a step's record {np.median(gap[carries]) * 1e3:.1f} ms, "
+                  f"at a decode-only one's {np.median(gap[~carries]) * 1e3:.1f} ms (medians)")
 
 
 def idle() -> None:
@@ -1713,7 +1742,7 @@ def main() -> None:
         return
     with_an_argument: dict[str, Callable[..., None]] = {
         "reach": reach, "eager": eager, "pictures": pictures, "sync": sync, "spread": spread,
-        "probe": probe}
+        "probe": probe, "edge": edge}
     if sys.argv[1:2] and sys.argv[1] in with_an_argument:  # [ENGINE], or spread's [RHO]
         with_an_argument[sys.argv[1]](*sys.argv[2:3])
         return
