@@ -1471,9 +1471,11 @@ def _pair_run(engine: str, name: str, info: dict[str, Any], reqs: pl.DataFrame,
     gcs = info.get("gc_pauses")
     if gcs is not None:  # recorded since the twenty-first session (runner.GcPauses)
         long = [p for p in gcs if p[1] >= 50]
+        frozen = info.get("gc_frozen")  # since the twenty-second session (the heap frozen)
         print(f"  {name}: the serving process's garbage collections >= 5 ms: {len(gcs)}, "
-              f"longest {max((p[1] for p in gcs), default=0):.0f} ms; >= 50 ms at "
-              + (", ".join(f"{t:.2f} s ({ms:.0f} ms)" for t, ms, _ in long) or "none"))
+              f"longest {max((p[1] for p in gcs), default=0):.1f} ms; >= 50 ms at "
+              + (", ".join(f"{t:.2f} s ({ms:.0f} ms)" for t, ms, _ in long) or "none")
+              + ("" if frozen is None else f"; {frozen:,} objects frozen"))
     meas = (reqs.filter(pl.col("run") == name).sort("send_s")
             .with_columns(i=pl.int_range(pl.len())))
     both = meas.join(pred, on="i", suffix="_p")
