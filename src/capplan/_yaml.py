@@ -31,6 +31,10 @@ def read_mapping(path: Path) -> dict[str, Any]:
     return data
 
 
+SHOULD_BE = "Input should be "
+"""How pydantic begins a message that lists the values a field takes."""
+
+
 def validation_message(err: ValidationError) -> tuple[str, str]:
     """The most telling error of a pydantic ValidationError as (dotted field, what to fix).
     An unknown key comes first (a typo also makes the intended key look missing), with the
@@ -55,9 +59,6 @@ def validation_message(err: ValidationError) -> tuple[str, str]:
     if len(takes) > 1 and all(t.startswith(SHOULD_BE) for t in takes):
         msg = SHOULD_BE + " or ".join(dict.fromkeys(t.removeprefix(SHOULD_BE) for t in takes))
     return loc, msg
-
-
-SHOULD_BE = "Input should be "
 
 
 def _field(loc: tuple[int | str, ...]) -> str:
