@@ -32,6 +32,8 @@ and where the engine's core was traced, each such step beyond its text price aga
 profile's pass and draws (twentieth session).
 `spread [RHO]` the core-time spread on the whole suite, drawn step by step or, with RHO,
 drifting (twentieth session; `drift` measures the drift).
+`floors` Llama-3.1-8B FP8's rows priced with other launch floors for a graph-less step
+(twenty-second session).
 `stalls` every stored step trace's gaps of more than 0.3 s with requests running, and where the
 core was traced, whether it stepped on meanwhile (twenty-first session).
 `edge [ENGINE]` each run's share of steps that carry a prompt and their gaps, against the
@@ -274,6 +276,37 @@ def edge(engine: str = "llama-3.1-8b-fp8-gc2") -> None:
             print(f"  {name}: {(prompt > 0).mean():.0%} of {len(st)} steps carry a prompt; the "
                   f"gap ending at such a step's record {np.median(gap[carries]) * 1e3:.1f} ms, "
                   f"at a decode-only one's {np.median(gap[~carries]) * 1e3:.1f} ms (medians)")
+
+
+def floors() -> None:
+    """Llama-3.1-8B FP8's rows priced with other launch floors for a step past the largest
+    CUDA graph (twenty-second session): the profile's 28.2 ms (its slower calibration run's),
+    25.0 (the median of five traced serving hosts' `execute_model`, `eager ENGINE`) and 22.8
+    (its faster calibration run's). Rows within target per metric, and the mean absolute
+    error of the three the floor moves most."""
+    import capplan.profiles as profiles
+
+    folders = [f for f in stored_runs() if f.name.startswith("llama-3.1-8b-fp8")]
+    resolve = profiles.resolve_profile
+    for floor in (None, 0.025, 0.0228):
+        def with_floor(pool: Any, spec: Any, floor: float | None = floor) -> Profile:
+            prof = resolve(pool, spec)
+            if floor is None or (prof.model, prof.key) != ("llama-3.1-8b", "fp8"):
+                return prof
+            return prof.model_copy(update={"step": prof.step.model_copy(
+                update={"eager_floor_s": floor})})
+
+        profiles.resolve_profile = with_floor
+        try:
+            df = to_frame(compare_all(folders=folders))
+        finally:
+            profiles.resolve_profile = resolve
+        within = {m: int((df[f"{m}_error"].abs() <= t).sum()) for m, t in TARGETS.items()}
+        mean = {m: float(df[f"{m}_error"].abs().mean()) for m in
+                ("ttft_p99_s", "itl_p50_s", "itl_p99_s")}
+        print(f"eager floor {'as profiled' if floor is None else f'{floor * 1e3:.1f} ms'}: "
+              f"{len(df)} rows within target " + ", ".join(f"{m} {n}" for m, n in within.items())
+              + "; mean abs. error " + ", ".join(f"{m} {v:.1%}" for m, v in mean.items()))
 
 
 def idle() -> None:
@@ -1755,7 +1788,7 @@ def main() -> None:
         "trial": trial, "idle": idle, "graph": graph, "gemma": gemma, "prefix": prefix,
         "waves": waves, "band": band, "rules": rules, "gaps": gaps, "loop": loop,
         "tried": tried, "core": core, "wake": wake, "spread": spread, "spells": spells,
-        "drift": drift, "stalls": stalls,
+        "drift": drift, "stalls": stalls, "floors": floors,
     }
     for name in what:
         if name not in commands:
