@@ -138,3 +138,22 @@ def test_a_run_held_by_the_runners_own_collection_says_so() -> None:
     notes = {r.run: r.note for r in compare_run(folder)}
     assert notes["chat-p44-r4"] == "the runner's own 390 ms garbage collection at 1.8 s"
     assert not any(notes[r] for r in notes if r != "chat-p44-r4")
+
+
+def test_the_compare_table_prints_each_rows_note(tmp_path: Path) -> None:
+    """`capplan validate compare`'s table ends with the notes its rows carry (the CSV has
+    them as a column), so the terminal reader sees the collection behind a tail too."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from capplan.cli import main
+
+    src = next(p for p in stored_runs() if p.name == "llama-3.1-8b-fp8-gc")
+    root = tmp_path / "cal"
+    shutil.copytree(src, root / "h200/vllm-0.26.0/llama-3.1-8b/validation" / src.name)
+    out = CliRunner().invoke(main, ["validate", "compare", "--root", str(root)])
+    assert out.exit_code == 0, out.output
+    notes = out.output[out.output.index("notes:"):].splitlines()[1:]
+    assert notes == ["  llama-3.1-8b-fp8-gc chat-p44-r4 chat: the runner's own 390 ms "
+                     "garbage collection at 1.8 s"]

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import subprocess
@@ -217,11 +218,12 @@ def compare(root: Path, fmt: str, out: Path | None, write_docs: Path | None,
                 cells.append(f"{_fmt(m, r.measured[m])} / {_fmt(m, r.predicted[m])} "
                              f"[{style}]({err:+.0%})[/{style}]")
             table.add_row(r.engine, r.run, r.workload, *cells)
-        if out is None:
-            Console(width=220).print(table)
-        else:
-            with out.open("w") as fh:
-                Console(width=220, file=fh).print(table)
+        notes = [f"  {r.engine} {r.run} {r.workload}: {r.note}" for r in rows if r.note]
+        with out.open("w") if out is not None else contextlib.nullcontext() as fh:
+            console = Console(width=220, file=fh)  # no file: stdout
+            console.print(table)
+            if notes:  # what a row's run carried that its figures do not show
+                console.print("notes:\n" + "\n".join(notes), highlight=False)
         return
     if out is None:
         click.echo(text)
