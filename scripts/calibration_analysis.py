@@ -584,7 +584,7 @@ def encoder() -> None:
 
 SLOW_SPELL_MS = 65.0
 """A picture's step this much longer than its text twin's is in a slow spell (the steps ran
-~35-60 or ~75-105 ms beyond their twins, nothing between)."""
+~35-60 or ~75-145 ms beyond their twins, nothing between)."""
 
 
 def pictures() -> None:
@@ -609,11 +609,13 @@ def pictures() -> None:
         if "encoder_tokens" not in df.columns:
             print("  no picture points")
             continue
+        slow = steps = 0
         for pid in sorted(p for p in df["point"].unique() if p.startswith("picture-")
                           and "-i0" not in p):
             pic, txt = F.picture_and_twin(df, pid)
             twin = float(txt["step_s"].median()) * 1e3  # type: ignore[arg-type]
             beyond = pic.sort("step")["step_s"].to_numpy() * 1e3 - twin
+            slow, steps = slow + int((beyond > SLOW_SPELL_MS).sum()), steps + len(beyond)
             q = np.percentile(beyond, [10, 50, 90])
             print(f"  {pid:20s} twin {twin:5.1f} ms; picture beyond it "
                   + "/".join(f"{x:.1f}" for x in q) + " ms (p10/p50/p90), "
@@ -621,6 +623,8 @@ def pictures() -> None:
             launches = _neighbour_launches(df.filter(pl.col("point") == pid))
             if launches is not None:
                 print("  " + " " * 20 + " " + launches)
+        print(f"  in the slow spell: {slow} of the run's {steps} picture steps "
+              f"({slow / steps:.0%})")
     d = np.array(prof.step.encoder_step_draws_s) * 1e3
     st = prof.step
     print(f"== the profile: a pass of {pass_ms:.1f} ms, and around it {len(d)} draws, median "

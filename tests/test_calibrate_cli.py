@@ -452,7 +452,7 @@ def test_picture_points_price_what_a_step_that_encodes_costs_beyond_the_pass(
 
 
 def test_picture_points_keep_every_step_for_the_simulator_to_draw(tmp_path: Path) -> None:
-    """A picture's step is not one figure (on the H200 ~35-60 or ~75-105 ms beyond its twin, in
+    """A picture's step is not one figure (on the H200 ~35-60 or ~75-145 ms beyond its twin, in
     spells): the profile keeps each measured step beyond twin and pass, sorted, and their
     median as encoder_step_s."""
     from capplan.calibrate.build import Group, encoder_time

@@ -211,7 +211,7 @@ class StepModel(BaseModel):
         description="every measured step that encoded a picture, beyond its text-only twin's "
         "step and the encoder's pass (fit.picture_steps; may be negative): the simulator "
         "draws one for each step that encodes (sim/replica.py PictureDraws), since such a "
-        "step took ~35-60 or ~75-105 ms beyond its twin on the H200, in spells; empty: "
+        "step took ~35-60 or ~75-145 ms beyond its twin on the H200, in spells; empty: "
         "every such step pays `encoder_step_s`",
     )
     encoder_slow_above_s: float = Field(

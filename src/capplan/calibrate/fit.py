@@ -393,7 +393,7 @@ def picture_steps(df: pl.DataFrame, scan: EncoderScan) -> PictureSteps | None:
     engine's picture points (sweep.picture_points; store.read_runner_jsonl of its run): for
     each picture point, each of its steps that encoded (`encoder_tokens`) less its text-only
     twin's median prefill step, less the scan's pass (`scan.pass_s`). The cost is not one
-    figure: on the H200 a 280-token picture's step ran ~35-60 or ~75-105 ms beyond its twin, in
+    figure: on the H200 a 280-token picture's step ran ~35-60 or ~75-145 ms beyond its twin, in
     spells of several steps, alone and beside decodes, in calibration and in serving alike
     (docs/calibration.md, "A picture's step"), so the profile keeps every step's figure for
     the simulator to draw from, and their median. None without picture points."""
