@@ -633,7 +633,8 @@ def sync(engine: str = "gemma-4-31b-fp8-opens") -> None:
 
 
 def spells(seeds: int = 8) -> None:
-    """The vision rows predicted over `seeds` seeds (arrivals and draws), with the picture
+    """The vision rows (the lone pictures and the production pool's share) predicted over
+    `seeds` seeds (arrivals and draws), with the picture
     steps' slow and fast spells as the profile measured them and with each step drawn on its
     own: the medians over seeds of TTFT p50, TTFT p99 and ITL p99 (twentieth session)."""
     from capplan.profiles import resolve_profile
@@ -646,7 +647,7 @@ def spells(seeds: int = 8) -> None:
         alone = prof.model_copy(update={"step": prof.step.model_copy(
             update={"encoder_slow_spell_s": 0.0, "encoder_fast_spell_s": 0.0})})
         for exp in run_.experiments:
-            if not exp.name.startswith("vision-of"):
+            if not exp.name.startswith(("vision-of", "image-c1")):
                 continue
             mix = run_.mix(exp)
             got = reqs.filter(pl.col("run") == exp.name)
@@ -1768,6 +1769,43 @@ def stalls() -> None:
                 print(line)
 
 
+def tocore() -> None:
+    """From each request's send stamp to the engine core's input thread taking it (the
+    runner's records against the core trace, one perf_counter clock): a text request's,
+    a picture's, and a picture's less the runner's own `prep_s` where it was recorded
+    (twenty-third session; sim/client.py PICTURE_INPUT_TOKEN_S, validate/suite.py
+    HARNESS_PICTURE_TOKEN_S). Each request is paired with the first input the core decoded
+    after its send, so only the runs that send one request at a time pair cleanly; under
+    load the figures are upper bounds."""
+    folders = {f.name: f for f in stored_runs()}
+    for engine in sorted(folders):
+        stored = _stored_trace(engine)
+        if stored is None:
+            continue
+        trace, meta = stored
+        dec = trace.filter((pl.col("name") == "decode")
+                           & pl.col("thread").cast(pl.String).str.starts_with("Thread-1"))
+        got = np.sort(dec["t0_us"].to_numpy() / 1e6)
+        if not len(got):
+            continue
+        _, reqs, _ = load_run(folders[engine])
+        for run, info in meta["experiments"].items():
+            r = reqs.filter(pl.col("run") == run)
+            if run.startswith("warmup") or r.is_empty():
+                continue
+            send = r["send_s"].to_numpy() + info["t0_perf"] - meta["clock_base_s"]
+            i = np.searchsorted(got, send)
+            ok = i < len(got)
+            lag = (got[i[ok]] - send[ok]) * 1e3
+            line = (f"{engine:32s} {run:20s} {ok.sum():5d} requests: send to core input "
+                    + "/".join(f"{x:.1f}" for x in np.percentile(lag, [10, 50, 90])) + " ms")
+            if "prep_s" in r.columns and r["prep_s"].is_not_null().all():
+                prep = r["prep_s"].to_numpy()[ok] * 1e3
+                line += (f"; the runner's own {np.median(prep):.2f} ms, the rest "
+                         f"{np.median(lag - prep):.1f} ms (medians)")
+            print(line)
+
+
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
         before(sys.argv[2], sys.argv[3:])
@@ -1788,7 +1826,7 @@ def main() -> None:
         "trial": trial, "idle": idle, "graph": graph, "gemma": gemma, "prefix": prefix,
         "waves": waves, "band": band, "rules": rules, "gaps": gaps, "loop": loop,
         "tried": tried, "core": core, "wake": wake, "spread": spread, "spells": spells,
-        "drift": drift, "stalls": stalls, "floors": floors,
+        "drift": drift, "stalls": stalls, "floors": floors, "tocore": tocore,
     }
     for name in what:
         if name not in commands:

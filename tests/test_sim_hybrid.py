@@ -705,11 +705,13 @@ def test_sliding_layers_keep_the_kernel_block_whatever_block_size() -> None:
 def test_a_pictures_step_waits_for_the_measured_encoder_pass() -> None:
     """Gemma 4 FP8 at concurrency 1: a prompt of 300 text tokens and one 280-token picture
     reaches its first token one encoder pass (the pass's floor, a lone picture) after a
-    text prompt of the same 580 tokens does; two 280-token pictures beside 20 text tokens
-    pay the pictures' per-token terms, past the floor (profile.py StepTimer.encoder_pass_s,
-    vLLM's gpu_model_runner.py _execute_mm_encoder)."""
+    text prompt of the same 580 tokens does, and the time vLLM's input path takes its
+    pixels to the engine core (sim/client.py PICTURE_INPUT_TOKEN_S); two 280-token pictures
+    beside 20 text tokens pay the pictures' per-token terms, past the floor (profile.py
+    StepTimer.encoder_pass_s, vLLM's gpu_model_runner.py _execute_mm_encoder)."""
     from capplan.mix import TrafficMix
     from capplan.profile import StepTimer
+    from capplan.sim.client import PICTURE_INPUT_TOKEN_S
     from capplan.sim.run import setup_pool
 
     def ttft(text: int, image: dict | None) -> float:
@@ -729,10 +731,11 @@ def test_a_pictures_step_waits_for_the_measured_encoder_pass() -> None:
     one, two = timer.encoder_pass_s(280, 1), timer.encoder_pass_s(560, 2)
     assert one == mix_setup.profile.step.encoder_floor_s > 0 and two > one
     text = ttft(580, None)
+    taken_in = PICTURE_INPUT_TOKEN_S  # AsyncLLM's time on a picture's pixels, a token
     assert ttft(300, {"images_per_request": 1, "tokens_per_image": 280}) - text == \
-        pytest.approx(one, abs=1e-3)
+        pytest.approx(one + 280 * taken_in, abs=1e-3)
     assert ttft(20, {"images_per_request": 2, "tokens_per_image": 280}) - text == \
-        pytest.approx(two, abs=1e-3)
+        pytest.approx(two + 560 * taken_in, abs=1e-3)
 
 
 def _picture_ttfts(text: int, image: dict | None, step: dict, seed: int = 0) -> pl.Series:

@@ -151,6 +151,10 @@ class FakePictures:
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []
+        self.pooled_for: list[str] = []
+
+    def pool(self, exp):
+        self.pooled_for.append(exp["name"])
 
     def prompt(self, ids, images, tokens, cache_salt=None):
         self.calls.append((len(ids), images, tokens, cache_salt))
@@ -174,6 +178,27 @@ def test_image_workloads_go_to_the_engine_as_pictures(tmp_path):
     with_pictures = [p for p in engine.prompts if "pictures" in p]
     assert len(with_pictures) == len(pics.calls) < len(engine.prompts)
     assert all("cache_salt" in p for p in engine.prompts if "pictures" not in p)
+    assert pics.pooled_for == ["i"]  # before the experiment's clock starts
+    rows = [json.loads(line) for line in (tmp_path / "x.jsonl").read_text().splitlines()]
+    assert rows and all(r["prep_s"] >= 0 for r in rows)  # the runner's own time, recorded
+
+
+def test_pooled_pixels_are_drawn_before_the_clock_and_handed_out_in_turn() -> None:
+    """`pixels: pooled` (suite.py Experiment.pixels): Pictures.pool draws POOL batches of
+    each picture shape the experiment sends, and each request takes the next; otherwise
+    (the default, every run before the twenty-third session) each request draws its own."""
+    pics = runner.Pictures.__new__(runner.Pictures)
+    drawn: list[tuple[int, int]] = []
+    pics._pixels = lambda images, tokens: drawn.append((images, tokens)) or len(drawn)
+    image = {"images": 1, "tokens": 280}
+    exp = {"name": "p", "pixels": "pooled",
+           "workloads": [{"image": image}, {}, {"image": image}]}
+    pics.pool(exp)
+    assert drawn == [(1, 280)] * runner.Pictures.POOL  # one pool for the shared shape
+    got = [pics.batch(1, 280) for _ in range(runner.Pictures.POOL + 2)]
+    assert got == [*range(1, runner.Pictures.POOL + 1), 1, 2] and len(drawn) == runner.Pictures.POOL
+    pics.pool({**exp, "pixels": "per_request"})  # the next experiment draws per request
+    assert pics.batch(1, 280) == runner.Pictures.POOL + 1
 
 
 def test_pictures_sit_after_the_first_token_and_keep_the_prompts_length() -> None:

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from capplan.cli import main
-from capplan.errors import ConfigError
+from capplan.errors import CalibrationError, ConfigError
 from capplan.sim.run import simulate
 from capplan.validate.store import load_run, stored_runs
 from capplan.validate.suite import (
@@ -384,3 +384,26 @@ def test_ingest_stores_the_trace_of_the_start_that_measured(tmp_path) -> None:
     assert out.exit_code == 0, out.output
     meta = json.loads((tmp_path / "traces" / f"{src.name}.json").read_text())
     assert meta["clock_base_s"] == 7.0
+
+
+def test_ingest_passes_over_a_start_that_never_started(tmp_path) -> None:
+    """A first start cut by its call's deadline inside the engine's compile leaves an
+    engine.json with only the error (twenty-third session); ingest takes the start that
+    measured and lists the failed one in the provenance. Alone, it is an error."""
+    from capplan.validate.store import ingest
+
+    src = next(p for p in stored_runs() if p.name == "llama-3.1-8b-bf16-seqs8")
+    run = load_suite(SUITE).engine(src.name)
+    failed = tmp_path / "raw" / src.name
+    failed.mkdir(parents=True)
+    (failed / "engine.json").write_text(json.dumps(
+        {"job": src.name, "started_unix": 1.8e9, "error": "engine failed to start: cut"}))
+    with pytest.raises(CalibrationError, match="never started: engine failed to start: cut"):
+        ingest([failed], run, tmp_path / "cal")
+    second = _make(tmp_path / "raw" / "start2", src, ["chat-c4"])
+    dest = ingest([failed, second], run, tmp_path / "cal")
+    prov = json.loads((dest / "provenance.json").read_text())
+    assert len(prov["starts"]) == 1
+    assert prov["failed_starts"] == [{"date": "2027-01-15T08:00:00+00:00",
+                                      "error": "engine failed to start: cut"}]
+    assert list(json.loads((dest / "measured.json").read_text())["runs"]) == ["chat-c4"]

@@ -53,6 +53,14 @@ class SimulationSettings(BaseModel):
         "meanwhile (sim/client.py; 0: every user is its own client; a single asyncio load "
         "generator such as vllm bench serve: about 0.4 ms)",
     )
+    client_picture_token_s: float = Field(
+        default=0.0, ge=0, le=1e-3,
+        description="seconds a client spends making a request's picture, per image token, "
+        "before it hands the request to vLLM and after the request's send stamp; it reads "
+        "no token meanwhile where it is one loop (client_send_s > 0). 0 for a client that "
+        "sends pictures it already holds (the validation runner drawing noise pixels per "
+        "request: about 30 us, validate/suite.py HARNESS_PICTURE_TOKEN_S)",
+    )
 
     output_jitter_s: float = Field(
         default=0.0, ge=0, le=0.01,

@@ -27,6 +27,20 @@ from __future__ import annotations
 
 import numpy as np
 
+PICTURE_INPUT_TOKEN_S = 21.8e-6
+"""vLLM's own time taking in a request's pictures, per image token, before the engine core
+has the request: AsyncLLM.add_request processes the multimodal input in the caller's loop
+(vllm/v1/engine/async_llm.py, InputProcessor.process_inputs) and the engine-core client
+serializes its pixel tensors to the core process (vllm/v1/engine/core_client.py,
+vllm/v1/serial_utils.py MsgpackEncoder; a 280-token Gemma 4 picture is 1.9 M float32 pixel
+values, 7.7 MB). Measured on the validation runner's traced engine core
+(gemma-4-31b-fp8-vision6, pictures whose pixels were drawn before the clock): a lone
+picture's request reached the core's input thread 6.9 ms after its send stamp at the median
+(6.8 ms at the production vision pool's load), a text request 0.8 ms on every traced engine,
+so 6.1 ms a 280-token picture (`python scripts/validation_analysis.py tocore`). It holds the
+loop that sends (the load generator's here; `vllm serve`'s API server's in production, where
+its image processor's own time on a real picture comes on top and is not measured)."""
+
 
 class ClientLoop:
     """When the client's event loop is free again."""
@@ -43,6 +57,13 @@ class ClientLoop:
         start = t if t > self.free_s else self.free_s
         self.free_s = start + self.send_s
         return start
+
+    def hold(self, start: float, seconds: float) -> None:
+        """The send that started at `start` also spends `seconds` on its request's pictures
+        (the client's own and AsyncLLM's): the loop is busy that much longer."""
+        end = start + self.send_s + seconds
+        if end > self.free_s:
+            self.free_s = end
 
     def read(self, t: float) -> float:
         """A token that reaches the client at `t`: when the loop reads it."""

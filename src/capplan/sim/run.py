@@ -24,7 +24,7 @@ from capplan.mix import TrafficMix, max_model_len
 from capplan.modelspec import ModelSpec, load_model_spec
 from capplan.pool import Pool, refuse_open
 from capplan.profile import Profile, StepTimer
-from capplan.sim.client import ClientLoop, OutputJitter
+from capplan.sim.client import PICTURE_INPUT_TOKEN_S, ClientLoop, OutputJitter
 from capplan.sim.core import CoreConfig, EngineCore, SimRequest
 from capplan.sim.metrics import WorkloadRecorder
 from capplan.sim.replica import LaunchSpread, PictureDraws, Replica, Window
@@ -278,6 +278,9 @@ class _Run:
         self.latency = client_latency_s
         send_s = mix.simulation.client_send_s
         self.client = ClientLoop(send_s) if send_s else None
+        # a picture's time from the send stamp to the engine core, per image token: the
+        # client making it, then AsyncLLM taking it in (sim/client.py)
+        self.picture_token_s = mix.simulation.client_picture_token_s + PICTURE_INPUT_TOKEN_S
         self.duration, self.warmup, self.drain, self.seed = duration, warmup, drain, seed
         self.rate_scale = rate_scale
         self.env = simpy.Environment()
@@ -433,10 +436,17 @@ class _Run:
         """Send `r` (its arrival_s is when the client sends it); the engine sees it
         `latency` later. A single client (`client_send_s` > 0, sim/client.py) sends one
         request at a time: a request due while its loop is busy waits, and its send time is
-        when it leaves (the validation harness stamps it so); `sent`: that is settled."""
+        when it leaves (the validation harness stamps it so); `sent`: that is settled. A
+        request with pictures reaches the engine later by the time they take in the loop
+        (`picture_token_s` an image token), and holds the client's loop that long."""
         if self.client is not None and not sent:
             r.arrival_s = self.client.send(r.arrival_s)
         delay = r.arrival_s + self.latency - self.env.now
+        if r.image_tokens:  # its pictures are made and taken in before it leaves the loop
+            picture = r.image_tokens * self.picture_token_s
+            if self.client is not None:
+                self.client.hold(r.arrival_s, picture)
+            delay += picture
         if delay <= 0:
             self.router.route(r).add_request(r)
             return

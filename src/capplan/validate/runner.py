@@ -88,13 +88,43 @@ class Pictures:
     prompt after its first token, and a hash of its own so that no picture hits the
     encoder cache. The prompt goes to the engine as vLLM's processed multimodal input
     (vllm/inputs/engine.py mm_input), as the renderer would send it; the weights are dummy,
-    so the pixels are noise of the right shape."""
+    so the pixels are noise of the right shape.
+
+    Drawing that noise takes the client's loop ~10 ms a 280-token picture, inside the
+    request's send stamp. An experiment with `pixels: pooled` draws POOL batches of each shape
+    before its clock starts and hands them out in turn, each under a fresh hash: what the
+    engine is sent is the same, and the send stamp then holds only vLLM's own work on the
+    input (AsyncLLM.add_request, its serialization to the engine core)."""
+
+    POOL = 8
 
     def __init__(self, hf, seed):
         vc = hf["vision_config"]
         self.k, self.patch = vc["pooling_kernel_size"], vc["patch_size"]
         self.token_id = hf["image_token_id"]
         self.seed, self.n = seed, 0
+        self.pooled = {}  # (images, tokens) -> [pixel batches], next index
+
+    def _pixels(self, images, tokens):
+        import torch
+
+        rows, cols = (self.k * d for d in token_grid(tokens))
+        ys, xs = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
+        grid = torch.stack([xs.flatten(), ys.flatten()], -1)
+        return {"pixel_values": torch.rand(images, rows * cols, self.patch * self.patch * 3),
+                "pixel_position_ids": grid.expand(images, -1, -1).contiguous()}
+
+    def pool(self, exp):
+        """Draw the pixels of every picture shape `exp` sends before its clock starts
+        (`pixels: pooled`), else forget any drawn for an earlier experiment."""
+        self.pooled = {}
+        if exp.get("pixels") != "pooled":
+            return
+        for w in exp["workloads"]:
+            if w.get("image"):
+                shape = (w["image"]["images"], w["image"]["tokens"])
+                if shape not in self.pooled:
+                    self.pooled[shape] = [[self._pixels(*shape) for _ in range(self.POOL)], 0]
 
     def place(self, ids, images, tokens):
         """`ids` with each picture's placeholder tokens after the first token and one text
@@ -110,8 +140,16 @@ class Pictures:
             pos += tokens + 1
         return ids, offsets
 
+    def batch(self, images, tokens):
+        """The pixels of one request's pictures: the pool's next, else drawn now."""
+        pooled = self.pooled.get((images, tokens))
+        if pooled is None:
+            return self._pixels(images, tokens)
+        batches, i = pooled
+        pooled[1] = i + 1
+        return batches[i % len(batches)]
+
     def prompt(self, ids, images, tokens, cache_salt=None):
-        import torch
         from vllm.inputs.engine import mm_input
         from vllm.multimodal.inputs import (
             MultiModalFieldConfig,
@@ -121,11 +159,7 @@ class Pictures:
 
         ids, offsets = self.place(ids, images, tokens)
         places = [PlaceholderRange(offset=o, length=tokens) for o in offsets]
-        rows, cols = (self.k * d for d in token_grid(tokens))
-        ys, xs = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
-        grid = torch.stack([xs.flatten(), ys.flatten()], -1)
-        batch = {"pixel_values": torch.rand(images, rows * cols, self.patch * self.patch * 3),
-                 "pixel_position_ids": grid.expand(images, -1, -1).contiguous()}
+        batch = self.batch(images, tokens)
         config = {k: MultiModalFieldConfig.batched("image") for k in batch}
         hashes = [f"capplan-{self.seed}-{self.n + i}" for i in range(1, images + 1)]
         self.n += images
@@ -192,6 +226,7 @@ class Experiment:
             prompt = {"prompt_token_ids": ids}  # vllm.inputs.TokensPrompt is this TypedDict
             if self.salted:
                 prompt["cache_salt"] = rid
+        prep = self.now() - t_send  # the harness's own time inside the send stamp
         chunks, cached, n_out = [], None, 0
         kw = {"priority": priority} if priority else {}
         error = None
@@ -215,6 +250,7 @@ class Experiment:
                 "workload": wl, "send_s": round(t_send, 6), "input_tokens": inp,
                 "output_tokens": n_out, "max_tokens": out, "cached_tokens": cached or 0,
                 "prefix_group": group, "prefix_tokens": ptoks, "priority": priority,
+                "prep_s": round(prep, 6),
                 "ttft_s": round(chunks[0][0] - t_send, 6) if chunks else None,
                 "e2e_s": round(chunks[-1][0] - t_send, 6) if chunks else None,
                 "chunk_t": [round(t - t_send, 6) for t, _ in chunks],
@@ -286,6 +322,8 @@ class Experiment:
                                      w["output_tokens"], w["prefix_group"], w["prefix_tokens"],
                                      [w.get("priority", 0)] * n, strict=True))
         arrivals.sort(key=lambda a: a[0])
+        if self.pictures is not None:
+            self.pictures.pool(exp)
         self.t0 = time.perf_counter()
         closed = []
         for wl, w, rows in users:

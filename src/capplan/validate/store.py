@@ -94,7 +94,7 @@ def read_raw_requests(raws: list[Path], run: EngineRun, source: dict[str, int]) 
             if not rows:
                 continue
             names = {i: w.name for i, w in enumerate(exp.workloads)}
-            frames.append(pl.DataFrame({
+            frame = pl.DataFrame({
                 "experiment": [exp.name] * len(rows),
                 "run": [name] * len(rows),
                 "workload": [names[r["workload"]] for r in rows],
@@ -112,10 +112,15 @@ def read_raw_requests(raws: list[Path], run: EngineRun, source: dict[str, int]) 
                 "chunk_k": [r["chunk_k"] for r in rows],
                 "error": [r.get("error") for r in rows],
             }, schema_overrides={"chunk_t": pl.List(pl.Float64), "chunk_k": pl.List(pl.Int16),
-                                 "error": pl.String, "ttft_s": pl.Float64, "e2e_s": pl.Float64}))
+                                 "error": pl.String, "ttft_s": pl.Float64, "e2e_s": pl.Float64})
+            if "prep_s" in rows[0]:  # the runner's own time building the request inside its
+                # send stamp (runners since the twenty-third session)
+                frame = frame.with_columns(prep_s=pl.Series([r["prep_s"] for r in rows],
+                                                            dtype=pl.Float64))
+            frames.append(frame)
     if not frames:
         raise CalibrationError(f"{raws[0]}: no measured requests for engine run {run.name!r}")
-    return pl.concat(frames)
+    return pl.concat(frames, how="diagonal")
 
 
 def read_raw_steps(raws: list[Path], run: EngineRun, source: dict[str, int]) -> pl.DataFrame | None:
@@ -156,18 +161,26 @@ def ingest(raws: Path | list[Path], run: EngineRun, root: Path = CALIBRATION_DIR
     cut short by its time budget, finished by a second start); each experiment run is taken
     from the first folder that has it, and the provenance lists every start. Runs already
     stored for this engine (`emit --missing` measured only the others) are kept unless the
-    new folders measured them again; their starts stay first in the provenance."""
+    new folders measured them again; their starts stay first in the provenance. A folder
+    whose engine never started is listed under the provenance's `failed_starts` when
+    another folder started; alone, it is an error."""
     raws = [raws] if isinstance(raws, Path) else list(raws)
-    metas = []
+    metas, started, failed = [], [], []
     for raw in raws:
         meta_path = raw / "engine.json"
         if not meta_path.exists():
             raise CalibrationError(f"{raw}: no engine.json; is this a `capplan validate` "
                                    "runner output folder?")
         meta = json.loads(meta_path.read_text())
-        if "engine" not in meta:
-            raise CalibrationError(f"{meta_path}: the engine never started: {meta.get('error')}")
-        metas.append(meta)
+        if "engine" in meta:
+            metas.append(meta)
+            started.append(raw)
+        else:  # a start that failed (a call's deadline inside the compile): nothing measured
+            failed.append((meta_path, meta))
+    if not metas:
+        meta_path, meta = failed[0]
+        raise CalibrationError(f"{meta_path}: the engine never started: {meta.get('error')}")
+    raws = started
     dest = validation_dir(root, gpu, vllm_version, run.pool.model, run.name)
     source = finished_in(raws, metas, run)
     if not source:
@@ -211,6 +224,8 @@ def ingest(raws: Path | list[Path], run: EngineRun, root: Path = CALIBRATION_DIR
              "kv_tokens": m["engine"].get("kv_tokens"),
              **({"host": m["versions"]["host"]} if "host" in m.get("versions", {}) else {})}
             for m in metas],
+        **({"failed_starts": [{"date": _iso(m.get("started_unix")), "error": m.get("error")}
+                              for _, m in failed]} if failed else {}),
         "command": command or " ".join(metas[0].get("argv", [])),
         "git_commit": _git_commit(), "engine_kwargs": metas[0].get("engine_kwargs"),
     }

@@ -35,6 +35,16 @@ their next ones 0.41 ms apart at the median for 512-token prompts (0.49 ms at 2,
 at 4,096; p10-p90 0.24-0.94 ms), each stamped when it leaves. Measured over the suite's
 closed-loop runs before 2026-11-30's eleventh session, which chose this value; with that
 session's runs, 0.41 / 0.49 / 0.54 ms (`scripts/validation_analysis.py waves`)."""
+HARNESS_PICTURE_TOKEN_S = 30.1e-6
+"""The validation runner's own time making a picture's request inside its send stamp, per
+image token, for experiments with `pixels: per_request` (every one before the twenty-third
+session): it draws the picture's noise pixels (runner.py Pictures; 1.9 M float32 values a
+280-token Gemma 4 picture) before AsyncLLM has the request. Measured by the runner's
+`prep_s` on gemma-4-31b-fp8-vision6, image-c1-rand: 8.43 ms at the median (7.11-13.38 ms
+p10-p90) a 280-token picture, and its request reached the engine core 15.0 ms after its
+stamp (6.9 ms with the pixels drawn before the clock). On the four hosts traced before, 15.5,
+15.8, 19.0 and 20.9 ms: their runners drew the pixels slower, by up to ~6 ms, than this
+constant says (`python scripts/validation_analysis.py tocore`)."""
 HARNESS_JITTER_S = 0.14e-3
 """The mean of the output path's delay (simulation.output_jitter_s) the validation runner
 sees: at concurrency 1, where every step is alike, the client's inter-token gaps spread
@@ -66,6 +76,11 @@ class Experiment(BaseModel):
     seed: int = 0
     repeat: int = Field(default=1, ge=1, le=10, description="runs of the same experiment")
     tags: list[str] = Field(default_factory=list, description="groups rows in the report")
+    pixels: Literal["per_request", "pooled"] = Field(
+        default="per_request",
+        description="a picture's noise pixels: drawn for each request inside its send stamp "
+                    "(every run to the twenty-third session), or drawn before the clock starts "
+                    "and reused under a fresh hash (runner.py Pictures)")
 
     @model_validator(mode="after")
     def _replayable(self) -> Experiment:
@@ -130,6 +145,9 @@ class EngineRun(BaseModel):
             workloads=[w.model_copy(update=upd) for w in exp.workloads],
             simulation=SimulationSettings(duration_s=exp.duration_s, warmup_s=0.0,
                                           seed=exp.seed, client_send_s=HARNESS_SEND_S,
+                                          client_picture_token_s=(
+                                              HARNESS_PICTURE_TOKEN_S
+                                              if exp.pixels == "per_request" else 0.0),
                                           output_jitter_s=HARNESS_JITTER_S,
                                           core_spread=CORE_SPREAD),
         )
@@ -254,6 +272,7 @@ def experiment_job(run: EngineRun, exp: Experiment, name: str) -> dict[str, Any]
                           "tokens": w.image.tokens_per_image}
         workloads.append(d)
     return {"name": name, "duration_s": exp.duration_s, "prefix_caching": exp.prefix_caching,
+            **({"pixels": exp.pixels} if exp.pixels != "per_request" else {}),
             "workloads": workloads}
 
 
