@@ -127,6 +127,11 @@ def test_cli_emit_and_compare(tmp_path) -> None:
     assert [e["name"] for e in job["experiments"]] == ["warmup-c1", "warmup", "chat-c4",
                                                         "chat-c16", "chat-c32"]
     assert job["experiments"][1]["workloads"][0]["concurrency"] == 32  # the peak it will see
+    # the model's longest stored engine start, for gpu_validate.sh to leave time for
+    starts = [s["engine_start_s"] for f in stored_runs() if f.parts[-3] == "llama-3.1-8b"
+              for s in json.loads((f / "provenance.json").read_text())["starts"]
+              if s.get("engine_start_s")]
+    assert job["expected_start_s"] == max(starts) > 0
     # compare on a copy holding one stored run only (fast)
     root = tmp_path / "cal"
     src = next(p for p in stored_runs() if p.name == "llama-3.1-8b-bf16-seqs8")

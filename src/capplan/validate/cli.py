@@ -61,7 +61,7 @@ def validate() -> None:
 def emit(suite_file: Path, out: Path, engines: tuple[str, ...], models: Path, missing: bool,
          root: Path) -> None:
     """Write one runner job per engine run of SUITE_FILE (request shapes included)."""
-    from capplan.validate.store import stored_run_names
+    from capplan.validate.store import longest_start_s, stored_run_names
 
     suite = load_suite(suite_file)
     out.mkdir(parents=True, exist_ok=True)
@@ -70,6 +70,9 @@ def emit(suite_file: Path, out: Path, engines: tuple[str, ...], models: Path, mi
         skip = stored_run_names(root, run, gpu=suite.gpu, vllm_version=suite.vllm) \
             if missing else frozenset()
         job = emit_job(run, models, out, skip=skip)
+        start_s = longest_start_s(root, suite.gpu, suite.vllm, run.pool.model)
+        if start_s is not None:  # what the call must leave for the engine's start
+            job["expected_start_s"] = start_s
         n = sum(1 for e in job["experiments"] if not e.get("warmup"))
         if missing and n == 0:
             click.echo(f"{name}: every run already stored; no job")

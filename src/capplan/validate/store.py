@@ -38,6 +38,17 @@ def stored_runs(root: Path = CALIBRATION_DIR) -> list[Path]:
     return sorted(p.parent for p in root.glob("*/vllm-*/*/validation/*/run.json"))
 
 
+def longest_start_s(root: Path, gpu: str, vllm_version: str, model: str) -> float | None:
+    """The longest engine start of `model`'s stored validation runs (their provenance's
+    starts), or None: what a GPU call must leave for a new start of it
+    (scripts/gpu_validate.sh skips a job whose start and first experiment cannot fit)."""
+    starts = [s.get("engine_start_s") or 0.0
+              for f in (root / gpu / f"vllm-{vllm_version}" / model / "validation").glob(
+                  "*/provenance.json")
+              for s in json.loads(f.read_text()).get("starts", [])]
+    return max(starts) if starts and max(starts) > 0 else None
+
+
 def _counter(text: str, name: str) -> dict[str, float]:
     """Counter values by their `position` label ('' when unlabelled), summed over engines."""
     out: dict[str, float] = {}
