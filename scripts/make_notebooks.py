@@ -162,8 +162,8 @@ routers"""),
     ("md", """\
 Measured whole, a step that encodes a picture took ~35-60 or ~75-145 ms more than its text
 twin, in spells (`docs/calibration.md`, "A picture's step"): the engine core's CPU runs slow in
-spells, and the picture's step, its most CPU-bound, shows it most. The profile keeps the 390
-steps the encoder engine measured on five leases (`encoder_step_draws_s`) and the simulator
+spells, and the picture's step, its most CPU-bound, shows it most. The profile keeps the 480
+steps the encoder engine measured on six leases (`encoder_step_draws_s`) and the simulator
 draws one for each such step. A host whose engine core ran slow more often
 (`docs/validation.md`, the nineteenth and twenty-first sessions') would need more: the same
 simulation with every picture's step priced longer:"""),

@@ -1806,6 +1806,25 @@ def tocore() -> None:
             print(line)
 
 
+def cliff(seeds: int = 8) -> None:
+    """The production plan's vision pool (examples/production-mix.yaml) at 8, 9 and 10
+    replicas over `seeds` traffic seeds at the mix's duration: each seed's vision ITL p99.
+    The p99 sits on a cliff where the share of inter-token gaps that a picture's step
+    stalls crosses 1 % (twenty-third session)."""
+    from capplan.mix import load_mix
+
+    mix = load_mix(ROOT / "examples" / "production-mix.yaml")
+    for n in (8, 9, 10):
+        figs = []
+        for s in range(seeds):
+            m = mix.model_copy(update={"simulation": mix.simulation.model_copy(
+                update={"seed": mix.simulation.seed + s})})
+            figs.append(simulate(m, "vision", n).workload("vision").itl_p99_s * 1e3)
+        print(f"vision pool at {n:2d} replicas, ITL p99 over {seeds} seeds of "
+              f"{mix.simulation.duration_s:.0f} s (SLO 50 ms): "
+              + " ".join(f"{x:.1f}" for x in figs) + " ms")
+
+
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
         before(sys.argv[2], sys.argv[3:])
@@ -1827,6 +1846,7 @@ def main() -> None:
         "waves": waves, "band": band, "rules": rules, "gaps": gaps, "loop": loop,
         "tried": tried, "core": core, "wake": wake, "spread": spread, "spells": spells,
         "drift": drift, "stalls": stalls, "floors": floors, "tocore": tocore,
+        "cliff": cliff,
     }
     for name in what:
         if name not in commands:
