@@ -93,6 +93,32 @@ class Confidence(BaseModel):
         "already certain (its percentiles would be a partial run's; only the verdict is kept)",
     )
     simulations: int
+    tail_requests: float | None = Field(
+        default=None,
+        description="the fewest measured requests beyond a workload's tightest SLO "
+        "percentile in the base seed's run at the answer (requests x (1 - q/100)); the "
+        "search confirms long enough for 50 where the mix's duration_s allows",
+    )
+    tail_workload: str | None = Field(default=None, description="whose tail that is")
+
+
+TAIL_RULE = 50
+"""Requests beyond a percentile that pin it (search.py SearchSettings.confirm_tail_requests):
+a plan whose confirmation held fewer, because the mix's duration_s capped it, says so."""
+
+
+def thinnest_tail(res: SimResult) -> tuple[str, float] | None:
+    """The workload whose tightest SLO percentile rests on the fewest measured requests
+    beyond it in `res`, and how many (requests x (1 - q/100)); None without percentile SLOs."""
+    best: tuple[str, float] | None = None
+    for w in res.workloads:
+        qs = [int(c.key.split("_p")[1].split("_")[0]) for c in w.slo if "_p" in c.key]
+        if not qs:
+            continue
+        n = w.requests * (1 - max(qs) / 100)
+        if best is None or n < best[1]:
+            best = (w.name, n)
+    return best
 
 
 def setting_text(key: str, value: Any) -> str:
@@ -420,6 +446,8 @@ def pool_plan(
             duration_s=round(sz.duration_s, 3), one_fewer_fails=sz.below_fails,
             one_fewer_stopped_at_s=sz.below.stopped_at_s if sz.below is not None else None,
             simulations=sz.simulations,
+            **({"tail_workload": tail[0], "tail_requests": round(tail[1], 1)}
+               if (tail := thinnest_tail(res)) is not None else {}),
         ),
         bracket=BracketLine(
             lower=sz.bracket.lower, estimate=sz.bracket.estimate,
