@@ -1838,6 +1838,28 @@ def cliff(seeds: int = 8, window_s: float = 120.0) -> None:
           + " / ".join(f"{x:.1f}" for x in long) + " ms")
 
 
+def picturepath() -> None:
+    """The vision rows predicted with and without a picture's way to the engine core
+    (sim/client.py PICTURE_INPUT_TOKEN_S, validate/suite.py HARNESS_PICTURE_TOKEN_S; the
+    twenty-third session): rows within target and the mean absolute error per metric."""
+    import capplan.sim.run as simrun
+    import capplan.validate.suite as suite
+
+    folders = [f for f in stored_runs() if f.name.startswith("gemma-4-31b-fp8-vision")]
+    kept = simrun.PICTURE_INPUT_TOKEN_S, suite.HARNESS_PICTURE_TOKEN_S
+    try:
+        simrun.PICTURE_INPUT_TOKEN_S = suite.HARNESS_PICTURE_TOKEN_S = 0.0
+        without = compare_all(folders=folders)
+    finally:
+        simrun.PICTURE_INPUT_TOKEN_S, suite.HARNESS_PICTURE_TOKEN_S = kept
+    timed = compare_all(folders=folders)
+    for label, rows in (("without", without), ("with", timed)):
+        within = _within(rows)
+        print(f"  {label:7s} ({len(rows)} rows): " + ", ".join(
+            f"{m} {within[m]} (mean |error| "
+            f"{np.mean([abs(r.error(m)) for r in rows]) * 100:.1f} %)" for m in within))
+
+
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
         before(sys.argv[2], sys.argv[3:])
@@ -1859,7 +1881,7 @@ def main() -> None:
         "waves": waves, "band": band, "rules": rules, "gaps": gaps, "loop": loop,
         "tried": tried, "core": core, "wake": wake, "spread": spread, "spells": spells,
         "drift": drift, "stalls": stalls, "floors": floors, "tocore": tocore,
-        "cliff": cliff,
+        "cliff": cliff, "picturepath": picturepath,
     }
     for name in what:
         if name not in commands:

@@ -29,6 +29,8 @@ def test_the_thinnest_tail_is_the_fewest_requests_beyond_a_tightest_percentile()
                   ("vision", 1000, ["ttft_p99_s", "itl_p99_s"]), ("batch", 5, []))
     assert thinnest_tail(res) == ("vision", pytest.approx(10.0))  # type: ignore[arg-type]
     assert thinnest_tail(_result(("batch", 5, []))) is None  # type: ignore[arg-type]
+    deep = _result(("chat", 20_000, ["itl_p99.9_s"]), ("rag", 1000, ["ttft_p90_s"]))
+    assert thinnest_tail(deep) == ("chat", pytest.approx(20.0))  # type: ignore[arg-type]
 
 
 def test_a_short_confirmation_says_how_long_would_pin_the_tail(tmp_path: Path) -> None:

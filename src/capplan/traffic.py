@@ -107,6 +107,12 @@ class ImageSpec(BaseModel):
 _SLO_KEY = re.compile(r"^(ttft|itl|tpot|e2e)_p(\d{1,2}(?:\.\d+)?)_s$")
 
 
+def slo_percentile(key: str) -> float | None:
+    """The percentile of an SLO key (`itl_p99.9_s` -> 99.9), None for another string."""
+    m = _SLO_KEY.match(key)
+    return float(m[2]) if m else None
+
+
 class SloTarget(BaseModel):
     """One latency target: `metric` at `percentile` must be <= `limit_s`."""
 

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from capplan.sim.results import SimResult
-from capplan.solve.search import PoolSizing, worst_check
-from capplan.traffic import DailyArrival, Workload
+from capplan.solve.search import PoolSizing, SearchSettings, worst_check
+from capplan.traffic import DailyArrival, Workload, slo_percentile
 
 if TYPE_CHECKING:
     import polars as pl
@@ -102,9 +102,9 @@ class Confidence(BaseModel):
     tail_workload: str | None = Field(default=None, description="whose tail that is")
 
 
-TAIL_RULE = 50
-"""Requests beyond a percentile that pin it (search.py SearchSettings.confirm_tail_requests):
-a plan whose confirmation held fewer, because the mix's duration_s capped it, says so."""
+TAIL_RULE = SearchSettings().confirm_tail_requests
+"""Requests beyond a percentile that pin it, as the search confirms: a plan whose
+confirmation held fewer, because the mix's duration_s capped it, says so."""
 
 
 def thinnest_tail(res: SimResult) -> tuple[str, float] | None:
@@ -112,7 +112,7 @@ def thinnest_tail(res: SimResult) -> tuple[str, float] | None:
     beyond it in `res`, and how many (requests x (1 - q/100)); None without percentile SLOs."""
     best: tuple[str, float] | None = None
     for w in res.workloads:
-        qs = [int(c.key.split("_p")[1].split("_")[0]) for c in w.slo if "_p" in c.key]
+        qs = [q for c in w.slo if (q := slo_percentile(c.key)) is not None]
         if not qs:
             continue
         n = w.requests * (1 - max(qs) / 100)
