@@ -312,11 +312,13 @@ class Sizer:
                             else jobs.bulk(self._cost_s(n, self.confirm_s)))
                 self._pending[key] = self._submit(key, verdict_only, priority)
 
-    def _expect(self, n: int) -> None:
+    def _expect(self, n: int, *, below_known: bool = False) -> None:
         """Prefetch what confirming `n` usually takes: every seed at n, the base seed at
-        n - 1 (expected to fail, so verdict only)."""
+        n - 1 (expected to fail, so verdict only) unless `below_known`: n - 1 has already
+        failed a seed at confirmation length."""
         self.prefetch([(n, s, self.settings.quick, False) for s in self.seeds]
-                      + ([(n - 1, self.seed, True, True)] if n > 1 else []))
+                      + ([(n - 1, self.seed, True, True)] if n > 1 and not below_known
+                         else []))
 
     def _thin(self, n: int) -> bool:
         """The probe at `n` passed by less than THIN_MARGIN of a limit."""
@@ -472,12 +474,10 @@ class Sizer:
             failed = None
             while not all(r.slo_met for r in results) and n < cap:
                 self._drop(n)
-                self._expect(n + 1)
+                self._expect(n + 1, below_known=True)
                 n, failed, results = n + 1, results, self._all_seeds(n + 1)
-            if failed is not None:  # walked up: n - 1 failed a seed
-                below = self._below(n)
-                if below.slo_met:
-                    below = failed[-1]  # the seed that failed there
+            if failed is not None:  # walked up: n - 1 failed a seed, at confirmation length
+                below = failed[-1]  # the seed that failed there (no other run needed)
         for k in {key[0] for key in self._pending} - {n, n - 1}:
             self._drop(k)  # speculation the walk did not need
         if not results[0].slo_met:
