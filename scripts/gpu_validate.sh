@@ -18,13 +18,9 @@ for job in "$@"; do
   name=$(basename "$job" .json)
   left=$(( deadline - (SECONDS - start) ))
   if (( left < 120 )); then echo "[gpu$gpu] SKIP $name: ${left}s left"; continue; fi
-  # the model's longest engine start so far (emit's expected_start_s), its warm-ups and its
-  # first experiment must fit, or the start is cut inside the compile and measures nothing
-  # (2026-12-01: a Gemma 4 start given 233 s of a call's 530)
-  need=$(python3 -c 'import json, sys
-j = json.load(open(sys.argv[1])); x = j["experiments"]
-warm = [e for e in x if e.get("warmup")]; rest = [e for e in x if not e.get("warmup")][:1]
-print(int(j.get("expected_start_s", 0) + sum(1.3 * e["duration_s"] + 10 for e in warm + rest)) + 25)' "$job")
+  # the engine's start, its warm-ups and its first experiment must fit (runner.py
+  # start_need_s), or the start is cut inside the compile and measures nothing
+  need=$(( $(python3 src/capplan/validate/runner.py --job "$job" --start-need) + 25 ))
   if (( left < need )); then echo "[gpu$gpu] SKIP $name: ${left}s left, its start and first experiment need ${need}s"; continue; fi
   # a job started before (an earlier call on this host) resumes: a new folder, and the
   # runner skips the runs the earlier folders finished

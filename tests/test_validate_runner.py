@@ -239,3 +239,14 @@ def test_gc_pauses_records_the_collections_that_held_the_process() -> None:
     quiet("start", {"generation": 0})
     quiet("stop", {"generation": 0})
     assert quiet.take(0.0) == []
+
+
+def test_a_new_start_needs_its_engine_start_warm_ups_and_first_experiment() -> None:
+    """runner.start_need_s (scripts/gpu_validate.sh skips a job with less time left): the
+    job's expected_start_s, each warm-up's and the first measured experiment's need."""
+    job = {"expected_start_s": 200.0, "experiments": [
+        {"name": "warmup-c1", "warmup": True, "duration_s": 2.0},
+        {"name": "warmup", "warmup": True, "duration_s": 3.0},
+        {"name": "a", "duration_s": 30.0}, {"name": "b", "duration_s": 90.0}]}
+    assert runner.start_need_s(job) == pytest.approx(200 + 12.6 + 13.9 + 49.0)
+    assert runner.start_need_s({**job, "expected_start_s": 0.0}) == pytest.approx(75.5)

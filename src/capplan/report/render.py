@@ -19,7 +19,7 @@ from capplan.report.runs import (
     run_all,
 )
 from capplan.sim.results import SimResult
-from capplan.solve.plan import TAIL_RULE, Confidence, Plan, PoolPlan
+from capplan.solve.plan import Plan, PoolPlan
 
 _CSS = """
 body{font:14px/1.45 -apple-system,"Segoe UI",Roboto,"DejaVu Sans",Helvetica,Arial,sans-serif;
@@ -202,16 +202,6 @@ def _knee_text(pp: PoolPlan, r: PoolRuns) -> str:
             f"(<code>{_e(key)}</code>): the knee lies between.</li>")
 
 
-def _tail(c: Confidence) -> str:
-    """Where the confirmation held fewer requests beyond a percentile than the search asks."""
-    if c.tail_requests is None or c.tail_requests >= TAIL_RULE:
-        return ""
-    need = c.duration_s * TAIL_RULE / max(c.tail_requests, 1e-9)
-    return (f"; <span class='thin'>{_e(c.tail_workload)}'s tightest percentile rests on "
-            f"~{c.tail_requests:.0f} requests beyond it (the search asks {TAIL_RULE}): "
-            f"<code>simulation.duration_s</code> {need:,.0f} would steady it</span>")
-
-
 def _config(p: PoolPlan) -> str:
     eng = [[f"<code>{_e(k)}</code>", _e(json.dumps(v) if not isinstance(v, str) else v)]
            for k, v in p.engine.items() if v is not None]
@@ -228,7 +218,7 @@ def _config(p: PoolPlan) -> str:
          + ("<span class='ok'>all pass</span>" if c.all_seeds_pass
             else "<span class='bad'>NOT all pass</span>")
          + f", worst margin {_pct(c.worst_margin)}, {c.duration_s:g} s simulated, {fewer}"
-         + _tail(c)],
+         + (f"; <span class='thin'>{_e(tail)}</span>" if (tail := c.thin_tail()) else "")],
         *([["fidelity",
             f"<code>{_e(p.fidelity.metric)}</code> on {p.fidelity.rows} validation rows of this "
             f"profile: predicted {p.fidelity.p10:+.0%} to {p.fidelity.p90:+.0%} of vLLM's "

@@ -138,15 +138,8 @@ def _print_pool(p: PoolPlan, console: Console) -> None:
         f"worst margin {_pct(c.worst_margin)}, {c.duration_s:g} s simulated, "
         f"{fewer[c.one_fewer_fails]}{stopped}; analytic floor {p.bracket.lower} replica(s)"
     )
-    from capplan.solve.plan import TAIL_RULE
-
-    if c.tail_requests is not None and c.tail_requests < TAIL_RULE:
-        need = c.duration_s * TAIL_RULE / max(c.tail_requests, 1e-9)
-        console.print(
-            f"  tail: {c.tail_workload}'s tightest percentile rests on ~{c.tail_requests:.0f} "
-            f"requests beyond it in {c.duration_s:g} s (the search asks {TAIL_RULE}); "
-            f"simulation.duration_s {need:,.0f} would steady it"
-        )
+    if (tail := c.thin_tail()) is not None:
+        console.print(f"  tail: {tail}")
     f = p.fidelity
     if f is not None:
         console.print(

@@ -77,6 +77,11 @@ class Cost(BaseModel):
     tokens_per_usd: float | None
 
 
+TAIL_RULE = SearchSettings().confirm_tail_requests
+"""Requests beyond a percentile that pin it, as the search confirms: a plan whose
+confirmation held fewer, because the mix's duration_s capped it, says so."""
+
+
 class Confidence(BaseModel):
     """How sure: seeds run at the answer, whether all passed, the smallest margin among them,
     and whether one replica fewer fails."""
@@ -101,10 +106,16 @@ class Confidence(BaseModel):
     )
     tail_workload: str | None = Field(default=None, description="whose tail that is")
 
+    def thin_tail(self) -> str | None:
+        """What a confirmation with fewer than TAIL_RULE requests beyond a percentile rests
+        on and the duration that would hold enough; None when it held enough."""
+        if self.tail_requests is None or self.tail_requests >= TAIL_RULE:
+            return None
+        need = self.duration_s * TAIL_RULE / max(self.tail_requests, 1e-9)
+        return (f"{self.tail_workload}'s tightest percentile rests on ~{self.tail_requests:.0f} "
+                f"requests beyond it in {self.duration_s:g} s (the search asks {TAIL_RULE}); "
+                f"simulation.duration_s {need:,.0f} would steady it")
 
-TAIL_RULE = SearchSettings().confirm_tail_requests
-"""Requests beyond a percentile that pin it, as the search confirms: a plan whose
-confirmation held fewer, because the mix's duration_s capped it, says so."""
 
 
 def thinnest_tail(res: SimResult) -> tuple[str, float] | None:

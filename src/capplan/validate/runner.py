@@ -610,7 +610,7 @@ async def amain(args):
             if name in done and not exp.get("warmup"):
                 meta["experiments"][name] = {"skipped": "measured by an earlier start"}
                 continue
-            need = 1.3 * exp["duration_s"] + 10  # sending, then the last requests' drain
+            need = need_s(exp)
             if time.perf_counter() + need > deadline:
                 meta["experiments"][name] = {"skipped": "time budget"}
                 print("SKIP", name, flush=True)
@@ -660,15 +660,39 @@ async def amain(args):
     return rc
 
 
+def need_s(exp):
+    """Seconds an experiment needs: sending for its duration, then the last requests' drain."""
+    return 1.3 * exp["duration_s"] + 10
+
+
+def start_need_s(job):
+    """Seconds a new start of `job` needs before it measures anything: the model's longest
+    engine start so far (`capplan validate emit` writes it as expected_start_s), the
+    warm-ups and the first experiment. Less than that, and a start is cut inside the
+    compile and measures nothing (2026-12-01: a Gemma 4 start given 233 s)."""
+    x = job["experiments"]
+    first = [e for e in x if not e.get("warmup")][:1]
+    return job.get("expected_start_s", 0) + sum(need_s(e) for e in x if e.get("warmup")) \
+        + sum(need_s(e) for e in first)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--job", required=True, help="job JSON from `capplan validate emit`")
-    ap.add_argument("--out", required=True, help="folder for the measurements")
+    ap.add_argument("--out", help="folder for the measurements")
     ap.add_argument("--done", action="append", default=[],
                     help="an earlier start's output folder: skip the runs it finished")
     ap.add_argument("--time-budget-s", type=float, default=600.0,
                     help="seconds from start; skip experiments that would end later")
+    ap.add_argument("--start-need", action="store_true",
+                    help="print the whole seconds a new start of the job needs, and exit")
     args = ap.parse_args(argv)
+    if args.start_need:
+        with open(args.job) as f:
+            print(int(start_need_s(json.load(f))))
+        return
+    if args.out is None:
+        ap.error("--out is required")
     raise SystemExit(asyncio.run(amain(args)))
 
 
