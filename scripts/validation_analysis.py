@@ -1860,6 +1860,39 @@ def picturepath() -> None:
             f"{np.mean([abs(r.error(m)) for r in rows]) * 100:.1f} %)" for m in within))
 
 
+def routed(engine: str = "gemma-4-31b-fp8-routed") -> None:
+    """One replica's share of the vision pool as least-outstanding routing hands it out,
+    beside the random split's (a Poisson stream at a tenth of the rate) on the same engine
+    (validate/suite.py Routed; twenty-fourth session): each run's inter-token gaps past 30, 50
+    and 65 ms, measured and predicted. The ITL p99 sits where the share of gaps a picture's
+    step stalls crosses 1 %; which side of it each side lands on is the row."""
+    from capplan.sim.metrics import _BINS_PER_E, _LOG_LO
+    from capplan.sim.run import simulate as run_sim
+    from capplan.validate.compare import _gaps, _served
+
+    folder = next(f for f in stored_runs() if f.name == engine)
+    run, reqs, _ = load_run(folder)
+    for exp in run.experiments:
+        ok = _served(reqs.filter(pl.col("experiment") == exp.name))
+        ok = ok.filter(pl.col("send_s") < exp.duration_s)
+        gaps = np.concatenate(_gaps(ok))
+        recs = _recorders(run_sim, run.mix(exp), "validate", 1, keep_requests=True,
+                          arrivals=run.share(exp))
+        hist = recs[0].itl
+        hist.count()
+        centres = np.exp(_LOG_LO + (np.arange(len(hist.counts)) + 0.5) / _BINS_PER_E)
+        share = run.share(exp)
+        n = len(share[0].arrival_s[share[0].arrival_s < exp.duration_s]) if share else len(ok)
+        line = []
+        for ms in (30, 50, 65):
+            got = float(np.mean(gaps > ms / 1e3)) * 100
+            want = float(hist.counts[centres > ms / 1e3].sum() / hist.n) * 100
+            line.append(f"past {ms} ms {got:.2f} / {want:.2f} %")
+        print(f"{exp.name:13s} {n:3d} requests, {len(gaps):,} gaps (measured / predicted): "
+              + ", ".join(line) + f"; ITL p99 {np.percentile(gaps, 99) * 1e3:.1f} / "
+              f"{hist.percentile(99) * 1e3:.1f} ms")
+
+
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
         before(sys.argv[2], sys.argv[3:])
@@ -1869,7 +1902,7 @@ def main() -> None:
         return
     with_an_argument: dict[str, Callable[..., None]] = {
         "reach": reach, "eager": eager, "pictures": pictures, "sync": sync, "spread": spread,
-        "probe": probe, "edge": edge}
+        "probe": probe, "edge": edge, "routed": routed}
     if sys.argv[1:2] and sys.argv[1] in with_an_argument:  # [ENGINE], or spread's [RHO]
         with_an_argument[sys.argv[1]](*sys.argv[2:3])
         return

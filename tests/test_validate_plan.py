@@ -33,20 +33,26 @@ def _at(p: Plan, pool: str, replicas: int) -> Plan:
 
 def test_one_replica_at_the_share_of_n_and_of_n_minus_1() -> None:
     """Per pool one engine at the plan's configuration; each Poisson rate divided by N and by
-    N - 1; the vision pool's image requests too (the runner builds their pictures)."""
+    N - 1; the vision pool's image requests too (the runner builds their pictures); then the
+    whole traffic, of which replica 0 serves what the pool's router hands it at N and N - 1."""
     mix = load_mix(MIX)
     suite, skipped = plan_suite(mix, _at(_at(plan(), "interactive", 5), "vision", 9))
     assert suite is not None and skipped == {}
     vision = next(e for e in suite.engines if e.pool.name == "vision")
-    assert [x.name for x in vision.experiments] == ["vision-of9", "vision-of8"]
-    for x, n in zip(vision.experiments, (9, 8), strict=True):
+    assert [x.name for x in vision.experiments] == ["vision-of9", "vision-of8",
+                                                    "vision-routed9", "vision-routed8"]
+    for x, n in zip(vision.experiments[:2], (9, 8), strict=True):
         (w,) = x.workloads
         assert w.image is not None and w.image.tokens_per_image == 280
         assert w.arrival.rate_rps == pytest.approx(10 / n, rel=1e-3)  # type: ignore[union-attr]
+    for x, n in zip(vision.experiments[2:], (9, 8), strict=True):  # as the router hands out
+        assert x.routed is not None and (x.routed.replicas, x.routed.replica) == (n, 0)
+        assert x.routed.policy == vision.pool.router == "least_outstanding"
+        assert x.workloads[0].arrival.rate_rps == pytest.approx(10)  # type: ignore[union-attr]
     inter = next(e for e in suite.engines if e.pool.name == "interactive")
-    assert [x.name for x in inter.experiments] == ["interactive-of5", "interactive-of4"]
+    assert [x.name for x in inter.experiments][:2] == ["interactive-of5", "interactive-of4"]
     rates = {x.name: {w.name: w.arrival.rate_rps for w in x.workloads}  # type: ignore[union-attr]
-             for x in inter.experiments}
+             for x in inter.experiments[:2]}
     assert rates == {"interactive-of5": {"chat": 8.0, "rag": 4.0, "agent": 2.0},
                      "interactive-of4": {"chat": 10.0, "rag": 5.0, "agent": 2.5}}
     batch = next(e for e in suite.engines if e.pool.name == "batch")

@@ -412,3 +412,64 @@ def test_ingest_passes_over_a_start_that_never_started(tmp_path) -> None:
     assert prov["failed_starts"] == [{"date": "2027-01-15T08:00:00+00:00",
                                       "error": "engine failed to start: cut"}]
     assert list(json.loads((dest / "measured.json").read_text())["runs"]) == ["chat-c4"]
+
+
+def _routed(run: EngineRun, policy: str, replicas: int = 10, replica: int = 0):
+    from capplan.validate.suite import Routed
+
+    exp = next(e for e in run.experiments if e.routed is not None)
+    routed = Routed(replicas=replicas, replica=replica, policy=policy)
+    return exp.model_copy(update={"name": f"{policy}-{replica}", "routed": routed})
+
+
+def test_a_routed_share_is_the_requests_the_router_sent_to_that_replica(suite) -> None:
+    """Round robin hands out the pool's stream in turn: replica 1 of 3 gets its 2nd, 5th, ...
+    request, and the runner is sent exactly those rows, in order."""
+    run = suite.engine("gemma-4-31b-fp8-routed")
+    exp = _routed(run, "round_robin", replicas=3, replica=1)
+    share = run.share(exp)
+    assert share is not None
+    whole = experiment_job(run, exp.model_copy(update={"routed": None}), "whole")
+    mine = experiment_job(run, exp, "mine")
+    every = np.array(whole["workloads"][0]["arrival_s"])
+    got = np.array(mine["workloads"][0]["arrival_s"])
+    assert len(got) == len(share[0].arrival_s) > 50
+    assert got == pytest.approx(every[1::3][: len(got)], abs=1e-6)
+    assert mine["workloads"][0]["input_tokens"] == whole["workloads"][0]["input_tokens"][1::3][
+        : len(got)]
+
+
+def test_least_outstanding_shares_split_the_pool_and_differ_from_a_tenth(suite) -> None:
+    """Every request the router handed out went to one replica: the shares of all ten are
+    disjoint and together are the stream's head; the first replica, which ties favour,
+    takes more than a tenth; and its prediction serves exactly its own requests."""
+    run = suite.engine("gemma-4-31b-fp8-routed")
+    shares = [run.share(_routed(run, "least_outstanding", replica=k))[0].arrival_s
+              for k in range(10)]
+    joined = np.sort(np.concatenate(shares))
+    assert len(np.unique(joined)) == len(joined)
+    stream = np.array(experiment_job(
+        run, _routed(run, "least_outstanding").model_copy(update={"routed": None}),
+        "whole")["workloads"][0]["arrival_s"])
+    assert joined == pytest.approx(stream[: len(joined)], abs=1e-6)
+    assert len(shares[0]) > len(joined) / 10
+    exp = _routed(run, "least_outstanding")
+    res = run.simulate(exp)
+    sent = np.sort(res.requests()["arrival_s"].to_numpy())
+    measured = shares[0][shares[0] < exp.duration_s]
+    assert len(sent) == len(measured)
+    assert np.all(sent >= measured - 1e-9)  # the client stamps a send no earlier than due
+
+
+def test_a_routed_share_is_open_loop_and_names_a_replica_of_the_pool() -> None:
+    from pydantic import ValidationError
+
+    from capplan.validate.suite import Experiment, Routed
+
+    with pytest.raises(ValidationError, match=r"replica 10 is not one of 0\.\.9"):
+        Routed(replicas=10, replica=10)
+    closed = {"pool": "validate", "name": "c", "input_tokens": {"kind": "constant", "value": 8},
+              "output_tokens": {"kind": "constant", "value": 8},
+              "arrival": {"kind": "closed", "concurrency": 2}}
+    with pytest.raises(ValidationError, match="routed share replays open-loop arrivals only"):
+        Experiment(name="x", duration_s=10, workloads=[closed], routed={"replicas": 2})

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import random
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,12 @@ from capplan.sim.replica import LaunchSpread, PictureDraws, Replica, Window
 from capplan.sim.results import KvRows, PoolRunResult, RequestColumns, SimResult, summarise
 from capplan.sim.router import Router
 from capplan.sim.verdict import CHECK_EVERY_S, MissWatch
-from capplan.sim.workload import TARGET_HIT_RATE, ArrivalStream, ClosedLoopSampler
+from capplan.sim.workload import (
+    TARGET_HIT_RATE,
+    ArrivalStream,
+    ClosedLoopSampler,
+    RequestBatch,
+)
 from capplan.traffic import ClosedLoop, Workload
 
 _GROUP_SHIFT = 22  # block-index bits of a shared-prefix hash
@@ -211,6 +216,8 @@ def simulate(
     client_latency_s: float | None = None,
     stop_when_missed: bool = False,
     drain_cap_s: float | None = None,
+    arrivals: Mapping[int, RequestBatch] | None = None,
+    route_log: list[tuple[int, int, int]] | None = None,
 ) -> SimResult:
     """Simulate `replicas` replicas of `pool` serving its workloads (rates x rate_scale).
 
@@ -223,7 +230,10 @@ def simulate(
     cover the run up to that moment only. `drain_cap_s` (sizing's probes) ends the drain
     after that long at most without changing a single request: the arrival streams still
     run to the mix's `duration_s + drain_s`, whose length sets how many requests each chunk
-    of a stream draws sizes for, so a capped run serves the requests of the full one."""
+    of a stream draws sizes for, so a capped run serves the requests of the full one.
+    `arrivals` replaces open-loop workloads' streams (by workload index) with the given
+    requests; `route_log` receives (workload, request id, replica) for every request routed,
+    in routing order (request ids count up in each workload's arrival order)."""
     if replicas < 1:
         raise ConfigError(f"replicas must be >= 1, got {replicas}", field="replicas")
     p = mix.pool(pool)
@@ -243,7 +253,7 @@ def simulate(
         raise ConfigError(f"client_latency_s must be >= 0, got {client_latency_s}")
     return _Run(mix, st, workloads, replicas, duration, warmup, sim.drain_s, seed,
                 rate_scale, decode_cohort, keep_requests, client_latency_s,
-                stop_when_missed, drain_cap_s).run()
+                stop_when_missed, drain_cap_s, arrivals, route_log).run()
 
 
 def simulate_timed(
@@ -272,8 +282,11 @@ class _Run:
         client_latency_s: float = 0.0,
         stop_when_missed: bool = False,
         drain_cap_s: float | None = None,
+        arrivals: Mapping[int, RequestBatch] | None = None,
+        route_log: list[tuple[int, int, int]] | None = None,
     ) -> None:
         self.mix, self.st, self.workloads = mix, st, workloads
+        self.arrivals, self.route_log = arrivals or {}, route_log
         self.end_s = duration + (drain if drain_cap_s is None else min(drain, drain_cap_s))
         self.latency = client_latency_s
         send_s = mix.simulation.client_send_s
@@ -371,6 +384,7 @@ class _Run:
             ArrivalStream(
                 w, i, self.duration + self.drain, np.random.default_rng([self.seed, 1, i]),
                 rate_scale=self.rate_scale, base_dir=self.mix.base_dir,
+                batch=self.arrivals.get(i),
             )
             for i, w in enumerate(self.workloads) if not isinstance(w.arrival, ClosedLoop)
         ]
@@ -448,10 +462,16 @@ class _Run:
                 self.client.hold(r.arrival_s, picture)
             delay += picture
         if delay <= 0:
-            self.router.route(r).add_request(r)
+            self._route(r)
             return
         ev = self.env.timeout(delay)
-        ev.callbacks.append(lambda _: self.router.route(r).add_request(r))
+        ev.callbacks.append(lambda _: self._route(r))
+
+    def _route(self, r: SimRequest) -> None:
+        replica = self.router.route(r)
+        if self.route_log is not None:
+            self.route_log.append((r.wl, r.rid, replica.index))
+        replica.add_request(r)
 
     def _finished(self, r: SimRequest, replica: Replica, seen: float) -> None:
         """`r` ended; its client read the last token at `seen`."""

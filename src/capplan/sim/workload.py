@@ -214,8 +214,10 @@ def generate(
 class ArrivalStream:
     """Open-loop requests of one workload, a chunk at a time, so memory stays flat however
     long the simulation: the renewal process continues from the last arrival, so chunks
-    join exactly (Poisson and gamma alike). Replay files are read whole (`generate`).
-    Rates scale by `rate_scale` (arrival times divided by it)."""
+    join exactly (Poisson and gamma alike). Replay files are read whole (`generate`), and
+    so is a `batch` given instead of the workload's arrivals (a validation experiment's
+    routed share, capplan/validate/suite.py). Rates scale by `rate_scale` (arrival times
+    divided by it)."""
 
     def __init__(
         self,
@@ -227,6 +229,7 @@ class ArrivalStream:
         rate_scale: float = 1.0,
         base_dir: Path | None = None,
         chunk: int = 2048,
+        batch: RequestBatch | None = None,
     ) -> None:
         arr = workload.arrival
         if isinstance(arr, ClosedLoop):
@@ -235,8 +238,9 @@ class ArrivalStream:
         self.horizon_s, self.rate_scale, self._chunk = horizon_s, rate_scale, chunk
         self._replay: RequestBatch | None = None
         self._rate, self._cv = 0.0, None
-        if isinstance(arr, ReplayArrival):
-            b = generate(workload, index, horizon_s * rate_scale, rng, base_dir=base_dir)
+        if batch is not None or isinstance(arr, ReplayArrival):
+            b = batch if batch is not None else generate(
+                workload, index, horizon_s * rate_scale, rng, base_dir=base_dir)
             self._replay = RequestBatch(b.arrival_s / rate_scale, b.input_tokens,
                                         b.output_tokens, b.prefix_group, b.prefix_tokens,
                                         b.image_tokens, index)

@@ -318,7 +318,8 @@ def predict(suite_file: Path, engines: tuple[str, ...], fmt: str) -> None:
 @errors_as_lines
 def plan_cmd(traffic: Path, plan_path: Path, out: Path, duration_s: float | None) -> None:
     """The suite that puts a plan's decision to real vLLM: per pool, one replica at the share
-    of the traffic one of its N replicas takes, and one of N - 1."""
+    of the traffic one of its N replicas takes, and one of N - 1, split at random and as the
+    pool's router hands it out."""
     import yaml
 
     from capplan.deploy.cli import load_plan

@@ -20,7 +20,6 @@ import numpy as np
 import polars as pl
 
 from capplan.calibrate.store import CALIBRATION_DIR
-from capplan.sim.run import simulate
 from capplan.validate.store import load_run, stored_runs
 from capplan.validate.suite import EngineRun, Experiment
 
@@ -195,8 +194,7 @@ def _predict(run: EngineRun, exp_name: str,
              acceptance: float | None) -> tuple[dict[str, dict[str, float]], str]:
     """predict(), and the profile it used."""
     exp = next(e for e in run.experiments if e.name == exp_name)
-    mix = run.mix(exp, acceptance)
-    res = simulate(mix, "validate", 1, keep_requests=True)
+    res = run.simulate(exp, acceptance)
     reqs = res.requests()
     out: dict[str, dict[str, float]] = {}
     for w in res.workloads:

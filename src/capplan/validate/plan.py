@@ -6,8 +6,11 @@ N - 1, on a GPU, says whether the engine agrees (docs/validation.md, "The produc
 decision, on the real engine", measured this way by hand first). `plan_suite` writes that
 suite: per pool, one engine with the plan's configuration, and one experiment per replica
 count with every Poisson or gamma workload's rate divided by it (as a random router spreads
-it: harsher than least-outstanding routing, so a pass is on the safe side). `capplan
-validate emit` turns it into GPU jobs as for any suite.
+it: harsher than least-outstanding routing, so a pass is on the safe side), then one per
+replica count with the requests the pool's own router hands one replica (`routed`,
+validate/suite.py Routed: the plan's decision as it will be served; the twenty-fourth
+session found the simulator right about what routing does to a replica's stalled share).
+`capplan validate emit` turns it into GPU jobs as for any suite.
 
 A pool is left out, with the reason, where the runner cannot replay its traffic: arrivals
 that are neither Poisson nor gamma (daily curves, replays), a target prefix hit rate instead
@@ -55,12 +58,21 @@ def plan_suite(mix: TrafficMix, plan: Plan, *, duration_s: float = DURATION_S
         pool = as_planned(mix.pool(pp.pool), pp)
         workloads = [w for w in mix.workloads if w.pool == pool.name]
         n = pp.replicas_for_slo
+        counts = [n, n - 1] if n > 1 else [n]
         try:  # what the runner can replay is Experiment's to say (suite.py: _replayable)
             experiments = [
                 Experiment(name=f"{pp.pool}-of{k}", duration_s=duration_s, tags=["plan"],
                            workloads=[_share(w, k) for w in workloads])
-                for k in ([n, n - 1] if n > 1 else [n])
+                for k in counts
             ]
+            if all(isinstance(w.arrival, PoissonArrival | GammaArrival) for w in workloads):
+                whole = [w.model_copy(update={"pool": "validate"}) for w in workloads]
+                experiments += [
+                    Experiment(name=f"{pp.pool}-routed{k}", duration_s=duration_s,
+                               tags=["plan", "routed"], workloads=whole,
+                               routed={"replicas": k, "policy": pool.router})
+                    for k in counts if k > 1
+                ]
         except ValidationError as e:
             skipped[pp.pool] = str(e.errors()[0]["msg"]).removeprefix("Value error, ")
             continue

@@ -23,7 +23,8 @@ from capplan.hardware import Precision
 from capplan.mix import SimulationSettings, TrafficMix
 from capplan.modelspec import load_model_spec
 from capplan.pool import Pool
-from capplan.sim.workload import ArrivalStream, ClosedLoopSampler
+from capplan.sim.results import SimResult
+from capplan.sim.workload import ArrivalStream, ClosedLoopSampler, RequestBatch
 from capplan.traffic import ClosedLoop, GammaArrival, PoissonArrival, Workload
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -63,6 +64,29 @@ of graph-less steps no Gemma 4 trace has measured (scripts/validation_analysis.p
 CLOSED_ROWS = 4096  # closed-loop request shapes sent to the runner (cycled if exceeded)
 
 
+class Routed(BaseModel):
+    """One replica's share of a pool's traffic, as the pool's router hands it out.
+
+    The experiment's workloads are the whole pool's (`replicas` x one replica's load); the
+    simulator serves them with `replicas` replicas behind the router (capplan/sim/router.py)
+    and the experiment is the requests it routed to `replica`: the runner replays exactly
+    those on its one engine, and the prediction serves the same requests on one replica. A
+    plan's share under least-outstanding routing is not a Poisson stream at 1/N of the rate:
+    the router sends a request to a replica with the fewest unfinished ones, so fewer arrive
+    while a replica is busy; this is the experiment that measures a replica under it."""
+
+    model_config = _FROZEN
+    replicas: int = Field(ge=2, le=256)
+    replica: int = Field(default=0, ge=0, description="which replica's share (0: the first)")
+    policy: Literal["least_outstanding", "round_robin", "prefix_affinity"] = "least_outstanding"
+
+    @model_validator(mode="after")
+    def _within(self) -> Routed:
+        if self.replica >= self.replicas:
+            raise ValueError(f"replica {self.replica} is not one of 0..{self.replicas - 1}")
+        return self
+
+
 class Experiment(BaseModel):
     """One measured run: the workloads of one replica for `duration_s`."""
 
@@ -81,6 +105,9 @@ class Experiment(BaseModel):
         description="a picture's noise pixels: drawn for each request inside its send stamp "
                     "(every run to the twenty-third session), or drawn before the clock starts "
                     "and reused under a fresh hash (runner.py Pictures)")
+    routed: Routed | None = Field(
+        default=None, description="the workloads are a whole pool's, and the experiment one "
+                                  "replica's share of them as its router hands them out")
 
     @model_validator(mode="after")
     def _replayable(self) -> Experiment:
@@ -88,6 +115,9 @@ class Experiment(BaseModel):
             if not isinstance(w.arrival, ClosedLoop | PoissonArrival | GammaArrival):
                 raise ValueError(f"workload {w.name!r}: validation replays closed, poisson or "
                                  "gamma arrivals only")
+            if self.routed is not None and isinstance(w.arrival, ClosedLoop):
+                raise ValueError(f"workload {w.name!r}: a routed share replays open-loop "
+                                 "arrivals only (poisson or gamma)")
             if w.prefix is not None and w.prefix.target_hit_rate is not None:
                 raise ValueError(f"workload {w.name!r}: target_hit_rate is a simulator "
                                  "shortcut; describe shared_tokens and groups instead")
@@ -151,6 +181,38 @@ class EngineRun(BaseModel):
                                           output_jitter_s=HARNESS_JITTER_S,
                                           core_spread=CORE_SPREAD),
         )
+
+    def share(self, exp: Experiment) -> dict[int, RequestBatch] | None:
+        """A routed experiment's requests, by workload index: those its pool's router sent
+        to `exp.routed.replica` when `exp.routed.replicas` replicas served the workloads
+        (None for an experiment that is not routed)."""
+        if exp.routed is None:
+            return None
+        from capplan.sim.run import simulate
+
+        mix = self.mix(exp)
+        pool = mix.pools[0].model_copy(update={"router": exp.routed.policy})
+        whole = mix.model_copy(update={"pools": [pool]})
+        log: list[tuple[int, int, int]] = []
+        simulate(whole, "validate", exp.routed.replicas, keep_requests=False, route_log=log)
+        horizon = mix.simulation.duration_s + mix.simulation.drain_s
+        out = {}
+        for i, w in enumerate(mix.workloads):
+            rids = sorted(rid for wl, rid, _ in log if wl == i)  # the stream's order
+            mine = {rid for wl, rid, rep in log if wl == i and rep == exp.routed.replica}
+            keep = np.array([n for n, rid in enumerate(rids) if rid in mine], dtype=np.int64)
+            b = _open_batch(w, i, exp.seed, horizon)
+            out[i] = RequestBatch(b.arrival_s[keep], b.input_tokens[keep],
+                                  b.output_tokens[keep], b.prefix_group[keep],
+                                  b.prefix_tokens[keep], b.image_tokens[keep], i)
+        return out
+
+    def simulate(self, exp: Experiment, acceptance: float | None = None) -> SimResult:
+        """The prediction of one experiment: one replica serving its requests."""
+        from capplan.sim.run import simulate
+
+        return simulate(self.mix(exp, acceptance), "validate", 1, keep_requests=True,
+                        arrivals=self.share(exp))
 
 
 class Suite(BaseModel):
@@ -238,17 +300,22 @@ def _closed_rows(w: Workload, index: int, seed: int) -> dict[str, list[int]]:
             "prefix_group": list(cols[2]), "prefix_tokens": list(cols[3])}
 
 
-def _open_rows(w: Workload, index: int, seed: int, horizon: float) -> dict[str, list[Any]]:
+def _open_batch(w: Workload, index: int, seed: int, horizon: float) -> RequestBatch:
+    """Every open-loop request of the workload up to `horizon`, as the simulator draws them."""
     stream = ArrivalStream(w, index, horizon, np.random.default_rng([seed, 1, index]))
-    cols: dict[str, list[Any]] = {k: [] for k in ("arrival_s", "input_tokens", "output_tokens",
-                                                  "prefix_group", "prefix_tokens")}
+    batches = []
     while (b := stream.next_batch()) is not None:
-        cols["arrival_s"] += [round(x, 6) for x in b.arrival_s.tolist()]
-        cols["input_tokens"] += b.input_tokens.tolist()
-        cols["output_tokens"] += b.output_tokens.tolist()
-        cols["prefix_group"] += b.prefix_group.tolist()
-        cols["prefix_tokens"] += b.prefix_tokens.tolist()
-    return cols
+        batches.append(b)
+    cols = [np.concatenate([getattr(b, f) for b in batches]) if batches else np.empty(0, int)
+            for f in ("arrival_s", "input_tokens", "output_tokens", "prefix_group",
+                      "prefix_tokens", "image_tokens")]
+    return RequestBatch(*cols, index)
+
+
+def _open_rows(b: RequestBatch) -> dict[str, list[Any]]:
+    return {"arrival_s": [round(x, 6) for x in b.arrival_s.tolist()],
+            "input_tokens": b.input_tokens.tolist(), "output_tokens": b.output_tokens.tolist(),
+            "prefix_group": b.prefix_group.tolist(), "prefix_tokens": b.prefix_tokens.tolist()}
 
 
 def experiment_job(run: EngineRun, exp: Experiment, name: str) -> dict[str, Any]:
@@ -256,6 +323,7 @@ def experiment_job(run: EngineRun, exp: Experiment, name: str) -> dict[str, Any]
     draws them for the same mix and seed."""
     mix = run.mix(exp)
     limit = mix.simulation.duration_s + mix.simulation.drain_s  # the simulator's horizon
+    share = run.share(exp)
     workloads = []
     for i, w in enumerate(mix.workloads):
         d: dict[str, Any] = {"index": i, "name": w.name, "priority": w.priority}
@@ -266,7 +334,8 @@ def experiment_job(run: EngineRun, exp: Experiment, name: str) -> dict[str, Any]
             d.update(kind="closed", concurrency=w.arrival.concurrency,
                      **_closed_rows(w, i, exp.seed))
         else:
-            d.update(kind="open", **_open_rows(w, i, exp.seed, limit))
+            batch = share[i] if share is not None else _open_batch(w, i, exp.seed, limit)
+            d.update(kind="open", **_open_rows(batch))
         if w.image is not None:  # the runner builds the pictures itself (runner.py Pictures)
             d["image"] = {"images": w.image.images_per_request,
                           "tokens": w.image.tokens_per_image}
@@ -294,7 +363,8 @@ def warmup_jobs(run: EngineRun) -> list[dict[str, Any]]:
                                    "name": f"warmup{i}", "priority": 0})
               for i, w in enumerate(list(shapes.values())[:4])]
         exp = first.model_copy(update={"name": name, "workloads": ws, "duration_s": seconds,
-                                       "prefix_caching": False, "repeat": 1})
+                                       "prefix_caching": False, "repeat": 1,
+                                       "routed": None})
         job = experiment_job(run, exp, name)
         job["warmup"] = True
         jobs.append(job)
