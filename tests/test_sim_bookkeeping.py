@@ -124,3 +124,23 @@ def test_unfinished_requests_weigh_on_itl_by_their_token_share() -> None:
     res = summarise(w, rec, created=20, window_s=10.0)
     assert res.itl_p50_s == pytest.approx(0.01, rel=2e-3)
     assert res.itl_p90_s == float("inf") and not res.slo[0].met
+
+
+def test_an_slo_says_how_much_of_its_tail_it_lets_past_the_limit() -> None:
+    """A p99 lets 1 % of the gaps past its limit: 99 short gaps and one stall put the p99
+    below the limit with the whole 1 % used, which the check's `beyond` says; unfinished
+    requests count past it."""
+    from capplan.sim.metrics import GapHistogram
+    from capplan.sim.results import SloCheck
+
+    h = GapHistogram()
+    h.add_many([0.012] * 99 + [0.120])
+    assert h.percentile(99) < 0.05
+    assert h.share_above(0.05) == 0.01
+    assert h.share_above(0.005) == 1.0
+    assert h.share_above(0.2) == 0.0
+    assert h.share_above(0.05, missing=1) == 2 / 101
+    check = SloCheck(key="itl_p99_s", limit_s=0.05, value_s=h.percentile(99), met=True,
+                     beyond=h.share_above(0.05))
+    assert check.allowed == pytest.approx(0.01)
+    assert check.margin > 0.7 and check.beyond == pytest.approx(check.allowed)

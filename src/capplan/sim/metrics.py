@@ -99,6 +99,17 @@ class GapHistogram:
         i = int(np.searchsorted(np.cumsum(self.counts), rank, side="right"))
         return math.exp(_LOG_LO + (i + 0.5) / _BINS_PER_E)
 
+    def share_above(self, x: float, missing: int = 0) -> float:
+        """The share of observations longer than x (to the histogram's resolution; its bin
+        counts as longer where its geometric centre is); `missing` ones count as longer.
+        NaN if empty."""
+        self._flush()
+        total = self.n + missing
+        if total == 0:
+            return float("nan")
+        first = max(math.floor((math.log(x) - _LOG_LO) * _BINS_PER_E + 0.5), 0)  # centre > x
+        return (float(self.counts[first:].sum()) + missing) / total
+
     def mean(self) -> float:
         self._flush()
         if self.n == 0:

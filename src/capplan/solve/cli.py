@@ -21,7 +21,7 @@ from capplan.errors import ConfigError, InfeasibleError
 
 if TYPE_CHECKING:
     from capplan.mix import TrafficMix
-    from capplan.solve.plan import Plan, PoolPlan
+    from capplan.solve.plan import Plan, PoolPlan, SloLine
 
 RUNNERS_UP_SHOWN = 8
 """Runners-up printed per pool; the plan's JSON and the report hold all of them."""
@@ -106,6 +106,13 @@ def print_plan(plan: Plan, console: Console, elapsed_s: float | None = None) -> 
         console.print(f"sized in {elapsed_s:.1f} s")
 
 
+def _past(line: SloLine) -> str:
+    """How much of the share the SLO lets past its limit is used: ' · 0.82 % past (1 %)'."""
+    if not line.beyond or line.allowed is None:
+        return ""
+    return f" · {line.beyond * 100:.2g} % past ({line.allowed * 100:.2g} %)"
+
+
 def _print_pool(p: PoolPlan, console: Console) -> None:
     console.print(f"\n[bold]pool {p.pool}[/] ({p.model} on {p.gpu}, TP={p.tp}, {p.label})")
     binding = (p.binding_workload, p.binding_slo)
@@ -115,7 +122,8 @@ def _print_pool(p: PoolPlan, console: Console) -> None:
             bind = "  ← binding" if (w.name, line.key) == binding else ""
             console.print(
                 f"  {mark} {w.name:<16} {line.key:<11} {_s(line.value_s):>11} ≤ "
-                f"{_s(line.limit_s):<9} margin {_pct(line.margin)}{bind}"
+                f"{_s(line.limit_s):<9} margin {_pct(line.margin)}{_past(line)}{bind}",
+                highlight=False,
             )
     if p.profile_source == "analytic":
         console.print(

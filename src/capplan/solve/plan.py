@@ -3,14 +3,17 @@
 JSON schema (`Plan.model_dump_json`), one object per pool under `pools`:
 `pool, model, gpu, tp, precision, engine, replicas, replicas_for_slo, spare, gpus,
 binding_workload, binding_slo, binding_margin, workloads[].slo[] (key, limit_s, value_s,
-margin, met), workloads[] predicted percentiles, utilisation, prefix_hit_rate, kv_usage_peak,
-kv_headroom, profile, profile_source, cost, confidence, runners_up, advice, bracket, auto,
-reasoning`; a pool no replica count can size is not among them but under `infeasible`
+margin, met, beyond), workloads[] predicted percentiles, utilisation, prefix_hit_rate,
+kv_usage_peak, kv_headroom, profile, profile_source, cost, confidence, runners_up, advice,
+bracket, auto, reasoning`; a pool no replica count can size is not among them but under `infeasible`
 (`pool, model, gpu, precision, reason`: which workload and SLO, and why).
 `confidence.one_fewer_stopped_at_s`: the one-fewer check stopped there, its miss
-certain. Margins are fractions of the limit (0.2: 20 % below it). `value_s` null: requests
-unfinished. Settings the mix left `auto` are listed under `auto`; `precision` and `engine` hold
-the values chosen for them, `runners_up` the candidates that lost and `reasoning` why.
+certain. Margins are fractions of the limit (0.2: 20 % below it). `beyond`: the share of
+the metric's observations past the limit, which a pN SLO allows up to 1 - N/100 of (a p99's
+0.01; near a cliff in the distribution it is the closer measure of headroom). `value_s` null:
+requests unfinished. Settings the mix left `auto` are listed under `auto`; `precision` and
+`engine` hold the values chosen for them, `runners_up` the candidates that lost and
+`reasoning` why.
 """
 
 from __future__ import annotations
@@ -48,6 +51,16 @@ class SloLine(BaseModel):
     value_s: float | None
     margin: float | None
     met: bool
+    beyond: float | None = Field(
+        default=None,
+        description="share of the metric's observations past the limit (SloCheck.beyond); a "
+                    "p99 allows 0.01")
+
+    @property
+    def allowed(self) -> float | None:
+        """The share of observations the SLO lets past its limit (0.01 for a p99)."""
+        q = slo_percentile(self.key)
+        return None if q is None else 1.0 - q / 100.0
 
 
 class WorkloadLine(BaseModel):
@@ -397,7 +410,7 @@ def workload_lines(res: SimResult) -> list[WorkloadLine]:
             prefix_hit_rate=_finite(w.prefix_hit_rate),
             slo=[
                 SloLine(key=c.key, limit_s=c.limit_s, value_s=_finite(c.value_s),
-                        margin=_finite(c.margin), met=c.met)
+                        margin=_finite(c.margin), met=c.met, beyond=c.beyond)
                 for c in w.slo
             ],
         ))
