@@ -181,11 +181,13 @@ def _slo_table(plan: Plan) -> str:
                 mark = '<span class="ok">✓</span>' if line.met else '<span class="bad">✗</span>'
                 bind = (" ← binding" if (w.name, line.key) == (p.binding_workload, p.binding_slo)
                         else "")
+                past = ("–" if line.beyond is None or line.allowed is None else
+                        f"{line.beyond * 100:.2g} % of {line.allowed * 100:.2g} %")
                 rows.append([_e(p.pool), _e(w.name), f"<code>{_e(line.key)}</code>",
-                             _s(line.value_s), _s(line.limit_s), _pct(line.margin),
+                             _s(line.value_s), _s(line.limit_s), _pct(line.margin), past,
                              mark + bind, _pct(w.prefix_hit_rate)])
-    return _table(["pool", "workload", "SLO", "predicted", "limit", "margin", "met",
-                   "prefix hit"], rows, num={3, 4, 5, 7})
+    return _table(["pool", "workload", "SLO", "predicted", "limit", "margin",
+                   "past the limit (allowed)", "met", "prefix hit"], rows, num={3, 4, 5, 6, 8})
 
 
 def _knee_text(pp: PoolPlan, r: PoolRuns) -> str:
