@@ -36,6 +36,9 @@ drifting (twentieth session; `drift` measures the drift).
 (twenty-second session).
 `stalls` every stored step trace's gaps of more than 0.3 s with requests running, and where the
 core was traced, whether it stepped on meanwhile (twenty-first session).
+`past` the production vision pool's ITL gaps past its SLO's limit at 9-11 replicas.
+`routed [ENGINE]` the routed shares (every engine named *-routed*, or ENGINE): each run's
+inter-token gaps past 30, 50 and 65 ms, measured and predicted (twenty-fourth session).
 `edge [ENGINE]` each run's share of steps that carry a prompt and their gaps, against the
 simulator's: which side of its edge a Poisson row's ITL p50 lands on (twenty-second session).
 `probe [ENGINE]` a traced engine served with scripts/cpu_probe.py beside it: the core's time a
@@ -1860,18 +1863,24 @@ def picturepath() -> None:
             f"{np.mean([abs(r.error(m)) for r in rows]) * 100:.1f} %)" for m in within))
 
 
-def routed(engine: str = "gemma-4-31b-fp8-routed") -> None:
+def routed(engine: str | None = None) -> None:
     """One replica's share of the vision pool as least-outstanding routing hands it out,
     beside the random split's (a Poisson stream at a tenth of the rate) on the same engine
     (validate/suite.py Routed; twenty-fourth session): each run's inter-token gaps past 30, 50
     and 65 ms, measured and predicted. The ITL p99 sits where the share of gaps a picture's
     step stalls crosses 1 %; which side of it each side lands on is the row."""
+    folders = [f for f in stored_runs()
+               if f.name == engine or (engine is None and "-routed" in f.name)]
+    for folder in folders:
+        print(folder.name)
+        _routed(*load_run(folder)[:2])
+
+
+def _routed(run: Any, reqs: Any) -> None:
     from capplan.sim.metrics import _BINS_PER_E, _LOG_LO
     from capplan.sim.run import simulate as run_sim
     from capplan.validate.compare import _gaps, _served
 
-    folder = next(f for f in stored_runs() if f.name == engine)
-    run, reqs, _ = load_run(folder)
     for exp in run.experiments:
         ok = _served(reqs.filter(pl.col("experiment") == exp.name))
         ok = ok.filter(pl.col("send_s") < exp.duration_s)
@@ -1891,6 +1900,26 @@ def routed(engine: str = "gemma-4-31b-fp8-routed") -> None:
         print(f"{exp.name:13s} {n:3d} requests, {len(gaps):,} gaps (measured / predicted): "
               + ", ".join(line) + f"; ITL p99 {np.percentile(gaps, 99) * 1e3:.1f} / "
               f"{hist.percentile(99) * 1e3:.1f} ms")
+
+
+def past() -> None:
+    """The production plan's vision pool (examples/production-mix.yaml) at 9, 10 and 11
+    replicas over the search's three confirmation seeds of 556 s: the share of inter-token
+    gaps past the ITL p99 SLO's 50 ms (the plan's `beyond`) and the p99 (twenty-fourth
+    session)."""
+    from capplan.mix import load_mix
+
+    mix = load_mix(ROOT / "examples" / "production-mix.yaml")
+    for n in (9, 10, 11):
+        figs = []
+        for s in (0, 1000, 2000):
+            m = mix.model_copy(update={"simulation": mix.simulation.model_copy(
+                update={"seed": mix.simulation.seed + s, "duration_s": 556.0})})
+            check = next(c for c in simulate(m, "vision", n, keep_requests=False)
+                         .workload("vision").slo if c.key == "itl_p99_s")
+            figs.append(f"{(check.beyond or 0) * 100:.2f} % past ({check.value_s * 1e3:.1f} ms)")
+        print(f"vision pool at {n:2d} replicas, ITL gaps past 50 ms over seeds 0 / 1000 / 2000 "
+              "of 556 s (the p99 allows 1 %): " + ", ".join(figs))
 
 
 def main() -> None:
@@ -1914,7 +1943,7 @@ def main() -> None:
         "waves": waves, "band": band, "rules": rules, "gaps": gaps, "loop": loop,
         "tried": tried, "core": core, "wake": wake, "spread": spread, "spells": spells,
         "drift": drift, "stalls": stalls, "floors": floors, "tocore": tocore,
-        "cliff": cliff, "picturepath": picturepath,
+        "cliff": cliff, "picturepath": picturepath, "past": past,
     }
     for name in what:
         if name not in commands:

@@ -306,10 +306,11 @@ def _open_batch(w: Workload, index: int, seed: int, horizon: float) -> RequestBa
     batches = []
     while (b := stream.next_batch()) is not None:
         batches.append(b)
-    cols = [np.concatenate([getattr(b, f) for b in batches]) if batches else np.empty(0, int)
-            for f in ("arrival_s", "input_tokens", "output_tokens", "prefix_group",
-                      "prefix_tokens", "image_tokens")]
-    return RequestBatch(*cols, index)
+    def col(f: str) -> np.ndarray:
+        return np.concatenate([getattr(b, f) for b in batches]) if batches else np.empty(0, int)
+
+    return RequestBatch(col("arrival_s"), col("input_tokens"), col("output_tokens"),
+                        col("prefix_group"), col("prefix_tokens"), col("image_tokens"), index)
 
 
 def _open_rows(b: RequestBatch) -> dict[str, list[Any]]:
