@@ -113,6 +113,12 @@ def slo_percentile(key: str) -> float | None:
     return float(m[2]) if m else None
 
 
+def slo_allowed_share(key: str) -> float | None:
+    """The share of observations an SLO key lets past its limit (`itl_p99_s` -> 0.01)."""
+    q = slo_percentile(key)
+    return None if q is None else 1.0 - q / 100.0
+
+
 class SloTarget(BaseModel):
     """One latency target: `metric` at `percentile` must be <= `limit_s`."""
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, field_serializer
 
 from capplan.sim.metrics import REQUEST_FIELDS, WorkloadRecorder
-from capplan.traffic import Workload, slo_percentile
+from capplan.traffic import Workload, slo_allowed_share
 
 if TYPE_CHECKING:
     import polars as pl
@@ -38,8 +38,7 @@ class SloCheck(BaseModel):
     @property
     def allowed(self) -> float | None:
         """The share of observations the SLO lets past its limit (0.01 for a p99)."""
-        q = slo_percentile(self.key)
-        return None if q is None else 1.0 - q / 100.0
+        return slo_allowed_share(self.key)
 
     @field_serializer("value_s")
     def _finite(self, v: float) -> float | None:

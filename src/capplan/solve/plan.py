@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from capplan.sim.results import SimResult
 from capplan.solve.search import PoolSizing, SearchSettings, worst_check
-from capplan.traffic import DailyArrival, Workload, slo_percentile
+from capplan.traffic import DailyArrival, Workload, slo_allowed_share, slo_percentile
 
 if TYPE_CHECKING:
     import polars as pl
@@ -59,8 +59,7 @@ class SloLine(BaseModel):
     @property
     def allowed(self) -> float | None:
         """The share of observations the SLO lets past its limit (0.01 for a p99)."""
-        q = slo_percentile(self.key)
-        return None if q is None else 1.0 - q / 100.0
+        return slo_allowed_share(self.key)
 
 
 class WorkloadLine(BaseModel):

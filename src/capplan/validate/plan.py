@@ -8,8 +8,8 @@ suite: per pool, one engine with the plan's configuration, and one experiment pe
 count with every Poisson or gamma workload's rate divided by it (as a random router spreads
 it: harsher than least-outstanding routing, so a pass is on the safe side), then one per
 replica count with the requests the pool's own router hands one replica (`routed`,
-validate/suite.py Routed: the plan's decision as it will be served; the twenty-fourth
-session found the simulator right about what routing does to a replica's stalled share).
+validate/suite.py Routed: the plan's decision as it will be served; in the twenty-fourth
+session the simulator's share of a routed replica's stalled gaps came within 12 % of vLLM's).
 `capplan validate emit` turns it into GPU jobs as for any suite.
 
 A pool is left out, with the reason, where the runner cannot replay its traffic: arrivals
