@@ -437,3 +437,17 @@ def test_cli_bad_plan_is_one_line(tmp_path: Path) -> None:
         res = CliRunner().invoke(main, ["deploy", str(path)])
         assert res.exit_code == 2
         assert str(path) in res.output and "Traceback" not in res.output
+
+
+def test_replicas_get_the_routing_the_plan_was_sized_behind() -> None:
+    """A pool of several replicas is told what must spread its requests (a Service balances
+    connections, not requests); the golden plan (test_solve.py) pins the router in the JSON."""
+    pool = Pool(name="v", model="llama-3.1-8b", precision="bf16")
+    one = PoolDeploy.from_pool(pool, 1)
+    assert not any(n.startswith("routing:") for n in serve_notes(one))
+    many = PoolDeploy.from_pool(pool, 4)
+    (note,) = [n for n in serve_notes(many) if n.startswith("routing:")]
+    assert "4 replicas" in note and "fewest unfinished" in note and "Service" in note
+    rr = PoolDeploy.from_pool(pool.model_copy(update={"router": "round_robin"}), 4)
+    assert any("in turn" in n for n in serve_notes(rr))
+    assert "# NOTE: routing:" in k8s_deployment(many)

@@ -38,6 +38,9 @@ class PoolDeploy:
     precision: Precision
     engine: EngineConfig
     replicas: int
+    router: str = "least_outstanding"
+    """How the plan spread requests over the replicas (sim/router.py): the balancer in front
+    of them must do the same."""
 
     @property
     def gpus(self) -> int:
@@ -51,7 +54,7 @@ class PoolDeploy:
         refuse_open(pool)
         assert pool.precision != "auto"
         return cls(pool.name, pool.model, pool.gpu, pool.tp, Precision(pool.precision),
-                   pool.engine, replicas)
+                   pool.engine, replicas, pool.router)
 
     @classmethod
     def from_pool_plan(cls, plan: PoolPlan, mix_pool: Pool | None = None) -> PoolDeploy:
@@ -84,7 +87,20 @@ class PoolDeploy:
                 f"pool {plan.pool!r}: unknown precision {plan.precision!r}; known: "
                 f"{', '.join(p.value for p in Precision)}", field="precision",
             ) from e
-        return cls(plan.pool, plan.model, plan.gpu, plan.tp, precision, engine, plan.replicas)
+        return cls(plan.pool, plan.model, plan.gpu, plan.tp, precision, engine, plan.replicas,
+                   plan.router)
+
+
+def routing_note(d: PoolDeploy) -> str:
+    """What must spread requests over the pool's replicas for the plan to hold."""
+    how = {"least_outstanding": "each request to the replica with the fewest unfinished ones "
+                                "(a least-request balancer, as Envoy's LEAST_REQUEST)",
+           "round_robin": "requests to the replicas in turn",
+           "prefix_affinity": "requests that share a prompt prefix to the same replica, the "
+                              "rest to the one with the fewest unfinished"}[d.router]
+    return (f"routing: the plan sized {d.replicas} replicas with {how}; a Kubernetes Service "
+            "alone balances connections, not requests, so put that balancer in front of the "
+            "replicas (where it differs, size the mix with its pools[].router; docs/deploy.md)")
 
 
 def as_deploy(pool: PoolDeploy | PoolPlan | Pool) -> PoolDeploy:
@@ -214,6 +230,8 @@ def serve_notes(pool: PoolDeploy | PoolPlan | Pool, spec: ModelSpec | None = Non
     elif sc is not None and sc.method == "mtp":
         notes.append("speculative mtp: uses the checkpoint's own MTP layers; where the drafter "
                      'ships separately, add its id as "model" to --speculative-config')
+    if d.replicas > 1:
+        notes.append(routing_note(d))
     if spec.vision_encoder_params and d.engine.limit_mm_per_prompt is None:
         notes.append(
             f"{spec.hf_id} has a vision encoder; if pool {d.pool!r} serves no images, "

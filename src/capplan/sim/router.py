@@ -2,7 +2,8 @@
 
 - round_robin: replica i, i+1, ... in turn (what a plain Kubernetes Service gives).
 - least_outstanding: the replica with the fewest unfinished requests (ties: lowest index),
-  what vLLM's production-stack router and most load balancers call least-request.
+  what load balancers call least-request (Envoy's LEAST_REQUEST, NGINX's least_conn over
+  one request a connection); a plain Kubernetes Service balances connections instead.
 - prefix_affinity: requests sharing a prompt prefix go to the same replica, so its prefix
   cache keeps the prefix (consistent hashing on the prefix group); others least-outstanding.
 """

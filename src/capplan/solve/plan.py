@@ -1,7 +1,7 @@
 """The plan: per pool, the GPUs that hold every SLO, the configuration chosen, cost, and why.
 
 JSON schema (`Plan.model_dump_json`), one object per pool under `pools`:
-`pool, model, gpu, tp, precision, engine, replicas, replicas_for_slo, spare, gpus,
+`pool, model, gpu, tp, precision, engine, router, replicas, replicas_for_slo, spare, gpus,
 binding_workload, binding_slo, binding_margin, workloads[].slo[] (key, limit_s, value_s,
 margin, met, beyond), workloads[] predicted percentiles, utilisation, prefix_hit_rate,
 kv_usage_peak, kv_headroom, profile, profile_source, cost, confidence, runners_up, advice,
@@ -246,6 +246,9 @@ class PoolPlan(BaseModel):
     tp: int
     precision: str
     engine: dict[str, Any]
+    router: str = Field(default="least_outstanding",
+                        description="how the plan spread requests over the replicas "
+                                    "(the mix's pools[].router): deploy the same")
     replicas_for_slo: int
     spare: int
     replicas: int
@@ -444,7 +447,7 @@ def pool_plan(
     return PoolPlan(
         pool=pool.name, model=pool.model, gpu=pool.gpu, tp=pool.tp,
         precision=str(getattr(pool.precision, "value", pool.precision)),
-        engine=pool.engine.model_dump(mode="json"),
+        engine=pool.engine.model_dump(mode="json"), router=pool.router,
         replicas_for_slo=sz.replicas, spare=spare, replicas=replicas, gpus=gpus,
         binding_workload=wl, binding_slo=check.key if check else "",
         binding_margin=_finite(check.margin) if check else None,
