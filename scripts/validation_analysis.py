@@ -1499,7 +1499,7 @@ def pair(engine: str) -> None:
     folder = next(f for f in stored_runs() if f.name == engine)
     run, reqs, measured = load_run(folder)
     for exp in run.experiments:
-        res = simulate(run.mix(exp, None), "validate", 1, keep_requests=True)
+        res = run.simulate(exp)  # a routed experiment serves its replica's share
         pred = res.requests().sort("arrival_s").with_columns(i=pl.int_range(pl.len()))
         for name in exp.runs():  # a repeated experiment's runs serve the same requests
             _pair_run(engine, name, measured["runs"].get(name, {}), reqs, pred)
@@ -1878,19 +1878,19 @@ def routed(engine: str | None = None) -> None:
 
 def _routed(run: Any, reqs: Any) -> None:
     from capplan.sim.metrics import _BINS_PER_E, _LOG_LO
-    from capplan.sim.run import simulate as run_sim
     from capplan.validate.compare import _gaps, _served
 
     for exp in run.experiments:
         ok = _served(reqs.filter(pl.col("experiment") == exp.name))
         ok = ok.filter(pl.col("send_s") < exp.duration_s)
         gaps = np.concatenate(_gaps(ok))
-        recs = _recorders(run_sim, run.mix(exp), "validate", 1, keep_requests=True,
-                          arrivals=run.share(exp))
+        pool = _recorders(run.share, exp)  # the pool's own simulation, every replica
+        share = run.share(exp)
+        recs = _recorders(simulate, run.mix(exp), "validate", 1, keep_requests=True,
+                          arrivals=share)
         hist = recs[0].itl
         hist.count()
         centres = np.exp(_LOG_LO + (np.arange(len(hist.counts)) + 0.5) / _BINS_PER_E)
-        share = run.share(exp)
         n = len(share[0].arrival_s[share[0].arrival_s < exp.duration_s]) if share else len(ok)
         line = []
         for ms in (30, 50, 65):
@@ -1900,6 +1900,11 @@ def _routed(run: Any, reqs: Any) -> None:
         print(f"{exp.name:13s} {n:3d} requests, {len(gaps):,} gaps (measured / predicted): "
               + ", ".join(line) + f"; ITL p99 {np.percentile(gaps, 99) * 1e3:.1f} / "
               f"{hist.percentile(99) * 1e3:.1f} ms")
+        if exp.routed is not None:
+            whole = pool[0].itl
+            print(f"{'':13s} the pool's {exp.routed.replicas} replicas together, predicted: "
+                  f"past 50 ms {whole.share_above(0.05) * 100:.2f} %, ITL p99 "
+                  f"{whole.percentile(99) * 1e3:.1f} ms")
 
 
 def past() -> None:
