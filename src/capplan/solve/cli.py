@@ -114,7 +114,9 @@ def _past(line: SloLine) -> str:
 
 
 def _print_pool(p: PoolPlan, console: Console) -> None:
-    console.print(f"\n[bold]pool {p.pool}[/] ({p.model} on {p.gpu}, TP={p.tp}, {p.label})")
+    routing = f", {p.router.replace('_', '-')} routing" if p.replicas > 1 else ""
+    console.print(f"\n[bold]pool {p.pool}[/] ({p.model} on {p.gpu}, TP={p.tp}, {p.label}"
+                  f"{routing})")
     binding = (p.binding_workload, p.binding_slo)
     for w in p.workloads:
         for line in w.slo:
