@@ -473,3 +473,11 @@ def test_a_routed_share_is_open_loop_and_names_a_replica_of_the_pool() -> None:
               "arrival": {"kind": "closed", "concurrency": 2}}
     with pytest.raises(ValidationError, match="routed share replays open-loop arrivals only"):
         Experiment(name="x", duration_s=10, workloads=[closed], routed={"replicas": 2})
+
+
+def test_a_routed_share_with_no_request_is_refused_in_one_line(suite) -> None:
+    run = suite.engine("gemma-4-31b-fp8-routed")
+    exp = _routed(run, "round_robin", replicas=256, replica=255)
+    exp = exp.model_copy(update={"duration_s": 5.0})
+    with pytest.raises(ConfigError, match="sends replica 255 of 256 no request in 5 s"):
+        run.share(exp)

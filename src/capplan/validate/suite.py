@@ -205,6 +205,11 @@ class EngineRun(BaseModel):
             out[i] = RequestBatch(b.arrival_s[keep], b.input_tokens[keep],
                                   b.output_tokens[keep], b.prefix_group[keep],
                                   b.prefix_tokens[keep], b.image_tokens[keep], i)
+        if not any(np.any(b.arrival_s < exp.duration_s) for b in out.values()):
+            raise ConfigError(
+                f"experiment {exp.name!r}: the router sends replica {exp.routed.replica} of "
+                f"{exp.routed.replicas} no request in {exp.duration_s:g} s; route fewer "
+                "replicas or run longer", field="routed")
         return out
 
     def simulate(self, exp: Experiment, acceptance: float | None = None) -> SimResult:
