@@ -1901,6 +1901,14 @@ def _routed(run: Any, reqs: Any) -> None:
               + ", ".join(line) + f"; ITL p99 {np.percentile(gaps, 99) * 1e3:.1f} / "
               f"{hist.percentile(99) * 1e3:.1f} ms")
         if exp.routed is not None:
+            counts = []
+            for k in range(exp.routed.replicas):
+                kth = run.share(exp.model_copy(update={"routed": exp.routed.model_copy(
+                    update={"replica": k})}))
+                counts.append(sum(int(np.sum(b.arrival_s < exp.duration_s))
+                                  for b in kth.values()))
+            print(f"{'':13s} requests in the {exp.duration_s:g} s by replica: "
+                  + " ".join(map(str, counts)) + f" (the pool's {sum(counts)})")
             whole = pool[0].itl
             print(f"{'':13s} the pool's {exp.routed.replicas} replicas together, predicted: "
                   f"past 50 ms {whole.share_above(0.05) * 100:.2f} %, ITL p99 "
