@@ -151,6 +151,25 @@ def test_not_yaml(tmp_path: Path) -> None:
     assert_one_line_error(sim(path), ConfigError.exit_code, str(path))
 
 
+def test_a_key_given_twice_is_refused_not_dropped(tmp_path: Path) -> None:
+    """PyYAML keeps the last of two equal keys silently, so a second `workloads:` would drop
+    the first's workloads; capplan refuses the file, naming the key and both lines. A merge
+    (`<<: *anchor`) may still be overridden, as YAML allows."""
+    path = tmp_path / "twice.yaml"
+    path.write_text(yaml.safe_dump(MIX, sort_keys=False) + "workloads: []\n")
+    line = assert_one_line_error(sim(path), ConfigError.exit_code, str(path),
+                                 "'workloads' given twice")
+    assert "keep one" in line
+    merged = tmp_path / "merged.yaml"
+    merged.write_text("base: &b {value: 1, kind: constant}\nover: {<<: *b, value: 2}\n")
+    from capplan._yaml import read_mapping
+    assert read_mapping(merged)["over"] == {"value": 2, "kind": "constant"}
+    twice_json = tmp_path / "twice.json"
+    twice_json.write_text('{"pools": [], "pools": []}')
+    assert_one_line_error(sim(twice_json), ConfigError.exit_code, str(twice_json),
+                          "'pools' given twice")
+
+
 def test_lengths_over_max_model_len(tmp_path: Path) -> None:
     """A request longer than the pool's max_model_len is refused before simulating."""
     bad = json.loads(json.dumps(MIX))

@@ -15,6 +15,42 @@ from capplan.errors import ConfigError
 M = TypeVar("M", bound=BaseModel)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]  # (PyYAML ships no types)
+    """PyYAML's safe loader, refusing a key given twice in one mapping: YAML says keys are
+    unique, but PyYAML keeps the last silently, so a second `workloads:` would drop the
+    first's. Keys a merge (`<<: *anchor`) brings in may still be overridden, as YAML allows."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                first = seen[key].start_mark.line + 1
+                raise yaml.constructor.ConstructorError(
+                    None, None,
+                    f"key {key!r} given twice (lines {first} and "
+                    f"{key_node.start_mark.line + 1}); keep one", key_node.start_mark)
+            seen[key] = key_node
+        mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+        return mapping
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key given twice (json keeps the last, silently)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(f"key {key!r} given twice in one object; keep one")
+        out[key] = value
+    return out
+
+
 def read_mapping(path: Path) -> dict[str, Any]:
     """Read a YAML or JSON file holding one mapping."""
     try:
@@ -22,8 +58,11 @@ def read_mapping(path: Path) -> dict[str, Any]:
     except OSError as e:
         raise ConfigError(f"cannot read file ({e.strerror}); check the path", file=str(path)) from e
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as e:
+        if path.suffix == ".json":
+            data = json.loads(text, object_pairs_hook=_unique_pairs)
+        else:
+            data = yaml.load(text, _UniqueKeyLoader)  # a SafeLoader
+    except (yaml.YAMLError, json.JSONDecodeError, _DuplicateKey) as e:
         first = str(e).splitlines()[0]
         raise ConfigError(f"not valid YAML/JSON ({first})", file=str(path)) from e
     if not isinstance(data, dict):
