@@ -485,13 +485,22 @@ def _run_timer(folder: Path) -> StepTimer:
 
 def _stored_trace(engine: str) -> tuple[pl.DataFrame, dict[str, Any]] | None:
     """A traced engine's core trace as stored under validation/logs/s*-coretrace
-    (`capplan validate ingest --core-traces`) and its json, or None."""
+    (`capplan validate ingest --core-traces`) and its json, or None: its first start's
+    (`_stored_traces` has every start's)."""
+    return next(iter(_stored_traces(engine)), None)
+
+
+def _stored_traces(engine: str) -> list[tuple[pl.DataFrame, dict[str, Any]]]:
+    """Each start's core trace of a traced engine, first start first (an engine measured
+    over two starts keeps the second's as `<engine>.start2`)."""
     trace_dir = next((d for d in sorted((ROOT / "validation" / "logs").glob("s*-coretrace"))
                       if (d / f"{engine}.json").exists()), None)
     if trace_dir is None:
-        return None
-    return (pl.read_parquet(trace_dir / f"{engine}.parquet"),
-            json.loads((trace_dir / f"{engine}.json").read_text()))
+        return []
+    stems = [engine] + sorted((p.stem for p in trace_dir.glob(f"{engine}.start*.json")),
+                              key=lambda s: int(s.rsplit("start", 1)[1]))
+    return [(pl.read_parquet(trace_dir / f"{s}.parquet"),
+             json.loads((trace_dir / f"{s}.json").read_text())) for s in stems]
 
 
 def eager(engine: str = "gemma-4-31b-fp8-opent") -> None:
@@ -539,7 +548,9 @@ def pictures(engine: str = "gemma-4-31b-fp8-vision") -> None:
               f"{q['itl_p99_s'] * 1e3:6.1f} ms")
     timer = _run_timer(folder)
     steps = pl.read_parquet(folder / "steps.parquet")
-    run = next(r for r in sorted(steps["run"].unique()) if r.startswith("vision-of"))
+    runs = sorted(steps["run"].unique())  # a random split's share first, else any vision run
+    run = next((r for r in runs if r.startswith("vision-of")), None) or next(
+        r for r in runs if r.startswith("vision"))
     steps = steps.filter(pl.col("run") == run)
     t = steps["t"].to_numpy()
     gap = np.r_[np.nan, np.diff(t)] * 1e3
@@ -679,10 +690,11 @@ def _traced_pictures(engine: str, folder: Path, timer: StepTimer) -> None:
     picture, against the profile's pass plus its draws (calibration_analysis.py pictures)."""
     from capplan.validate.corelaunch import step_core_times
 
-    stored = _stored_trace(engine)
-    if stored is None:
+    stored = _stored_traces(engine)
+    if not stored:
         return
-    t = step_core_times(*stored, pl.read_parquet(folder / "steps.parquet"))
+    steps = pl.read_parquet(folder / "steps.parquet")
+    t = pl.concat([step_core_times(*s, steps) for s in stored], how="diagonal")
     draws = np.array(timer.encoder_draws) + timer.encoder_pass_s(280, 1)
     within = t.filter((pl.col("kind") == "piecewise") & (pl.col("prefill_reqs") > 0))
     if len(within):
@@ -1935,6 +1947,42 @@ def past() -> None:
               "of 556 s (the p99 allows 1 %): " + ", ".join(figs))
 
 
+def shares() -> None:
+    """Over every stored open-loop row, per profile and percentile metric: the p10 and the
+    worst of the prediction's signed error (what `capplan size --guard` reads), beside the
+    share of the measured requests (TTFT, E2E) or gaps (ITL) past the predicted figure, as
+    a multiple of the share the percentile leaves (1 % for a p99): its 90th percentile over
+    the rows and its largest. Neither is the right measure of every row (twenty-fifth
+    session): a p99 on a cliff misses by half on a share a tenth off, and a narrow
+    distribution shifted by 5 % puts a fifth of its requests past the predicted p99."""
+    from collections import defaultdict
+
+    from capplan.validate.compare import _gaps, _served, compare_run
+
+    q = {"ttft_p50_s": 50, "ttft_p99_s": 99, "itl_p50_s": 50, "itl_p99_s": 99, "e2e_p99_s": 99}
+    got: defaultdict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
+    for folder in stored_runs():
+        reqs = load_run(folder)[1]
+        for r in compare_run(folder):
+            if not r.profile or r.arrival == "closed":
+                continue
+            ok = _served(reqs.filter((pl.col("run") == r.run) & (pl.col("workload") == r.workload)))
+            gaps = _gaps(ok)
+            x = {"ttft": ok["ttft_s"].to_numpy(), "e2e": ok["e2e_s"].to_numpy(),
+                 "itl": np.concatenate(gaps) if gaps else np.empty(0)}
+            for m, pct in q.items():
+                v, p, e = x[m.split("_")[0]], r.predicted[m], r.error(m)
+                if len(v) and np.isfinite(p) and np.isfinite(e):
+                    got[(r.profile, m)].append((e, np.mean(v > p) / (1 - pct / 100)))
+    for (profile, m), es in sorted(got.items()):
+        if len(es) < 5:
+            continue
+        e, k = np.array(es).T
+        print(f"{profile:26s} {m:11s} {len(es):3d} rows: error p10 {np.percentile(e, 10):+.0%}, "
+              f"worst {e.min():+.0%}; the engine's share past the predicted figure "
+              f"{np.percentile(k, 90):.2f}x (p90), {k.max():.2f}x (most)")
+
+
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
         before(sys.argv[2], sys.argv[3:])
@@ -1956,7 +2004,7 @@ def main() -> None:
         "waves": waves, "band": band, "rules": rules, "gaps": gaps, "loop": loop,
         "tried": tried, "core": core, "wake": wake, "spread": spread, "spells": spells,
         "drift": drift, "stalls": stalls, "floors": floors, "tocore": tocore,
-        "cliff": cliff, "picturepath": picturepath, "past": past,
+        "cliff": cliff, "picturepath": picturepath, "past": past, "shares": shares,
     }
     for name in what:
         if name not in commands:

@@ -391,6 +391,26 @@ def test_ingest_stores_the_trace_of_the_start_that_measured(tmp_path) -> None:
     assert meta["clock_base_s"] == 7.0
 
 
+def test_ingest_keeps_the_trace_of_every_start_that_measured(tmp_path) -> None:
+    """An engine whose experiments were measured over two starts (two hosts: the
+    twenty-fifth session's gemma-4-31b-fp8-routed3) keeps each start's trace, the second as
+    `<engine>.start2`: a trace's clock is its own start's, so one file cannot hold both."""
+    src = next(p for p in stored_runs() if p.name == "llama-3.1-8b-bf16-seqs8")
+    first = _make(tmp_path / "raw" / "start1", src, ["chat-c4"])
+    second = _make(tmp_path / "raw" / "start2", src, ["chat-c16"])
+    for folder, t0 in ((first, 5.0), (second, 7.0)):
+        (folder / "coretrace").mkdir()
+        (folder / "coretrace" / "core-9.jsonl").write_text(
+            f'["execute_model", "MainThread", {t0}, {t0 + 0.01}]\n')
+    out = CliRunner().invoke(main, [
+        "validate", "ingest", str(SUITE), str(tmp_path / "raw"), "--engine", src.name,
+        "--root", str(tmp_path / "cal"), "--core-traces", str(tmp_path / "traces")])
+    assert out.exit_code == 0, out.output
+    bases = [json.loads((tmp_path / "traces" / f"{stem}.json").read_text())["clock_base_s"]
+             for stem in (src.name, f"{src.name}.start2")]
+    assert bases == [5.0, 7.0]
+
+
 def test_ingest_passes_over_a_start_that_never_started(tmp_path) -> None:
     """A first start cut by its call's deadline inside the engine's compile leaves an
     engine.json with only the error (twenty-third session); ingest takes the start that

@@ -106,11 +106,12 @@ def ingest(suite_file: Path, raw: Path, engines: tuple[str, ...], root: Path,
         dest = store(folders, suite.engine(name), root, gpu=suite.gpu, vllm_version=suite.vllm)
         click.echo(f"{name}: stored in {dest}")
         traced = [f for f in folders if any((f / "coretrace").glob("core-*.jsonl"))]
-        # the first start that measured something: an engine started only to be stopped
-        # for want of time served its warm-up alone
-        traced = [f for f in traced if _measured(f)] or traced
-        if core_traces is not None and traced:
-            click.echo(f"{name}: core trace in {_store_trace(traced[0], name, core_traces)}")
+        # the starts that measured something: an engine started only to be stopped for
+        # want of time served its warm-up alone
+        traced = [f for f in traced if _measured(f)] or traced[:1]
+        for k, folder in enumerate(traced if core_traces is not None else []):
+            stem = name if k == 0 else f"{name}.start{k + 1}"
+            click.echo(f"{name}: core trace in {_store_trace(folder, stem, core_traces)}")
         found += 1
     if not found:
         raise CalibrationError(f"{raw}: no runner output for any engine of {suite_file}")
@@ -123,8 +124,10 @@ def _measured(folder: Path) -> bool:
 
 def _store_trace(folder: Path, name: str, out: Path) -> Path:
     """The engine's core trace from the runner's `folder`, packed (corelaunch.pack) as
-    `out/<name>.parquet` and `.json`: the first start's that measured an experiment, where
-    the engine started more than once (a trace's clock is its own start's)."""
+    `out/<name>.parquet` and `.json`. A trace's clock is its own start's, so an engine
+    started more than once (on another host, to finish its experiments) keeps one trace per
+    start that measured an experiment: the first as `<engine>`, the k-th as
+    `<engine>.start<k>`."""
     from capplan.validate.corelaunch import pack
 
     trace, meta = pack(folder)
