@@ -70,3 +70,36 @@ def test_the_summary_counts_predictions_within_the_measurements_noise() -> None:
     del table["h200/m/bf16"]["ttft_p99_s"]["within_noise"]
     old = fidelity_of("h200/m/bf16", "ttft_p99_s", 0.6, table)
     assert old is not None and old.within_noise is None
+
+
+def test_measured_tails_are_the_shares_past_each_threshold() -> None:
+    """A workload's measured shares past GRID_S: TTFT and E2E over its served requests, ITL
+    over every streamed gap (a request that failed counts in neither)."""
+    import numpy as np
+    import polars as pl
+
+    from capplan.fidelity import GRID_S, share_ratios, tails
+    from capplan.validate.compare import measured_tails
+
+    rows = pl.DataFrame({
+        "ttft_s": [0.1, 0.2, 0.3, 0.4, None], "e2e_s": [1.0, 2.0, 3.0, 4.0, None],
+        "error": [None, None, None, None, "boom"],
+        "chunk_t": [[0.1, 0.11, 0.12], [0.2, 0.21, 0.30], [0.3, 0.31, 0.32],
+                    [0.4, 0.41, 0.42], []]})
+    got = measured_tails(rows)
+    at = int(np.searchsorted(GRID_S, 0.15))  # the first threshold past 0.15 s
+    assert got["ttft"][at] == 0.75 and got["e2e"][0] == 1.0 and got["e2e"][-1] == 0.0
+    gaps = np.array([0.01, 0.01, 0.01, 0.09, 0.01, 0.01, 0.01, 0.01])
+    x = int(np.searchsorted(GRID_S, 0.05))
+    assert got["itl"][x] == pytest.approx(np.mean(gaps > GRID_S[x]))
+    # a Row carrying them: one frame row per latency metric; closed-loop rows left out
+    r = _row("h200/m/bf16", 1.0, 1.0)
+    r.tails.update({m: (v, v * 0.5) for m, v in got.items()})
+    closed = _row("h200/m/bf16", 1.0, 1.0, arrival="closed")
+    closed.tails.update(r.tails)
+    frame = tails([r, closed])
+    assert frame.height == 3 and set(frame["metric"]) == {"ttft", "itl", "e2e"}
+    # the engine ran twice the predicted share past 150 ms: a row near 25 % (a p75)
+    assert share_ratios(frame, "h200/m/bf16", "ttft", 0.15, 0.25) == [
+        (pytest.approx(2.0), "e/x/w")]
+    assert share_ratios(frame, "h200/m/bf16", "ttft", 0.15, 0.01) == []  # 37 % is not near 1 %

@@ -82,3 +82,16 @@ def test_shipped_fidelity_is_todays(rows: list[Row]) -> None:
     assert all(r.profile.startswith("h200/") for r in rows)
     shipped = fidelity.load(fidelity.path_for(CALIBRATION_DIR, "h200"))
     assert shipped == json.loads(json.dumps(fidelity.summarise(rows)))
+
+
+def test_shipped_tails_are_todays(rows: list[Row]) -> None:
+    """calibration/h200/vllm-0.26.0/fidelity-tails.parquet, which `capplan size --guard`
+    reads, holds today's rows' measured and predicted shares past each threshold."""
+    from capplan import fidelity
+    from capplan.profiles import CALIBRATION_DIR
+
+    shipped = fidelity.load_tails(fidelity.tails_path_for(CALIBRATION_DIR, "h200"))
+    assert shipped is not None
+    assert shipped.equals(fidelity.tails(rows)), (
+        "fidelity-tails.parquet is stale: run `capplan validate compare --fidelity "
+        "calibration/h200/vllm-0.26.0/fidelity.json`")

@@ -24,11 +24,20 @@ import numpy as np
 from capplan.profiles import VLLM_VERSION
 
 if TYPE_CHECKING:
+    import polars as pl
+
     from capplan.validate.compare import Row
 
 FILE = "fidelity.json"
+TAILS_FILE = "fidelity-tails.parquet"
 MIN_ROWS = 5
 """Fewer rows of a metric say too little of the error's spread to quote or to size by."""
+GRID_S = np.geomspace(1e-3, 300.0, 96)
+"""The thresholds (1 ms to 5 min, 14 % apart) at which each row's measured and predicted
+shares past are stored (`tails`): an SLO's limit falls between two of them."""
+NEAR = 4.0
+"""A row speaks of an SLO's limit where the simulator put the share past that limit within
+this factor of the share the percentile allows (1 % for a p99: 0.25-4 %)."""
 
 Table = dict[str, dict[str, dict[str, float]]]
 
@@ -61,6 +70,61 @@ def summarise(rows: Iterable[Row]) -> Table:
                                "min": round(float(x.min()), 4), "max": round(float(x.max()), 4),
                                "within_noise": sum(noisy for _, noisy in es)}
     return out
+
+
+def tails(rows: Iterable[Row]) -> pl.DataFrame:
+    """One frame row per open-loop validation row, profile and latency metric: the measured
+    and predicted shares past each of GRID_S's thresholds (Row.tails), for the guard's
+    `share_ratios`."""
+    import polars as pl
+
+    out: list[dict[str, Any]] = []
+    for r in rows:
+        if not r.profile or r.arrival == "closed":
+            continue
+        for metric, (measured, predicted) in sorted(r.tails.items()):
+            out.append({"profile": r.profile, "metric": metric,
+                        "row": f"{r.engine}/{r.run}/{r.workload}",
+                        "measured": [round(float(x), 6) for x in measured],
+                        "predicted": [round(float(x), 6) for x in predicted]})
+    return pl.DataFrame(out, schema={"profile": pl.String, "metric": pl.String,
+                                     "row": pl.String, "measured": pl.List(pl.Float64),
+                                     "predicted": pl.List(pl.Float64)})
+
+
+def _at(shares: np.ndarray, limit_s: float) -> float:
+    """A share-past curve on GRID_S read at `limit_s` (linear in the threshold's log)."""
+    return float(np.interp(math.log(limit_s), np.log(GRID_S), shares))
+
+
+def share_ratios(frame: pl.DataFrame, profile: str, metric: str, limit_s: float,
+                 allowed: float) -> list[tuple[float, str]]:
+    """Over the rows of `profile` whose prediction put a share near `allowed` past
+    `limit_s` (within NEAR of it), the engine's share past the limit over the simulator's,
+    with the row: above 1 where the engine ran more past the limit than predicted. What an
+    SLO bounds is that share; a percentile on a cliff (a few long stalls among many short
+    gaps) moves by half where the share moves by a tenth, and a narrow distribution by a
+    few % where the share moves many-fold (docs/validation.md, twenty-fifth session)."""
+    import polars as pl
+
+    out = []
+    rows = frame.filter((pl.col("profile") == profile) & (pl.col("metric") == metric))
+    for row, measured, predicted in rows.select("row", "measured", "predicted").iter_rows():
+        m, p = _at(np.array(measured), limit_s), _at(np.array(predicted), limit_s)
+        if math.isfinite(m) and math.isfinite(p) and allowed / NEAR <= p <= allowed * NEAR:
+            out.append((m / p, row))
+    return out
+
+
+def tails_path_for(calibration_dir: Path, gpu: str) -> Path:
+    return path_for(calibration_dir, gpu).with_name(TAILS_FILE)
+
+
+def load_tails(path: Path) -> pl.DataFrame | None:
+    """The stored tails (`tails`); None where none was written."""
+    import polars as pl
+
+    return pl.read_parquet(path) if path.exists() else None
 
 
 def path_for(calibration_dir: Path, gpu: str) -> Path:

@@ -135,9 +135,11 @@ def _header(plan: Plan, description: str = "") -> str:
                 "estimates; run <code>capplan calibrate</code> for a measured profile.</div>")
     if plan.guard != "none":
         items = "".join(f"<li>{_e(line)}</li>" for line in plan.guarded)
-        out += (f"<div class='note'><b>Guarded ({_e(plan.guard)}):</b> SLO limits tightened by "
-                "how far the simulator has run under real vLLM on each pool's profile; the "
-                f"limits below are the tightened ones.<ul>{items}</ul></div>")
+        out += (f"<div class='note'><b>Guarded ({_e(plan.guard)}):</b> SLOs tightened by "
+                "how far the simulator has run under real vLLM on each pool's profile (a "
+                "percentile raised where the share past the limit decided, a limit lowered "
+                f"where the percentile's error did); the targets below are the tightened ones."
+                f"<ul>{items}</ul></div>")
     if plan.infeasible:
         items = "".join(f"<li><b>{_e(x.pool)}</b> ({_e(x.model)} on {_e(x.gpu)}, "
                         f"{_e(x.precision)}): {_e(x.reason)}</li>" for x in plan.infeasible)

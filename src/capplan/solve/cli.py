@@ -43,7 +43,7 @@ def _pct(v: float | None) -> str:
 
 
 def _load(traffic: Path, guard: str | None) -> tuple[TrafficMix, list[str]]:
-    """The mix, its SLO limits tightened by `guard` (solve/guard.py) with a line per limit.
+    """The mix, its SLOs tightened by `guard` (solve/guard.py) with a line per target.
     Called before any worker starts, so that bad input is one line."""
     from capplan.mix import load_mix
 
@@ -92,8 +92,8 @@ def print_plan(plan: Plan, console: Console, elapsed_s: float | None = None) -> 
     console.print(table)
     if plan.guard != "none":
         n = sum(" -> " in line for line in plan.guarded)
-        console.print(f"guard {plan.guard}: SLO limits tightened by the simulator's validated "
-                      f"error ({n} of {len(plan.guarded)}; the limits below are these)",
+        console.print(f"guard {plan.guard}: SLOs tightened by the simulator's validated "
+                      f"error ({n} of {len(plan.guarded)}; the targets below are these)",
                       highlight=False)
         for line in plan.guarded:
             console.print(f"  {line}", highlight=False)
@@ -202,9 +202,11 @@ _workers = click.option("--workers", type=click.IntRange(min=1), default=None,
 _quick = click.option("--quick", is_flag=True,
                       help="short probes, confirm at probe length (rougher, faster)")
 _guard = click.option("--guard", type=click.Choice(["p10", "worst"]), default=None,
-                      help="tighten each SLO limit by how far the simulator has run under "
-                      "real vLLM on the pool's profile (its validation rows' 10th-percentile "
-                      "or worst error)")
+                      help="tighten each SLO by how far the simulator has run under real vLLM "
+                      "on the pool's profile: the share allowed past the limit by the engine's "
+                      "share past it over the prediction's, on the validation rows near it "
+                      "(their 90th percentile or largest), else the limit by the percentile's "
+                      "10th-percentile or worst error")
 
 
 @click.command()

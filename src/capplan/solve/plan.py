@@ -320,9 +320,9 @@ class Plan(BaseModel):
     quick: bool
     pools: list[PoolPlan]
     guard: Literal["none", "p10", "worst"] = Field(
-        default="none", description="SLO limits tightened by the simulator's validated error "
-        "(capplan/solve/guard.py); the pools' limit_s are the tightened ones")
-    guarded: list[str] = Field(default_factory=list, description="each limit tightened, why")
+        default="none", description="SLOs tightened by the simulator's validated error "
+        "(capplan/solve/guard.py); the pools' SLO keys and limit_s are the tightened ones")
+    guarded: list[str] = Field(default_factory=list, description="each target tightened, why")
     infeasible: list[InfeasiblePool] = Field(
         default_factory=list, description="pools that no replica count up to their cap can "
         "size, with why: an answer, not an error (their GPUs are not in the totals)")

@@ -109,9 +109,10 @@ def ingest(suite_file: Path, raw: Path, engines: tuple[str, ...], root: Path,
         # the starts that measured something: an engine started only to be stopped for
         # want of time served its warm-up alone
         traced = [f for f in traced if _measured(f)] or traced[:1]
-        for k, folder in enumerate(traced if core_traces is not None else []):
-            stem = name if k == 0 else f"{name}.start{k + 1}"
-            click.echo(f"{name}: core trace in {_store_trace(folder, stem, core_traces)}")
+        for k, folder in enumerate(traced):
+            if core_traces is not None:
+                stem = name if k == 0 else f"{name}.start{k + 1}"
+                click.echo(f"{name}: core trace in {_store_trace(folder, stem, core_traces)}")
         found += 1
     if not found:
         raise CalibrationError(f"{raw}: no runner output for any engine of {suite_file}")
@@ -161,7 +162,8 @@ def _fmt(metric: str, v: float) -> str:
               "error plus the allowance (the rest still only tighten)")
 @click.option("--fidelity", "fidelity_out", type=click.Path(path_type=Path),
               help="write the errors' spread per profile and metric here, for plans to quote "
-              "(calibration/h200/vllm-0.26.0/fidelity.json)")
+              "(calibration/h200/vllm-0.26.0/fidelity.json), and beside it each row's "
+              "shares past a grid of limits (fidelity-tails.parquet), for --guard")
 @errors_as_lines
 def compare(root: Path, fmt: str, out: Path | None, write_docs: Path | None,
             plot: Path | None, ratchet: Path | None, loosen: bool,
@@ -201,7 +203,9 @@ def compare(root: Path, fmt: str, out: Path | None, write_docs: Path | None,
         from capplan import fidelity
 
         fidelity.save(fidelity_out, fidelity.summarise(rows))
-        click.echo(f"{fidelity_out}: written", err=True)
+        tails_out = fidelity_out.with_name(fidelity.TAILS_FILE)
+        fidelity.tails(rows).write_parquet(tails_out)
+        click.echo(f"{fidelity_out}, {tails_out.name}: written", err=True)
     if any(x is not None for x in (write_docs, plot, ratchet, fidelity_out)):
         return
     df = to_frame(rows)

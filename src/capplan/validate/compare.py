@@ -169,6 +169,10 @@ class Row:
     repeats: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Per metric, the range the same experiment measured over all its runs where it ran
     more than once (`with_repeats`)."""
+    tails: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    """Per latency metric (`ttft`, `itl`, `e2e`), the share of the requests (or, for ITL,
+    of the streamed gaps) past each of fidelity.GRID_S's thresholds: (measured, predicted).
+    What an SLO of any limit bounds, for `capplan size --guard` (solve/guard.py)."""
 
     def within_noise(self, metric: str) -> bool:
         """Whether the prediction lies inside the measurement's own noise: the figure's
@@ -190,13 +194,26 @@ def predict(run: EngineRun, exp_name: str, acceptance: float | None) -> dict[str
     return _predict(run, exp_name, acceptance)[0]
 
 
-def _predict(run: EngineRun, exp_name: str,
-             acceptance: float | None) -> tuple[dict[str, dict[str, float]], str]:
-    """predict(), and the profile it used."""
+TAIL_METRICS = ("ttft", "itl", "e2e")
+
+
+def _predict(run: EngineRun, exp_name: str, acceptance: float | None
+             ) -> tuple[dict[str, dict[str, float]], str, dict[str, dict[str, np.ndarray]]]:
+    """predict(), the profile it used, and per workload and latency metric the predicted
+    share past each of fidelity.GRID_S's thresholds. The shares are the simulation's own SLO
+    checks (`SloCheck.beyond`), one target per threshold: an SLO decides nothing in the
+    simulator, so the run is the one that predicts the figures."""
+    from capplan.fidelity import GRID_S
+    from capplan.traffic import Slo, SloTarget
+
     exp = next(e for e in run.experiments if e.name == exp_name)
-    res = run.simulate(exp, acceptance)
+    grid = Slo(targets=tuple(SloTarget(metric=m, percentile=99, limit_s=float(x))
+                             for m in TAIL_METRICS for x in GRID_S))
+    res = run.simulate(exp.model_copy(update={"workloads": [
+        w.model_copy(update={"slo": grid}) for w in exp.workloads]}), acceptance)
     reqs = res.requests()
     out: dict[str, dict[str, float]] = {}
+    tails: dict[str, dict[str, np.ndarray]] = {}
     for w in res.workloads:
         r = reqs.filter(pl.col("workload") == w.name) if len(reqs) else None
         send, ttft, e2e, tokens = (r[c].to_numpy() if r is not None else np.empty(0)
@@ -204,7 +221,27 @@ def _predict(run: EngineRun, exp_name: str,
         out[w.name] = _figures(send, ttft, e2e, tokens, w.itl_p50_s, w.itl_p99_s,
                                w.prefix_hit_rate)
         out[w.name]["requests"] = float(w.completed)
-    return out, res.pool.profile
+        tails[w.name] = {m: np.array([math.nan if c.beyond is None else c.beyond
+                                      for c in w.slo[i * len(GRID_S):(i + 1) * len(GRID_S)]])
+                         for i, m in enumerate(TAIL_METRICS)}
+    return out, res.pool.profile, tails
+
+
+def measured_tails(rows: pl.DataFrame) -> dict[str, np.ndarray]:
+    """Per latency metric, the share of the workload's measured requests (TTFT, E2E) or
+    streamed gaps (ITL) past each of fidelity.GRID_S's thresholds (Row.tails)."""
+    from capplan.fidelity import GRID_S
+
+    ok = _served(rows)
+    gaps = _gaps(ok)
+    samples = {"ttft": ok["ttft_s"].to_numpy(), "e2e": ok["e2e_s"].to_numpy(),
+               "itl": np.concatenate(gaps) if gaps else np.empty(0)}
+    out = {}
+    for m, x in samples.items():
+        xs = np.sort(x.astype(np.float64))
+        out[m] = (1.0 - np.searchsorted(xs, GRID_S, side="right") / len(xs) if len(xs)
+                  else np.full(len(GRID_S), math.nan))
+    return out
 
 
 def experiment_key(run: EngineRun, exp: Experiment) -> str:
@@ -240,7 +277,8 @@ def with_repeats(rows: list[Row]) -> list[Row]:
 def compare_run(folder: Path) -> list[Row]:
     run, reqs, measured = load_run(folder)
     rows: list[Row] = []
-    cache: dict[tuple[str, float | None], tuple[dict[str, dict[str, float]], str]] = {}
+    cache: dict[tuple[str, float | None], tuple[dict[str, dict[str, float]], str,
+                                                dict[str, dict[str, np.ndarray]]]] = {}
     for exp in run.experiments:
         for name in exp.runs():
             r = reqs.filter(pl.col("run") == name)
@@ -254,7 +292,7 @@ def compare_run(folder: Path) -> list[Row]:
             key = (exp.name, acc)
             if key not in cache:
                 cache[key] = _predict(run, exp.name, acc)
-            pred, profile = cache[key]
+            pred, profile, tails = cache[key]
             for w in exp.workloads:
                 wr = r.filter(pl.col("workload") == w.name)
                 if not len(wr):
@@ -266,7 +304,9 @@ def compare_run(folder: Path) -> list[Row]:
                 rows.append(Row(run.name, run.pool.model, str(run.pool.precision), exp.name,
                                 name, w.name, tuple(exp.tags), measured_metrics(wr),
                                 pred[w.name], note, profile, w.arrival.kind,
-                                measured_intervals(wr), experiment_key(run, exp)))
+                                measured_intervals(wr), experiment_key(run, exp),
+                                tails={m: (x, tails[w.name][m])
+                                       for m, x in measured_tails(wr).items()}))
     return rows
 
 
