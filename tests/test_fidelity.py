@@ -103,3 +103,33 @@ def test_measured_tails_are_the_shares_past_each_threshold() -> None:
     assert share_ratios(frame, "h200/m/bf16", "ttft", 0.15, 0.25) == [
         (pytest.approx(2.0), "e/x/w")]
     assert share_ratios(frame, "h200/m/bf16", "ttft", 0.15, 0.01) == []  # 37 % is not near 1 %
+
+
+def test_a_plan_quotes_the_share_past_its_limit_where_rows_came_near() -> None:
+    """Beside the percentile's error, a plan's Fidelity says how far the engine's share past
+    the binding SLO's limit ran from the simulator's on the rows whose prediction came near
+    the limit (1.1x to 1.3x here), and what the plan's own share past it would be so; with
+    fewer than five such rows, or no tails stored, it says nothing of the share."""
+    import polars as pl
+
+    from capplan.fidelity import GRID_S
+
+    table = summarise([_row("h200/m/bf16", 1.0, p) for p in (0.5, 0.9, 1.0, 1.1, 1.2)])
+
+    def tails(ratios: list[float]) -> pl.DataFrame:
+        def curve(past: float) -> list[float]:
+            return [past if x < 0.5 else 0.0 for x in GRID_S]
+        return pl.DataFrame([{"profile": "h200/m/bf16", "metric": "ttft", "row": f"r{i}",
+                              "measured": curve(0.01 * k), "predicted": curve(0.01)}
+                             for i, k in enumerate(ratios)])
+
+    f = fidelity_of("h200/m/bf16", "ttft_p99_s", 0.6, table, limit_s=0.3, beyond=0.008,
+                    tails=tails([1.1, 1.1, 1.2, 1.2, 1.3]))
+    assert f is not None and f.share_rows == 5
+    assert f.share_max == pytest.approx(1.3) and f.share_p90 == pytest.approx(1.26)
+    assert f.beyond_after_worst == pytest.approx(0.0104)
+    assert f.beyond_after_p10 == pytest.approx(0.008 * 1.26)
+    few = fidelity_of("h200/m/bf16", "ttft_p99_s", 0.6, table, limit_s=0.3, beyond=0.008,
+                      tails=tails([1.1, 1.2]))
+    assert few is not None and few.share_rows is None and few.beyond_after_worst is None
+    assert fidelity_of("h200/m/bf16", "ttft_p99_s", 0.6, table).share_rows is None  # type: ignore[union-attr]

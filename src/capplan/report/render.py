@@ -19,7 +19,7 @@ from capplan.report.runs import (
     run_all,
 )
 from capplan.sim.results import SimResult
-from capplan.solve.plan import Plan, PoolPlan
+from capplan.solve.plan import Fidelity, Plan, PoolPlan
 
 _CSS = """
 body{font:14px/1.45 -apple-system,"Segoe UI",Roboto,"DejaVu Sans",Helvetica,Arial,sans-serif;
@@ -97,6 +97,19 @@ def _table(head: Iterable[str] | None, rows: Iterable[Iterable[str]],
     thead = f"<thead><tr>{h}</tr></thead>" if h else ""
     attr = f' class="{cls}"' if cls else ""
     return f"<table{attr}>{thead}<tbody>{body}</tbody></table>"
+
+
+def _share_fidelity(f: Fidelity) -> str:
+    """The fidelity row's second half: the engine's share past the SLO's limit over the
+    prediction's on the rows near it, and the plan's share past it scaled so."""
+    if f.share_rows is None or f.share_p90 is None or f.share_max is None:
+        return ""
+    out = (f"; the engine's share past the limit ran {f.share_p90:.2f}× (p10) to "
+           f"{f.share_max:.2f}× (worst) the prediction's on the {f.share_rows} rows near it")
+    if f.beyond_after_p10 and f.beyond_after_worst:
+        out += (f": {f.beyond_after_p10 * 100:.2g} % or {f.beyond_after_worst * 100:.2g} % "
+                "past it")
+    return out
 
 
 def _source_badge(p: PoolPlan) -> str:
@@ -228,7 +241,8 @@ def _config(p: PoolPlan) -> str:
             f"profile: predicted {p.fidelity.p10:+.0%} to {p.fidelity.p90:+.0%} of vLLM's "
             f"(p10–p90), worst {p.fidelity.worst_under:+.0%}; margin {_pct(p.binding_margin)} "
             f"could be {_pct(p.fidelity.margin_after_p10)} (p10) or "
-            f"{_pct(p.fidelity.margin_after_worst)} (worst)"]] if p.fidelity else []),
+            f"{_pct(p.fidelity.margin_after_worst)} (worst)" + _share_fidelity(p.fidelity)]]
+          if p.fidelity else []),
         ["analytic bracket", f"floor {p.bracket.lower}, estimate {p.bracket.estimate} "
          f"(work {p.bracket.work_replicas:.2f}, KV {p.bracket.kv_replicas:.2f} replicas)"],
         ["KV", f"{p.kv_tokens_per_replica:,} tokens per replica, peak {_pct(p.kv_usage_peak)}, "

@@ -18,6 +18,7 @@ from capplan._cli import ProgressBar
 from capplan._cli import errors_as_lines as _errors_as_lines
 from capplan._cli import one_line as _one_line
 from capplan.errors import ConfigError, InfeasibleError
+from capplan.traffic import slo_allowed_share
 
 if TYPE_CHECKING:
     from capplan.mix import TrafficMix
@@ -40,6 +41,10 @@ def _s(v: float | None) -> str:
 
 def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v:.1%}"
+
+
+def _share(v: float) -> str:
+    return f"{v * 100:.2g} %"
 
 
 def _load(traffic: Path, guard: str | None) -> tuple[TrafficMix, list[str]]:
@@ -164,6 +169,18 @@ def _print_pool(p: PoolPlan, console: Console) -> None:
         console.print(
             f"    [{style}]so margin {_pct(p.binding_margin)} could be "
             f"{_pct(f.margin_after_p10)} (p10) or {_pct(worst)} (worst)[/]", highlight=False)
+        if f.share_rows is not None and f.share_p90 is not None and f.share_max is not None:
+            allowed = slo_allowed_share(f.metric)
+            past = ""
+            if f.beyond_after_p10 and f.beyond_after_worst and allowed is not None:
+                over = f.beyond_after_worst > allowed
+                past = (f": {'[yellow]' if over else ''}{_share(f.beyond_after_p10)} (p10) or "
+                        f"{_share(f.beyond_after_worst)} (worst) past it, of the "
+                        f"{_share(allowed)} allowed{'[/]' if over else ''}")
+            console.print(
+                f"    the engine's share past the limit ran {f.share_p90:.2f}x (p10) to "
+                f"{f.share_max:.2f}x (worst) the prediction's on the {f.share_rows} rows near "
+                f"it{past}", highlight=False)
     if p.extrapolated_steps:
         console.print(f"  [bold red]{p.extrapolated_steps:,} steps outside the calibrated box[/]")
     if p.reasoning:

@@ -204,13 +204,31 @@ class Fidelity(BaseModel):
         default=None, description="of those rows, how many predictions lie within the "
         "measurement's own noise (its sampling interval, or the range the same experiment "
         "measured over its runs)")
+    share_rows: int | None = Field(
+        default=None, description="validation rows of this profile whose prediction put a "
+        "share near the SLO's allowed one past its limit (capplan/fidelity.py: share_ratios); "
+        "None where fewer than fidelity.MIN_ROWS")
+    share_p90: float | None = Field(
+        default=None, description="on those rows, the 90th percentile of the engine's share "
+        "past the limit over the simulator's")
+    share_max: float | None = Field(default=None, description="and the largest")
+    beyond_after_p10: float | None = Field(
+        default=None, description="the plan's share past the limit (its SLO line's `beyond`) "
+        "were the engine's share_p90 times it")
+    beyond_after_worst: float | None = Field(default=None, description="... share_max times it")
 
 
 def fidelity_of(profile: str, slo: str, margin: float | None,
-                table: dict[str, dict[str, dict[str, float]]]) -> Fidelity | None:
+                table: dict[str, dict[str, dict[str, float]]], *,
+                limit_s: float | None = None, beyond: float | None = None,
+                tails: pl.DataFrame | None = None) -> Fidelity | None:
     """The binding SLO's Fidelity, where enough validation rows of that profile and metric
-    exist (capplan/fidelity.py: lookup)."""
-    from capplan.fidelity import lookup, margin_after
+    exist (capplan/fidelity.py: lookup); with the share the engine ran past the SLO's limit
+    over the simulator's where enough rows came near it (`share_ratios`, given the limit and
+    the stored `tails`), and the plan's share past the limit (`beyond`) scaled by it."""
+    import numpy as np
+
+    from capplan.fidelity import MIN_ROWS, lookup, margin_after, share_ratios
 
     f = lookup(table, profile, slo)
     if f is None:
@@ -220,10 +238,21 @@ def fidelity_of(profile: str, slo: str, margin: float | None,
         return None if margin is None else round(margin_after(margin, e), 6)
 
     noisy = f.get("within_noise")
+    share: dict[str, Any] = {}
+    allowed = slo_allowed_share(slo)
+    if tails is not None and limit_s is not None and allowed is not None:
+        k = [r for r, _ in share_ratios(tails, profile, slo.split("_")[0], limit_s, allowed)]
+        if len(k) >= MIN_ROWS:
+            p90, most = float(np.percentile(k, 90)), max(k)
+            share = {"share_rows": len(k), "share_p90": round(p90, 4),
+                     "share_max": round(most, 4)}
+            if beyond is not None:
+                share |= {"beyond_after_p10": round(min(beyond * max(p90, 1.0), 1.0), 6),
+                          "beyond_after_worst": round(min(beyond * max(most, 1.0), 1.0), 6)}
     return Fidelity(metric=slo, rows=int(f["rows"]), p10=f["p10"], p90=f["p90"],
                     worst_under=min(f["min"], 0.0), margin_after_p10=after(min(f["p10"], 0.0)),
                     margin_after_worst=after(min(f["min"], 0.0)),
-                    within_noise=None if noisy is None else int(noisy))
+                    within_noise=None if noisy is None else int(noisy), **share)
 
 
 class BracketLine(BaseModel):
@@ -485,9 +514,19 @@ def pool_plan(
         auto=auto or [],
         reasoning=reasoning,
         fidelity=(fidelity_of(res.pool.profile, check.key, _finite(check.margin),
-                              fidelity_table(pool.gpu))
+                              fidelity_table(pool.gpu), limit_s=check.limit_s,
+                              beyond=check.beyond, tails=fidelity_tails(pool.gpu))
                   if check and res.pool.profile_source.startswith("measured") else None),
     )
+
+
+@functools.cache
+def fidelity_tails(gpu: str) -> pl.DataFrame | None:
+    """The shipped validation rows' shares past a grid of limits (fidelity.tails), read once."""
+    from capplan import fidelity
+    from capplan.profiles import CALIBRATION_DIR
+
+    return fidelity.load_tails(fidelity.tails_path_for(CALIBRATION_DIR, gpu))
 
 
 @functools.cache
