@@ -1981,6 +1981,26 @@ def shares() -> None:
         print(f"{profile:26s} {m:11s} {len(es):3d} rows: error p10 {np.percentile(e, 10):+.0%}, "
               f"worst {e.min():+.0%}; the engine's share past the predicted figure "
               f"{np.percentile(k, 90):.2f}x (p90), {k.max():.2f}x (most)")
+    # what the guard's share rule does not see (fidelity.share_ratios): at the production
+    # plan's SLO limits, rows where the engine put a share near the allowed one past the
+    # limit and the simulator a smaller one, not near it
+    from capplan import fidelity
+    from capplan.mix import load_mix
+
+    tails = fidelity.load_tails(fidelity.tails_path_for(ROOT / "calibration", "h200"))
+    assert tails is not None
+    limits = sorted({(t.metric, t.limit_s, 1 - t.percentile / 100) for w in
+                     load_mix(ROOT / "examples" / "production-mix.yaml").workloads
+                     for t in w.slo.targets})
+    for metric, limit, allowed in limits:
+        rows = tails.filter(pl.col("metric") == metric)
+        for profile, row, measured, predicted in rows.select(
+                "profile", "row", "measured", "predicted").iter_rows():
+            m, p = (fidelity._at(np.array(x), limit) for x in (measured, predicted))
+            near = [allowed / fidelity.NEAR <= x <= allowed * fidelity.NEAR for x in (m, p)]
+            if near[0] and not near[1] and m > p:
+                print(f"not near by the prediction: {profile} {row} {metric} past {limit:g} s: "
+                      f"{m:.2%} measured, {p:.3%} predicted")
 
 
 def main() -> None:

@@ -379,7 +379,15 @@ def test_ingest_stores_the_trace_of_the_start_that_measured(tmp_path) -> None:
     _raw_from_stored(src, first, [])
     (first / "warmup.jsonl").write_text("")
     second = _make(tmp_path / "raw" / "start2", src, ["chat-c4"])
-    for folder, t0 in ((first, 5.0), (second, 7.0)):
+    traces = _ingest_traced(tmp_path, src, [(first, 5.0), (second, 7.0)])
+    meta = json.loads((traces / f"{src.name}.json").read_text())
+    assert meta["clock_base_s"] == 7.0
+
+
+def _ingest_traced(tmp_path: Path, src: Path, starts: list[tuple[Path, float]]) -> Path:
+    """Give each start's raw folder a one-span core trace at its clock base, ingest them
+    all with --core-traces, and return the traces' folder."""
+    for folder, t0 in starts:
         (folder / "coretrace").mkdir()
         (folder / "coretrace" / "core-9.jsonl").write_text(
             f'["execute_model", "MainThread", {t0}, {t0 + 0.01}]\n')
@@ -387,8 +395,7 @@ def test_ingest_stores_the_trace_of_the_start_that_measured(tmp_path) -> None:
         "validate", "ingest", str(SUITE), str(tmp_path / "raw"), "--engine", src.name,
         "--root", str(tmp_path / "cal"), "--core-traces", str(tmp_path / "traces")])
     assert out.exit_code == 0, out.output
-    meta = json.loads((tmp_path / "traces" / f"{src.name}.json").read_text())
-    assert meta["clock_base_s"] == 7.0
+    return tmp_path / "traces"
 
 
 def test_ingest_keeps_the_trace_of_every_start_that_measured(tmp_path) -> None:
@@ -398,15 +405,8 @@ def test_ingest_keeps_the_trace_of_every_start_that_measured(tmp_path) -> None:
     src = next(p for p in stored_runs() if p.name == "llama-3.1-8b-bf16-seqs8")
     first = _make(tmp_path / "raw" / "start1", src, ["chat-c4"])
     second = _make(tmp_path / "raw" / "start2", src, ["chat-c16"])
-    for folder, t0 in ((first, 5.0), (second, 7.0)):
-        (folder / "coretrace").mkdir()
-        (folder / "coretrace" / "core-9.jsonl").write_text(
-            f'["execute_model", "MainThread", {t0}, {t0 + 0.01}]\n')
-    out = CliRunner().invoke(main, [
-        "validate", "ingest", str(SUITE), str(tmp_path / "raw"), "--engine", src.name,
-        "--root", str(tmp_path / "cal"), "--core-traces", str(tmp_path / "traces")])
-    assert out.exit_code == 0, out.output
-    bases = [json.loads((tmp_path / "traces" / f"{stem}.json").read_text())["clock_base_s"]
+    traces = _ingest_traced(tmp_path, src, [(first, 5.0), (second, 7.0)])
+    bases = [json.loads((traces / f"{stem}.json").read_text())["clock_base_s"]
              for stem in (src.name, f"{src.name}.start2")]
     assert bases == [5.0, 7.0]
 
