@@ -497,8 +497,9 @@ def _stored_traces(engine: str) -> list[tuple[pl.DataFrame, dict[str, Any]]]:
                       if (d / f"{engine}.json").exists()), None)
     if trace_dir is None:
         return []
-    stems = [engine] + sorted((p.stem for p in trace_dir.glob(f"{engine}.start*.json")),
-                              key=lambda s: int(s.rsplit("start", 1)[1]))
+    starts = sorted((p.stem for p in trace_dir.glob(f"{engine}.start*.json")),
+                    key=lambda s: int(s.rsplit("start", 1)[1]))
+    stems = [engine, *starts]
     return [(pl.read_parquet(trace_dir / f"{s}.parquet"),
              json.loads((trace_dir / f"{s}.json").read_text())) for s in stems]
 
