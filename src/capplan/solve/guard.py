@@ -32,7 +32,7 @@ from capplan.modelspec import load_model_spec
 from capplan.pool import Pool
 from capplan.profiles import DEFAULT_DRAFT, resolve_profile
 from capplan.solve.choose import candidates
-from capplan.solve.plan import fidelity_table
+from capplan.solve.plan import fidelity_table, fidelity_tails
 from capplan.traffic import SloTarget, Workload
 
 if TYPE_CHECKING:
@@ -65,8 +65,6 @@ def guarded(mix: TrafficMix, guard: Guard) -> tuple[TrafficMix, list[str]]:
     `<workload> <target> p99 -> p99.1 at <limit> s (...)` where the share past the limit
     decided, `<workload> <target> <old> -> <new> s (...)` where the percentile's error did,
     or `kept at` with the reason."""
-    from capplan.profiles import CALIBRATION_DIR
-
     stat = "p10" if guard == "p10" else "min"
     lines: list[str] = []
     workloads: list[Workload] = []
@@ -75,7 +73,7 @@ def guarded(mix: TrafficMix, guard: Guard) -> tuple[TrafficMix, list[str]]:
     for w in mix.workloads:
         gpu = gpus[w.pool]
         table = fidelity_table(gpu)
-        tails = fidelity.load_tails(fidelity.tails_path_for(CALIBRATION_DIR, gpu))
+        tails = fidelity_tails(gpu)
         targets = []
         for t in w.slo.targets:
             share = _by_share(t, profiles[w.pool], tails, guard)
@@ -126,7 +124,7 @@ def _by_share(t: SloTarget, profiles: list[str], tails: pl.DataFrame | None,
     k, n, key = max(found)
     near = f"over {n} rows of {key} near {t.limit_s:g} s"
     if k <= 1:
-        return t, (f"{t.key} kept at p{t.percentile:g} ({guard}: the engine ran at most "
+        return t, (f"{t.key} kept at p{t.percentile:g} ({guard}: the engine ran "
                    f"{k:.2f}x the predicted share past the limit {near})")
     share = max(allowed / k, allowed * (1 + FLOOR))
     pct = math.ceil((100 - 100 * share) * 100 - 1e-9) / 100  # to 0.01, upwards
