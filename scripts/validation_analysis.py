@@ -1958,7 +1958,7 @@ def shares() -> None:
     distribution shifted by 5 % puts a fifth of its requests past the predicted p99."""
     from collections import defaultdict
 
-    from capplan.validate.compare import _gaps, _served, compare_run
+    from capplan.validate.compare import compare_run, latency_samples
 
     q = {"ttft_p50_s": 50, "ttft_p99_s": 99, "itl_p50_s": 50, "itl_p99_s": 99, "e2e_p99_s": 99}
     got: defaultdict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
@@ -1967,10 +1967,8 @@ def shares() -> None:
         for r in compare_run(folder):
             if not r.profile or r.arrival == "closed":
                 continue
-            ok = _served(reqs.filter((pl.col("run") == r.run) & (pl.col("workload") == r.workload)))
-            gaps = _gaps(ok)
-            x = {"ttft": ok["ttft_s"].to_numpy(), "e2e": ok["e2e_s"].to_numpy(),
-                 "itl": np.concatenate(gaps) if gaps else np.empty(0)}
+            x = latency_samples(reqs.filter((pl.col("run") == r.run)
+                                            & (pl.col("workload") == r.workload)))
             for m, pct in q.items():
                 v, p, e = x[m.split("_")[0]], r.predicted[m], r.error(m)
                 if len(v) and np.isfinite(p) and np.isfinite(e):

@@ -52,9 +52,7 @@ def summarise(rows: Iterable[Row]) -> Table:
 
     errors: defaultdict[str, defaultdict[str, list[tuple[float, bool]]]] = defaultdict(
         lambda: defaultdict(list))
-    for r in rows:
-        if not r.profile or r.arrival == "closed":
-            continue
+    for r in filter(_open_loop, rows):
         for m in METRICS:
             e = r.error(m)
             if math.isfinite(e):
@@ -79,9 +77,7 @@ def tails(rows: Iterable[Row]) -> pl.DataFrame:
     import polars as pl
 
     out: list[dict[str, Any]] = []
-    for r in rows:
-        if not r.profile or r.arrival == "closed":
-            continue
+    for r in filter(_open_loop, rows):
         for metric, (measured, predicted) in sorted(r.tails.items()):
             out.append({"profile": r.profile, "metric": metric,
                         "row": f"{r.engine}/{r.run}/{r.workload}",
@@ -116,6 +112,14 @@ def share_ratios(frame: pl.DataFrame, profile: str, metric: str, limit_s: float,
     return out
 
 
+def share_spread(frame: pl.DataFrame, profile: str, metric: str, limit_s: float,
+                 allowed: float) -> tuple[float, float, int] | None:
+    """The 90th percentile and the largest of `share_ratios`, and how many rows, where at
+    least MIN_ROWS came near the limit; None where fewer did."""
+    k = [r for r, _ in share_ratios(frame, profile, metric, limit_s, allowed)]
+    return (float(np.percentile(k, 90)), max(k), len(k)) if len(k) >= MIN_ROWS else None
+
+
 def tails_path_for(calibration_dir: Path, gpu: str) -> Path:
     return path_for(calibration_dir, gpu).with_name(TAILS_FILE)
 
@@ -125,6 +129,12 @@ def load_tails(path: Path) -> pl.DataFrame | None:
     import polars as pl
 
     return pl.read_parquet(path) if path.exists() else None
+
+
+def _open_loop(r: Row) -> bool:
+    """A row plans can be judged by: its prediction names its profile, and its arrivals are
+    open-loop (module docstring)."""
+    return bool(r.profile) and r.arrival != "closed"
 
 
 def path_for(calibration_dir: Path, gpu: str) -> Path:

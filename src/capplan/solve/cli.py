@@ -115,7 +115,7 @@ def _past(line: SloLine) -> str:
     """How much of the share the SLO lets past its limit is used: ' · 0.82 % past (1 %)'."""
     if not line.beyond or line.allowed is None:
         return ""
-    return f" · {line.beyond * 100:.2g} % past ({line.allowed * 100:.2g} %)"
+    return f" · {_share(line.beyond)} past ({_share(line.allowed)})"
 
 
 def _print_pool(p: PoolPlan, console: Console) -> None:

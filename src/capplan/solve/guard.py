@@ -23,8 +23,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Literal
 
-import numpy as np
-
 from capplan import fidelity
 from capplan.errors import CapplanError
 from capplan.mix import TrafficMix
@@ -114,11 +112,10 @@ def _by_share(t: SloTarget, profiles: list[str], tails: pl.DataFrame | None,
     allowed = 1 - t.percentile / 100
     found = []
     for key in profiles:
-        ratios = fidelity.share_ratios(tails, key, t.metric, t.limit_s, allowed)
-        if len(ratios) >= fidelity.MIN_ROWS:
-            x = np.array([r for r, _ in ratios])
-            found.append((float(np.percentile(x, 90) if guard == "p10" else x.max()),
-                          len(ratios), key))
+        spread = fidelity.share_spread(tails, key, t.metric, t.limit_s, allowed)
+        if spread is not None:
+            p90, most, n = spread
+            found.append((p90 if guard == "p10" else most, n, key))
     if not found:
         return None
     k, n, key = max(found)

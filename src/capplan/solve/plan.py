@@ -226,9 +226,7 @@ def fidelity_of(profile: str, slo: str, margin: float | None,
     exist (capplan/fidelity.py: lookup); with the share the engine ran past the SLO's limit
     over the simulator's where enough rows came near it (`share_ratios`, given the limit and
     the stored `tails`), and the plan's share past the limit (`beyond`) scaled by it."""
-    import numpy as np
-
-    from capplan.fidelity import MIN_ROWS, lookup, margin_after, share_ratios
+    from capplan.fidelity import lookup, margin_after, share_spread
 
     f = lookup(table, profile, slo)
     if f is None:
@@ -241,11 +239,10 @@ def fidelity_of(profile: str, slo: str, margin: float | None,
     share: dict[str, Any] = {}
     allowed = slo_allowed_share(slo)
     if tails is not None and limit_s is not None and allowed is not None:
-        k = [r for r, _ in share_ratios(tails, profile, slo.split("_")[0], limit_s, allowed)]
-        if len(k) >= MIN_ROWS:
-            p90, most = float(np.percentile(k, 90)), max(k)
-            share = {"share_rows": len(k), "share_p90": round(p90, 4),
-                     "share_max": round(most, 4)}
+        spread = share_spread(tails, profile, slo.split("_")[0], limit_s, allowed)
+        if spread is not None:
+            p90, most, n = spread
+            share = {"share_rows": n, "share_p90": round(p90, 4), "share_max": round(most, 4)}
             if beyond is not None:
                 share |= {"beyond_after_p10": round(min(beyond * max(p90, 1.0), 1.0), 6),
                           "beyond_after_worst": round(min(beyond * max(most, 1.0), 1.0), 6)}

@@ -109,8 +109,8 @@ def ingest(suite_file: Path, raw: Path, engines: tuple[str, ...], root: Path,
         # the starts that measured something: an engine started only to be stopped for
         # want of time served its warm-up alone
         traced = [f for f in traced if _measured(f)] or traced[:1]
-        for k, folder in enumerate(traced):
-            if core_traces is not None:
+        if core_traces is not None:
+            for k, folder in enumerate(traced):
                 stem = name if k == 0 else f"{name}.start{k + 1}"
                 click.echo(f"{name}: core trace in {_store_trace(folder, stem, core_traces)}")
         found += 1

@@ -227,17 +227,22 @@ def _predict(run: EngineRun, exp_name: str, acceptance: float | None
     return out, res.pool.profile, tails
 
 
+def latency_samples(rows: pl.DataFrame) -> dict[str, np.ndarray]:
+    """A workload's measured latencies by metric: its served requests' TTFT and E2E, and
+    every gap between their streamed chunks (ITL)."""
+    ok = _served(rows)
+    gaps = _gaps(ok)
+    return {"ttft": ok["ttft_s"].to_numpy(), "e2e": ok["e2e_s"].to_numpy(),
+            "itl": np.concatenate(gaps) if gaps else np.empty(0)}
+
+
 def measured_tails(rows: pl.DataFrame) -> dict[str, np.ndarray]:
     """Per latency metric, the share of the workload's measured requests (TTFT, E2E) or
     streamed gaps (ITL) past each of fidelity.GRID_S's thresholds (Row.tails)."""
     from capplan.fidelity import GRID_S
 
-    ok = _served(rows)
-    gaps = _gaps(ok)
-    samples = {"ttft": ok["ttft_s"].to_numpy(), "e2e": ok["e2e_s"].to_numpy(),
-               "itl": np.concatenate(gaps) if gaps else np.empty(0)}
     out = {}
-    for m, x in samples.items():
+    for m, x in latency_samples(rows).items():
         xs = np.sort(x.astype(np.float64))
         out[m] = (1.0 - np.searchsorted(xs, GRID_S, side="right") / len(xs) if len(xs)
                   else np.full(len(GRID_S), math.nan))
