@@ -57,6 +57,10 @@ def test_one_replica_at_the_share_of_n_and_of_n_minus_1() -> None:
                      "interactive-of4": {"chat": 10.0, "rag": 5.0, "agent": 2.5}}
     batch = next(e for e in suite.engines if e.pool.name == "batch")
     assert batch.draft_model == "llama-3.2-1b"
+    # the plan assumed 70 % of drafts accepted; the engine is held to that, not to the
+    # almost none its dummy weights would accept
+    assert batch.synthetic_acceptance == pytest.approx(0.7)
+    assert inter.synthetic_acceptance is None
 
 
 def test_the_stored_plan_runs_are_this_suite() -> None:

@@ -93,6 +93,29 @@ def test_engine_kwargs_pin_what_the_simulator_reads(suite, tmp_path) -> None:
     assert job["experiments"][0]["workloads"][0]["concurrency"] == 1
 
 
+def test_synthetic_acceptance_asks_vllm_for_the_simulators_draws(suite, tmp_path) -> None:
+    """vLLM's synthetic rejection sampler takes the unconditional rate of the first i drafts
+    all accepted; alpha ** i gives alpha at every position, the simulator's geometric draw.
+    The prediction before the run uses it; after, the acceptance vLLM reported."""
+    run = suite.engine("llama-3.1-8b-bf16-draft4").model_copy(
+        update={"synthetic_acceptance": 0.7})
+    sc = emit_job(run, Path("models"), tmp_path)["engine"]["speculative_config"]
+    assert sc["rejection_sample_method"] == "synthetic"
+    assert sc["synthetic_acceptance_rates"] == pytest.approx([0.7, 0.49, 0.343, 0.2401])
+    exp = run.experiments[0]
+    assert {w.spec_acceptance for w in run.mix(exp).workloads} == {0.7}
+    assert {w.spec_acceptance for w in run.mix(exp, 0.05).workloads} == {0.05}
+    plain = suite.engine("llama-3.1-8b-bf16-draft4")
+    assert "rejection_sample_method" not in emit_job(
+        plain, Path("models"), tmp_path)["engine"]["speculative_config"]
+
+
+def test_synthetic_acceptance_without_speculation_is_refused(suite) -> None:
+    data = suite.engine("llama-3.1-8b-bf16").model_dump()
+    with pytest.raises(ValueError, match="synthetic_acceptance needs speculative decoding"):
+        EngineRun.model_validate({**data, "synthetic_acceptance": 0.7})
+
+
 def test_quantized_engines_get_a_config_with_quantization(suite, tmp_path) -> None:
     run = suite.engine("qwen3-32b-bf16").model_copy(deep=True)
     pool = run.pool.model_copy(update={"precision": "awq"})

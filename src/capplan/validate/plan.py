@@ -15,7 +15,9 @@ session the simulator's share of a routed replica's stalled gaps came within 12 
 A pool is left out, with the reason, where the runner cannot replay its traffic: arrivals
 that are neither Poisson nor gamma (daily curves, replays), a target prefix hit rate instead
 of shared prefixes, or a workload rate that the plan's growth factor scales. Image requests
-are replayed: the runner builds their pictures (validate/runner.py Pictures).
+are replayed: the runner builds their pictures (validate/runner.py Pictures). A pool with
+speculative decoding is served with its drafts accepted at the rate the plan assumed, by vLLM's
+synthetic rejection sampler (EngineRun.synthetic_acceptance): dummy weights accept almost none.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from capplan.mix import TrafficMix
+from capplan.pool import Pool
 from capplan.profiles import DEFAULT_DRAFT
 from capplan.solve.choose import as_planned
 from capplan.solve.plan import Plan
@@ -43,6 +46,20 @@ def _share(w: Workload, replicas: int) -> Workload:
     if isinstance(a, PoissonArrival | GammaArrival):
         a = a.model_copy(update={"rate_rps": a.rate_rps / replicas})
     return w.model_copy(update={"arrival": a, "pool": "validate"})
+
+
+def _acceptance(pool: Pool, workloads: list[Workload]) -> float | None:
+    """The draft acceptance the plan assumed for the pool, for vLLM's synthetic rejection
+    sampler (dummy weights accept almost no drafts, so without it the engine would be held
+    to a plan it was never sized for): one figure per engine, so where the workloads assume
+    different ones, their mean weighted by request rate. None without speculative decoding."""
+    spec = pool.engine.speculative
+    if spec is None:
+        return None
+    acc = [(w.spec_acceptance if w.spec_acceptance is not None else spec.acceptance,
+            w.arrival.rate_rps if isinstance(w.arrival, PoissonArrival | GammaArrival) else 1.0)
+           for w in workloads]
+    return round(sum(a * r for a, r in acc) / sum(r for _, r in acc), 4) if acc else None
 
 
 def plan_suite(mix: TrafficMix, plan: Plan, *, duration_s: float = DURATION_S
@@ -79,7 +96,8 @@ def plan_suite(mix: TrafficMix, plan: Plan, *, duration_s: float = DURATION_S
         spec = pool.engine.speculative
         draft = DEFAULT_DRAFT if spec is not None and spec.method == "draft_model" else None
         engines.append(EngineRun(name=f"plan-{mix.name}-{pp.pool}".replace(" ", "_"),
-                                 pool=pool, draft_model=draft, experiments=experiments))
+                                 pool=pool, draft_model=draft, experiments=experiments,
+                                 synthetic_acceptance=_acceptance(pool, workloads)))
     if not engines:
         return None, skipped
     return Suite(schema_version=1, gpu=plan.pools[0].gpu, engines=engines), skipped

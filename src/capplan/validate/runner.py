@@ -431,6 +431,8 @@ def engine_settings(engine):
         "cudagraph_mode": str(comp.cudagraph_mode),
         "spec_method": getattr(spec, "method", None),
         "spec_k": getattr(spec, "num_speculative_tokens", 0) or 0,
+        "spec_rejection": getattr(spec, "rejection_sample_method", None),
+        "spec_synthetic_rates": getattr(spec, "synthetic_acceptance_rates", None),
     }
 
 

@@ -137,6 +137,13 @@ class EngineRun(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     pool: Pool
     draft_model: str | None = Field(default=None, description="models/<name> of the drafter")
+    synthetic_acceptance: float | None = Field(
+        default=None, ge=0, lt=1,
+        description="vLLM's synthetic rejection sampler accepts each draft token with this "
+        "probability, until one is rejected (`rejection_sample_method: synthetic`, "
+        "vllm/config/speculative.py), as real weights accept some; dummy weights accept "
+        "almost none. The prediction uses the acceptance vLLM reports, as for any run",
+    )
     trace_steps: bool = Field(
         default=False, description="also record every engine step's composition (diagnosis)"
     )
@@ -155,13 +162,20 @@ class EngineRun(BaseModel):
         spec = self.pool.engine.speculative
         if spec is not None and spec.method == "draft_model" and not self.draft_model:
             raise ValueError("speculative method draft_model needs draft_model: <model name>")
+        if self.synthetic_acceptance is not None and spec is None:
+            raise ValueError("synthetic_acceptance needs speculative decoding in the pool's "
+                             "engine (engine.speculative)")
         if self.pool.precision == "auto" or self.pool.open_settings:
             raise ValueError("settings left auto are for sizing; name the value to validate")
         return self
 
     def mix(self, exp: Experiment, acceptance: float | None = None) -> TrafficMix:
-        """The experiment as a traffic mix the simulator predicts."""
+        """The experiment as a traffic mix the simulator predicts, every workload's drafts
+        accepted at `acceptance` where given (what vLLM reported), else at the synthetic
+        sampler's, else at the workloads' own."""
         engine = self.pool.engine
+        if acceptance is None:
+            acceptance = self.synthetic_acceptance
         if not exp.prefix_caching:
             engine = engine.model_copy(update={"enable_prefix_caching": False})
         pool = self.pool.model_copy(update={"engine": engine, "name": "validate"})
@@ -292,6 +306,14 @@ def engine_kwargs(run: EngineRun, models_root: Path, work: Path) -> dict[str, An
             sc["model"] = str(models_root / spec.mtp_drafter.config)
         if eng.speculative.method == "ngram":
             sc.update(prompt_lookup_min=2, prompt_lookup_max=4)
+        if run.synthetic_acceptance is not None:
+            # the unconditional rate of the first i drafts all accepted: alpha ** i, which
+            # vLLM turns back into alpha at every position (rejection_sampler.py
+            # unconditional_to_conditional_rates); the simulator draws the same
+            # (sim/core.py: leading successes of a geometric draw)
+            a = run.synthetic_acceptance
+            sc.update(rejection_sample_method="synthetic", synthetic_acceptance_rates=[
+                round(a ** (i + 1), 6) for i in range(eng.speculative.num_speculative_tokens)])
         kw["speculative_config"] = sc
     return kw
 
