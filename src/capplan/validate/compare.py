@@ -251,12 +251,13 @@ def measured_tails(rows: pl.DataFrame) -> dict[str, np.ndarray]:
 
 def experiment_key(run: EngineRun, exp: Experiment) -> str:
     """What makes two measured runs the same experiment: the engine's configuration (the
-    pool, less its name, and the drafter) and the experiment's workloads, load, duration and
-    prefix caching; not its name, tags or seed (the same process, sampled again). Duration
-    counts: near saturation a queue that grows for 30 s is not the one of 15 s."""
+    pool, less its name, the drafter and the acceptance its drafts were given) and the
+    experiment's workloads, load, duration and prefix caching; not its name, tags or seed
+    (the same process, sampled again). Duration counts: near saturation a queue that grows
+    for 30 s is not the one of 15 s."""
     return json.dumps([run.pool.model_dump(mode="json", exclude={"name"}), run.draft_model,
-                       exp.model_dump(mode="json", exclude={"name", "tags", "seed", "repeat"})],
-                      sort_keys=True)
+                       exp.model_dump(mode="json", exclude={"name", "tags", "seed", "repeat"}),
+                       run.synthetic_acceptance], sort_keys=True)
 
 
 def repeated(rows: list[Row]) -> list[list[Row]]:
