@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from capplan.cli import main
 from capplan.errors import CalibrationError, ConfigError
 from capplan.sim.run import simulate
+from capplan.validate.compare import experiment_key
 from capplan.validate.store import load_run, stored_runs
 from capplan.validate.suite import (
     HARNESS_SEND_S,
@@ -108,6 +109,9 @@ def test_synthetic_acceptance_asks_vllm_for_the_simulators_draws(suite, tmp_path
     plain = suite.engine("llama-3.1-8b-bf16-draft4")
     assert "rejection_sample_method" not in emit_job(
         plain, Path("models"), tmp_path)["engine"]["speculative_config"]
+    # the same engine and experiment at another acceptance is another experiment, not a
+    # repeat whose spread is the measurement's noise
+    assert experiment_key(run, exp) != experiment_key(plain, exp)
 
 
 def test_synthetic_acceptance_without_speculation_is_refused(suite) -> None:

@@ -142,7 +142,8 @@ class EngineRun(BaseModel):
         description="vLLM's synthetic rejection sampler accepts each draft token with this "
         "probability, until one is rejected (`rejection_sample_method: synthetic`, "
         "vllm/config/speculative.py), as real weights accept some; dummy weights accept "
-        "almost none. The prediction uses the acceptance vLLM reports, as for any run",
+        "almost none. The prediction before the run uses it; `compare`, as for any "
+        "speculative run, the acceptance vLLM's counters report",
     )
     trace_steps: bool = Field(
         default=False, description="also record every engine step's composition (diagnosis)"
