@@ -47,8 +47,13 @@ def test_a_plan_quotes_its_binding_metric_only_where_rows_exist() -> None:
     assert f.margin_after_p10 == pytest.approx(margin_after(0.6, -0.34))
     assert fidelity_of("h200/m/fp8", "ttft_p99_s", 0.6, table) is None
     assert fidelity_of("h200/m/bf16", "ttft_p95_s", 0.6, table) is None
+    # too few rows for a spread: the plan quotes their range and the worst margin, no p10
     few = summarise([_row("h200/m/bf16", 1.0, p) for p in (0.5, 0.9, 1.0, 1.1)])
-    assert fidelity_of("h200/m/bf16", "ttft_p99_s", 0.6, few) is None  # too few rows to quote
+    h = fidelity_of("h200/m/bf16", "ttft_p99_s", 0.6, few)
+    assert h is not None and h.few and h.rows == 4 and h.margin_after_p10 is None
+    assert (h.p10, h.p90) == (pytest.approx(-0.5), pytest.approx(0.1))
+    assert h.margin_after_worst == pytest.approx(margin_after(0.6, -0.5))
+    assert not f.few
     over = summarise([_row("h200/m/bf16", 1.0, 1.2)] * 5)  # never under: nothing to take off
     g = fidelity_of("h200/m/bf16", "ttft_p99_s", 0.6, over)
     assert g is not None and g.worst_under == 0.0 and g.margin_after_worst == pytest.approx(0.6)

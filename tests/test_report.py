@@ -146,6 +146,12 @@ def test_fidelity_quoted_for_a_pool_that_has_it(small: tuple[Path, Path, Plan, s
     page = render_report(plan.model_copy(update={"pools": [pool]}), None)
     assert "<td>fidelity</td>" in page
     assert "on 34 validation rows" in page and "worst -43%" in page and "48.7% (p10)" in page
+    few = Fidelity(metric="e2e_p99_s", rows=3, p10=-0.30, p90=-0.25, worst_under=-0.30,
+                   margin_after_p10=None, margin_after_worst=0.61)
+    pool = plan.pools[0].model_copy(update={"fidelity": few})
+    page = render_report(plan.model_copy(update={"pools": [pool]}), None)
+    assert "on 3 validation rows" in page and "their range" in page
+    assert "61.0% (the worst of them)" in page and "(p10)" not in page
 
 
 def test_runners_up_and_advice_shown(small: tuple[Path, Path, Plan, str]) -> None:

@@ -99,6 +99,20 @@ def _table(head: Iterable[str] | None, rows: Iterable[Iterable[str]],
     return f"<table{attr}>{thead}<tbody>{body}</tbody></table>"
 
 
+def _fidelity(f: Fidelity, margin: float | None) -> str:
+    """The fidelity row: the binding metric's validated error on the pool's profile (their
+    range where too few rows for a spread) and the margin were the prediction that far off."""
+    head = f"<code>{_e(f.metric)}</code> on {f.rows} validation rows of this profile: "
+    if f.few:
+        return (head + f"predicted {f.p10:+.0%} to {f.p90:+.0%} of vLLM's (too few rows for a "
+                f"spread: their range); margin {_pct(margin)} could be "
+                f"{_pct(f.margin_after_worst)} (the worst of them)" + _share_fidelity(f))
+    return (head + f"predicted {f.p10:+.0%} to {f.p90:+.0%} of vLLM's (p10–p90), worst "
+            f"{f.worst_under:+.0%}; margin {_pct(margin)} could be "
+            f"{_pct(f.margin_after_p10)} (p10) or {_pct(f.margin_after_worst)} (worst)"
+            + _share_fidelity(f))
+
+
 def _share_fidelity(f: Fidelity) -> str:
     """The fidelity row's second half: the engine's share past the SLO's limit over the
     prediction's on the rows near it, and the plan's share past it scaled so."""
@@ -236,13 +250,7 @@ def _config(p: PoolPlan) -> str:
             else "<span class='bad'>NOT all pass</span>")
          + f", worst margin {_pct(c.worst_margin)}, {c.duration_s:g} s simulated, {fewer}"
          + (f"; <span class='thin'>{_e(tail)}</span>" if (tail := c.thin_tail()) else "")],
-        *([["fidelity",
-            f"<code>{_e(p.fidelity.metric)}</code> on {p.fidelity.rows} validation rows of this "
-            f"profile: predicted {p.fidelity.p10:+.0%} to {p.fidelity.p90:+.0%} of vLLM's "
-            f"(p10–p90), worst {p.fidelity.worst_under:+.0%}; margin {_pct(p.binding_margin)} "
-            f"could be {_pct(p.fidelity.margin_after_p10)} (p10) or "
-            f"{_pct(p.fidelity.margin_after_worst)} (worst)" + _share_fidelity(p.fidelity)]]
-          if p.fidelity else []),
+        *([["fidelity", _fidelity(p.fidelity, p.binding_margin)]] if p.fidelity else []),
         ["analytic bracket", f"floor {p.bracket.lower}, estimate {p.bracket.estimate} "
          f"(work {p.bracket.work_replicas:.2f}, KV {p.bracket.kv_replicas:.2f} replicas)"],
         ["KV", f"{p.kv_tokens_per_replica:,} tokens per replica, peak {_pct(p.kv_usage_peak)}, "

@@ -157,18 +157,23 @@ def _print_pool(p: PoolPlan, console: Console) -> None:
         console.print(f"  tail: {tail}")
     f = p.fidelity
     if f is not None:
+        spread = (f"predicted {f.p10:+.0%} to {f.p90:+.0%} of vLLM's (too few rows for a "
+                  "spread: their range)" if f.few else
+                  f"predicted {f.p10:+.0%} to {f.p90:+.0%} of vLLM's (p10-p90), worst "
+                  f"{f.worst_under:+.0%}")
         console.print(
-            f"  fidelity: {f.metric} on {f.rows} validation rows of this profile: predicted "
-            f"{f.p10:+.0%} to {f.p90:+.0%} of vLLM's (p10-p90), worst {f.worst_under:+.0%}"
+            f"  fidelity: {f.metric} on {f.rows} validation row{'s' * (f.rows != 1)} of this "
+            f"profile: {spread}"
             + ("" if f.within_noise is None else
                f"; {f.within_noise} of the {f.rows} predictions inside the measurement's own "
                "noise"),
             highlight=False)
         worst = f.margin_after_worst
         style = "yellow" if worst is not None and worst < 0 else "default"
-        console.print(
-            f"    [{style}]so margin {_pct(p.binding_margin)} could be "
-            f"{_pct(f.margin_after_p10)} (p10) or {_pct(worst)} (worst)[/]", highlight=False)
+        could = (f"{_pct(worst)} (the worst of them)" if f.few else
+                 f"{_pct(f.margin_after_p10)} (p10) or {_pct(worst)} (worst)")
+        console.print(f"    [{style}]so margin {_pct(p.binding_margin)} could be {could}[/]",
+                      highlight=False)
         if f.share_rows is not None and f.share_p90 is not None and f.share_max is not None:
             allowed = slo_allowed_share(f.metric)
             past = ""

@@ -193,12 +193,13 @@ class Fidelity(BaseModel):
 
     model_config = _FROZEN
     metric: str
-    rows: int
-    p10: float
-    p90: float
+    rows: int = Field(description="validation rows of the profile and metric; under "
+                      "fidelity.MIN_ROWS the plan quotes their range, not a spread (`few`)")
+    p10: float = Field(description="the errors' 10th percentile (their least with `few` rows)")
+    p90: float = Field(description="the errors' 90th percentile (their largest with `few` rows)")
     worst_under: float = Field(description="the most negative error (the engine's value "
                                "highest above the prediction)")
-    margin_after_p10: float | None
+    margin_after_p10: float | None = Field(description="None with `few` rows")
     margin_after_worst: float | None
     within_noise: int | None = Field(
         default=None, description="of those rows, how many predictions lie within the "
@@ -217,20 +218,33 @@ class Fidelity(BaseModel):
         "were the engine's share_p90 times it")
     beyond_after_worst: float | None = Field(default=None, description="... share_max times it")
 
+    @property
+    def few(self) -> bool:
+        """Fewer rows than a spread needs (fidelity.MIN_ROWS): the plan quotes what they
+        measured, and --guard does not read them."""
+        from capplan.fidelity import MIN_ROWS
+
+        return self.rows < MIN_ROWS
+
 
 def fidelity_of(profile: str, slo: str, margin: float | None,
                 table: dict[str, dict[str, dict[str, float]]], *,
                 limit_s: float | None = None, beyond: float | None = None,
                 tails: pl.DataFrame | None = None) -> Fidelity | None:
-    """The binding SLO's Fidelity, where enough validation rows of that profile and metric
-    exist (capplan/fidelity.py: lookup); with the share the engine ran past the SLO's limit
-    over the simulator's where enough rows came near it (`share_ratios`, given the limit and
-    the stored `tails`), and the plan's share past the limit (`beyond`) scaled by it."""
+    """The binding SLO's Fidelity, where validation rows of that profile and metric exist:
+    their spread where there are enough for one (capplan/fidelity.py: lookup), else their
+    range (`Fidelity.few`: a plan on a configuration measured once or twice says so, rather
+    than nothing); with the share the engine ran past the SLO's limit over the simulator's
+    where enough rows came near it (`share_ratios`, given the limit and the stored `tails`),
+    and the plan's share past the limit (`beyond`) scaled by it."""
     from capplan.fidelity import lookup, margin_after, share_spread
 
     f = lookup(table, profile, slo)
+    few = f is None
     if f is None:
-        return None
+        f = table.get(profile, {}).get(slo)
+        if f is None:
+            return None
 
     def after(e: float) -> float | None:
         return None if margin is None else round(margin_after(margin, e), 6)
@@ -246,8 +260,10 @@ def fidelity_of(profile: str, slo: str, margin: float | None,
             if beyond is not None:
                 share |= {"beyond_after_p10": round(min(beyond * max(p90, 1.0), 1.0), 6),
                           "beyond_after_worst": round(min(beyond * max(most, 1.0), 1.0), 6)}
-    return Fidelity(metric=slo, rows=int(f["rows"]), p10=f["p10"], p90=f["p90"],
-                    worst_under=min(f["min"], 0.0), margin_after_p10=after(min(f["p10"], 0.0)),
+    lo, hi = (f["min"], f["max"]) if few else (f["p10"], f["p90"])
+    return Fidelity(metric=slo, rows=int(f["rows"]), p10=lo, p90=hi,
+                    worst_under=min(f["min"], 0.0),
+                    margin_after_p10=None if few else after(min(f["p10"], 0.0)),
                     margin_after_worst=after(min(f["min"], 0.0)),
                     within_noise=None if noisy is None else int(noisy), **share)
 
