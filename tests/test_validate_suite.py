@@ -376,6 +376,55 @@ def test_predict_prints_what_compare_will_hold_the_engine_to(tmp_path) -> None:
     assert bad.exit_code != 0 and len(bad.output.strip().splitlines()) == 1
 
 
+def test_predictions_are_recorded_once_and_before_the_measurement(suite, tmp_path) -> None:
+    """`predict --record DIR` writes each engine's predictions with the date and commit;
+    recording it again, or recording an engine already measured, is one line and writes
+    nothing; and the docs' generated block holds a measured engine to what was recorded."""
+    from capplan.validate import queued
+    from capplan.validate.compare import compare_run
+    from capplan.validate.report import queued_lines
+
+    path = tmp_path / "suite.yaml"
+    path.write_text(
+        "schema_version: 1\ngpu: h200\nvllm: 0.26.0\nengines:\n"
+        "  - name: t\n"
+        "    pool: {name: v, model: llama-3.1-8b, precision: bf16, engine: {max_model_len: 8192}}\n"
+        "    experiments:\n"
+        "      - {name: c1, duration_s: 5, workloads: [{pool: validate, name: chat, "
+        "input_tokens: {kind: constant, value: 512}, output_tokens: {kind: constant, value: 32}, "
+        "arrival: {kind: closed, concurrency: 1}}]}\n")
+    rec = tmp_path / "queued"
+    args = ["validate", "predict", str(path), "--record", str(rec), "--root", str(tmp_path)]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    (got,) = queued.load(rec).values()
+    assert got["engine"] == "t" and got["recorded"] and "git_commit" in got
+    assert got["predictions"]["c1"]["chat"]["ttft_p50_s"] > 0
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code != 0 and "recorded once" in again.output
+    assert len(again.output.strip().splitlines()) == 1
+    measured = CliRunner().invoke(main, ["validate", "predict", str(SUITE), "--engine",
+                                         "llama-3.1-8b-bf16", "--record", str(rec)])
+    assert measured.exit_code != 0 and "measured already" in measured.output
+    assert not (rec / "llama-3.1-8b-bf16.json").exists()
+    # a stored engine held to a recording: exactly on the prediction, then 10 % over it
+    (folder,) = [f for f in stored_runs() if f.name == "llama-3.1-8b-bf16-draft4"]
+    rows = compare_run(folder)
+    on = {"t": {}, "llama-3.1-8b-bf16-draft4": {"predictions": {
+        r.experiment: {r.workload: dict(r.measured)} for r in rows},
+        "recorded": "2026-12-01T00:00:00+00:00", "git_commit": None}}
+    lines = queued_lines(rows, on)
+    assert lines[0].startswith(f"{len(rows)} rows of 1 engines")
+    assert f"| throughput | ±5% | {len(rows)} / {len(rows)} | 0.0% |" in lines
+    over = {"llama-3.1-8b-bf16-draft4": {"predictions": {
+        r.experiment: {r.workload: {m: v * 1.1 for m, v in r.measured.items()}}
+        for r in rows}, "recorded": "2026-12-02T00:00:00+00:00", "git_commit": "abc1234"}}
+    lines = queued_lines(rows, over)
+    assert f"| throughput | ±5% | 0 / {len(rows)} | 10.0% |" in lines
+    assert "- llama-3.1-8b-bf16-draft4: recorded 2026-12-02T00:00:00+00:00 at abc1234" in lines
+    assert queued_lines(rows, {})[0].startswith("- none yet")
+
+
 def test_ingest_stores_a_traced_engines_core_trace_where_asked(tmp_path) -> None:
     """`ingest --core-traces DIR` packs the runner's core trace (trace_core) beside the
     stored run, as corelaunch.py reads it; an engine without one stores none."""

@@ -26,7 +26,7 @@ from rich.table import Table
 
 from capplan._cli import errors_as_lines
 from capplan.calibrate.store import CALIBRATION_DIR
-from capplan.errors import CalibrationError
+from capplan.errors import CalibrationError, ConfigError
 from capplan.validate.suite import RUNNER, Suite, emit_job, load_suite
 
 MODELS_DIR = Path(__file__).resolve().parents[3] / "models"
@@ -274,7 +274,7 @@ def measure(suite_file: Path, engines: tuple[str, ...], root: Path, time_budget_
                          vllm_version=suite.vllm, command=" ".join(sys.argv))
             click.echo(f"{name}: stored in {dest}", err=True)
     compare.callback(root=root, fmt="table", out=None, write_docs=None, plot=None,  # type: ignore[misc]
-                     ratchet=None, loosen=False)
+                     ratchet=None, loosen=False, fidelity_out=None)
 
 
 PREDICTED = ("output_tok_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "e2e_p99_s")
@@ -285,18 +285,41 @@ PREDICTED = ("output_tok_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s
 @click.option("--engine", "engines", multiple=True, help="only these engine runs (repeatable)")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv"]), default="table",
               show_default=True)
+@click.option("--record", type=click.Path(path_type=Path, file_okay=False),
+              help="also write each engine's predictions to RECORD/<engine>.json, once and "
+              "before it is measured (validation/queued: compare --write-docs holds the "
+              "engine to them)")
+@click.option("--root", type=click.Path(path_type=Path), default=CALIBRATION_DIR,
+              show_default=True, help="with --record: where measured engines are stored")
 @errors_as_lines
-def predict(suite_file: Path, engines: tuple[str, ...], fmt: str) -> None:
+def predict(suite_file: Path, engines: tuple[str, ...], fmt: str, record: Path | None,
+            root: Path) -> None:
     """What the simulator predicts for every experiment of SUITE_FILE, before it is measured:
-    the figures `compare` will hold the engine to (write them down when you queue a run)."""
+    the figures `compare` will hold the engine to (write them down when you queue a run:
+    --record)."""
+    from capplan.validate import queued
     from capplan.validate.compare import predict as predict_run
+    from capplan.validate.store import stored_run_names
 
     suite = load_suite(suite_file)
+    names = _engines(suite, engines)
+    if record is not None:  # all refused before any is written
+        for name in names:
+            if stored_run_names(root, suite.engine(name), gpu=suite.gpu,
+                                vllm_version=suite.vllm):
+                raise ConfigError(f"{name} is measured already; a prediction recorded after "
+                                  "the measurement checks nothing", file=str(suite_file))
+            queued.refuse_recorded(record, name)
     rows: list[tuple[str, str, str, dict[str, float]]] = []
-    for name in _engines(suite, engines):
+    for name in names:
         run = suite.engine(name)
+        mine: dict[str, dict[str, dict[str, float]]] = {}
         for exp in run.experiments:
-            rows += [(name, exp.name, w, m) for w, m in predict_run(run, exp.name, None).items()]
+            mine[exp.name] = predict_run(run, exp.name, None)
+            rows += [(name, exp.name, w, m) for w, m in mine[exp.name].items()]
+        if record is not None:
+            path = queued.record(record, name, mine, suite=str(suite_file))
+            click.echo(f"{path}: recorded", err=True)
     if fmt == "csv":
         import polars as pl
 
@@ -330,7 +353,6 @@ def plan_cmd(traffic: Path, plan_path: Path, out: Path, duration_s: float | None
     import yaml
 
     from capplan.deploy.cli import load_plan
-    from capplan.errors import ConfigError
     from capplan.mix import load_mix
     from capplan.validate.plan import DURATION_S, plan_suite, suite_yaml
 

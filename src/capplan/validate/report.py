@@ -11,6 +11,7 @@ import json
 import math
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from capplan.validate.compare import METRICS, NOISE_LEVEL, TARGETS, Row, repeated
 
@@ -139,6 +140,33 @@ def repeat_lines(rows: list[Row]) -> list[str]:
     return lines
 
 
+def queued_lines(rows: list[Row], recorded: dict[str, dict[str, Any]]) -> list[str]:
+    """The measured rows of engines whose predictions were recorded before the run
+    (validate/queued.py), held to those: per metric, rows within target and the median
+    absolute error; and which engines, recorded when and at which commit."""
+    import numpy as np
+
+    held = [(r, recorded[r.engine]["predictions"][r.experiment][r.workload]) for r in rows
+            if r.workload in recorded.get(r.engine, {}).get("predictions", {})
+            .get(r.experiment, {})]
+    if not held:
+        return ["- none yet: `capplan validate predict SUITE --engine E --record "
+                "validation/queued` records an engine's predictions before it is measured"]
+    lines = [f"{len(held)} rows of {len({r.engine for r, _ in held})} engines, each held to "
+             "the figures recorded before it was measured:", "",
+             "| metric | target | rows within | median abs. error |", "| --- | --- | --- | --- |"]
+    for m in METRICS:
+        errs = np.array([abs(p[m] / r.measured[m] - 1) for r, p in held
+                         if m in p and r.measured[m] and math.isfinite(r.measured[m])])
+        if len(errs):
+            lines.append(f"| {LABELS[m]} | ±{TARGETS[m]:.0%} | "
+                         f"{int((errs <= TARGETS[m]).sum())} / {len(errs)} | "
+                         f"{np.median(errs):.1%} |")
+    lines += [""] + [f"- {e}: recorded {q['recorded']} at {str(q.get('git_commit'))[:7]}"
+                     for e, q in sorted(recorded.items()) if e in {r.engine for r, _ in held}]
+    return lines
+
+
 def table_lines(rows: list[Row]) -> list[str]:
     by_engine: dict[str, list[Row]] = defaultdict(list)
     for r in rows:
@@ -205,12 +233,16 @@ def unmeasured_lines(folders: list[Path]) -> list[str]:
     return out or ["- none"]
 
 
-def generated_block(rows: list[Row], folders: list[Path] | None = None) -> str:
+def generated_block(rows: list[Row], folders: list[Path] | None = None,
+                    recorded: dict[str, dict[str, Any]] | None = None) -> str:
+    from capplan.validate import queued
     from capplan.validate.store import stored_runs
 
     folders = stored_runs() if folders is None else folders
+    recorded = queued.load() if recorded is None else recorded
     lines = [BEGIN, "", "### Summary", "", *summary_lines(rows), "",
              "Experiments in the suite not measured yet:", "", *unmeasured_lines(folders), "",
+             "### Predicted before measured", "", *queued_lines(rows, recorded), "",
              "### The same experiment measured again", "", *repeat_lines(rows), "",
              "### KV capacity", "", *kv_lines(folders), "", "### Every row", "",
              "Measured / predicted (error). Times in ms, throughput in output tokens/s; "
