@@ -21,7 +21,8 @@ every closed-loop row's TTFT p50 again over a range of first waves (the idle cor
 `loop` the client's event loop and the output path's delay (sim/client.py), from the traced
 rows; `tried` the twelfth session's rules tried and left; `core` the thirteenth session's
 core traces: the engine core's time a step and where a lone request's TTFT goes; `wake` the
-idle core woken by its input thread, tried and left.
+idle core woken by its input thread, tried and left; `accepted` the speculative engines
+served with their drafts accepted (vLLM's synthetic sampler) beside those that accepted none.
 `reach [ENGINE]` prices the traced plan run's engine steps with and without the shared-prefix
 saving (validation.md, "The production plan's decision").
 `eager [ENGINE]` times a traced serving engine's steps past the largest CUDA graph (the
@@ -2002,6 +2003,43 @@ def shares() -> None:
                       f"{m:.2%} measured, {p:.3%} predicted")
 
 
+def accepted() -> None:
+    """The speculative engines served with their drafts accepted (twenty-sixth session,
+    vLLM's synthetic sampler; docs/validation.md, "Speculative decoding with its drafts
+    accepted"): per closed-loop run, the acceptance vLLM reported, the median gap between
+    chunks by how many tokens the chunk carried (the same whatever a step accepted), and the
+    gaps past 40 ms that span another request's send (a step that prefills another user's
+    prompt between this one's chunks), beside the engines that accepted none."""
+    folders = {f.name: f for f in stored_runs()}
+    for engine in ("llama-3.1-8b-bf16-draft4", "llama-3.1-8b-bf16-draft4-trace",
+                   "llama-3.1-8b-bf16-draft4-acc70", "llama-3.1-8b-bf16-draft4-ctl70",
+                   "gemma-4-31b-fp8-mtp4", "gemma-4-31b-fp8-mtp4-acc70"):
+        if engine not in folders:
+            continue
+        _, reqs, measured = load_run(folders[engine])
+        for run in reqs.filter(pl.col("send_s").is_not_null())["run"].unique().sort():
+            r = reqs.filter(pl.col("run") == run)
+            spec = measured["runs"].get(run, {}).get("spec") or {}
+            send = r["send_s"].to_numpy()
+            by_k: dict[int, list[float]] = {}
+            long = spanning = 0
+            for s0, t, k in zip(send, r["chunk_t"].to_list(), r["chunk_k"].to_list(),
+                                strict=True):
+                t = s0 + np.asarray(t)
+                gaps = np.diff(t)
+                for g, kk in zip(gaps, k[1:], strict=True):
+                    by_k.setdefault(int(kk), []).append(g)
+                for i in np.flatnonzero(gaps > 0.04):
+                    long += 1
+                    spanning += bool(np.any((send > t[i] - 0.06) & (send <= t[i + 1])))
+            cells = ", ".join(f"{k} tok {np.median(v) * 1e3:.1f}" for k, v in sorted(by_k.items())
+                              if len(v) >= 5)
+            acc = spec.get("first_position_acceptance")
+            print(f"  {engine:32s} {run:10s} acceptance {acc if acc is None else round(acc, 3)}; "
+                  f"gap p50 by chunk: {cells} ms; gaps past 40 ms {long}, spanning another "
+                  f"request's send {spanning}")
+
+
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
         before(sys.argv[2], sys.argv[3:])
@@ -2024,6 +2062,7 @@ def main() -> None:
         "tried": tried, "core": core, "wake": wake, "spread": spread, "spells": spells,
         "drift": drift, "stalls": stalls, "floors": floors, "tocore": tocore,
         "cliff": cliff, "picturepath": picturepath, "past": past, "shares": shares,
+        "accepted": accepted,
     }
     for name in what:
         if name not in commands:
