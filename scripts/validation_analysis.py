@@ -22,7 +22,8 @@ every closed-loop row's TTFT p50 again over a range of first waves (the idle cor
 rows; `tried` the twelfth session's rules tried and left; `core` the thirteenth session's
 core traces: the engine core's time a step and where a lone request's TTFT goes; `wake` the
 idle core woken by its input thread, tried and left; `accepted` the speculative engines
-served with their drafts accepted (vLLM's synthetic sampler) beside those that accepted none.
+served with their drafts accepted (vLLM's synthetic sampler) beside those that accepted none;
+`probes` every stored CPU probe's loop time, the host's speed as the probe saw it.
 `reach [ENGINE]` prices the traced plan run's engine steps with and without the shared-prefix
 saving (validation.md, "The production plan's decision").
 `eager [ENGINE]` times a traced serving engine's steps past the largest CUDA graph (the
@@ -2003,6 +2004,16 @@ def shares() -> None:
                       f"{m:.2%} measured, {p:.3%} predicted")
 
 
+def probes() -> None:
+    """Every stored CPU probe (scripts/cpu_probe.py, beside a lease's engine): its loop's
+    time, p10 / p50 / p90, the host's speed as the probe saw it (a slower loop, a slower
+    host for the engine core's launches)."""
+    for path in sorted((ROOT / "validation" / "logs").glob("*.cpuprobe.jsonl.gz")):
+        loop = pl.read_ndjson(path).drop_nulls("loop_ms")["loop_ms"].to_numpy()
+        print(f"  {path.name.removesuffix('.cpuprobe.jsonl.gz'):58s} {len(loop):6d} loops: "
+              + " / ".join(f"{x:.2f}" for x in np.percentile(loop, [10, 50, 90])) + " ms")
+
+
 def accepted() -> None:
     """The speculative engines served with their drafts accepted (twenty-sixth session,
     vLLM's synthetic sampler; docs/validation.md, "Speculative decoding with its drafts
@@ -2062,7 +2073,7 @@ def main() -> None:
         "tried": tried, "core": core, "wake": wake, "spread": spread, "spells": spells,
         "drift": drift, "stalls": stalls, "floors": floors, "tocore": tocore,
         "cliff": cliff, "picturepath": picturepath, "past": past, "shares": shares,
-        "accepted": accepted,
+        "accepted": accepted, "probes": probes,
     }
     for name in what:
         if name not in commands:

@@ -344,6 +344,20 @@ def test_stored_chunk_times_round_trip_to_the_microsecond(tmp_path) -> None:
     assert old.schema == reqs.schema
 
 
+def _one_engine_suite(folder: Path) -> Path:
+    """A suite of one engine, `t`, with one closed-loop chat experiment, `c1`."""
+    path = folder / "suite.yaml"
+    path.write_text(
+        "schema_version: 1\ngpu: h200\nvllm: 0.26.0\nengines:\n"
+        "  - name: t\n"
+        "    pool: {name: v, model: llama-3.1-8b, precision: bf16, engine: {max_model_len: 8192}}\n"
+        "    experiments:\n"
+        "      - {name: c1, duration_s: 5, workloads: [{pool: validate, name: chat, "
+        "input_tokens: {kind: constant, value: 512}, output_tokens: {kind: constant, value: 32}, "
+        "arrival: {kind: closed, concurrency: 1}}]}\n")
+    return path
+
+
 def test_predict_prints_what_compare_will_hold_the_engine_to(tmp_path) -> None:
     """`capplan validate predict SUITE` gives, per engine, run and workload, the figures the
     simulator predicts for an experiment not yet measured: compare.predict's, as a table or
@@ -354,15 +368,7 @@ def test_predict_prints_what_compare_will_hold_the_engine_to(tmp_path) -> None:
     from capplan.cli import main
     from capplan.validate.compare import predict
 
-    path = tmp_path / "suite.yaml"
-    path.write_text(
-        "schema_version: 1\ngpu: h200\nvllm: 0.26.0\nengines:\n"
-        "  - name: t\n"
-        "    pool: {name: v, model: llama-3.1-8b, precision: bf16, engine: {max_model_len: 8192}}\n"
-        "    experiments:\n"
-        "      - {name: c1, duration_s: 5, workloads: [{pool: validate, name: chat, "
-        "input_tokens: {kind: constant, value: 512}, output_tokens: {kind: constant, value: 32}, "
-        "arrival: {kind: closed, concurrency: 1}}]}\n")
+    path = _one_engine_suite(tmp_path)
     res = CliRunner().invoke(main, ["validate", "predict", str(path), "--format", "csv"])
     assert res.exit_code == 0, res.output
     (row,) = pl.read_csv(res.output.encode()).iter_rows(named=True)
@@ -384,15 +390,7 @@ def test_predictions_are_recorded_once_and_before_the_measurement(suite, tmp_pat
     from capplan.validate.compare import compare_run
     from capplan.validate.report import queued_lines
 
-    path = tmp_path / "suite.yaml"
-    path.write_text(
-        "schema_version: 1\ngpu: h200\nvllm: 0.26.0\nengines:\n"
-        "  - name: t\n"
-        "    pool: {name: v, model: llama-3.1-8b, precision: bf16, engine: {max_model_len: 8192}}\n"
-        "    experiments:\n"
-        "      - {name: c1, duration_s: 5, workloads: [{pool: validate, name: chat, "
-        "input_tokens: {kind: constant, value: 512}, output_tokens: {kind: constant, value: 32}, "
-        "arrival: {kind: closed, concurrency: 1}}]}\n")
+    path = _one_engine_suite(tmp_path)
     rec = tmp_path / "queued"
     args = ["validate", "predict", str(path), "--record", str(rec), "--root", str(tmp_path)]
     res = CliRunner().invoke(main, args)
