@@ -7,6 +7,7 @@ drafter's cost and the stairs of its verify steps.
      encoder, pictures, probe, kvstarts, starts)
     python scripts/calibration_analysis.py points MODEL/KEY   # e.g. gemma-4-31b/fp8
     python scripts/calibration_analysis.py composition MODEL/KEY  # each run's own steps
+    python scripts/calibration_analysis.py speeds [MODEL/KEY]  # two runs: steps vs scheduler
 
 With no argument it prints sanity and graph.
 """
@@ -746,6 +747,30 @@ def starts() -> None:
               f"a queued engine is allowed {START_MARGIN * max(xs):.0f} s")
 
 
+def speeds(profile: str = "llama-3.1-8b/bf16-draft_model2") -> None:
+    """A profile measured in two runs (two hosts): per sweep point, run 2's median step over
+    run 1's, beside run 2's median scheduler time (the engine core's own CPU work, `t_sched1
+    - t_sched0`) over run 1's, and how far the one follows the other over the points: where
+    the steps are the host's launches, a slower host's scheduler and steps slow together."""
+    _, s, _ = _fit_inputs(PROFILES / profile)
+    raw = store.read_samples(PROFILES / profile)
+    sched = (raw["t_sched1"] - raw["t_sched0"]).to_numpy()
+    runs, keep, step = raw["run"].to_numpy(), ~s["warmup"], s["step_s"]
+    xs, ys = [], []
+    for name in dict.fromkeys(s["point"][keep]):
+        both = [(keep & (s["point"] == name) & (runs == r)) for r in (1, 2)]
+        if min(m.sum() for m in both) < 5:
+            continue
+        a, b = (np.median(step[m]) for m in both)
+        c, d = (np.median(sched[m]) for m in both)
+        xs.append(np.log(d / c))
+        ys.append(np.log(b / a))
+        print(f"  {name:28s} step run 2 / run 1 {b / a:5.2f}, scheduler {d / c:5.2f}")
+    if len(xs) > 2:
+        print(f"  {profile}: {len(xs)} points in both runs; log step ratio against log scheduler "
+              f"ratio, correlation {np.corrcoef(xs, ys)[0, 1]:+.2f}")
+
+
 def main() -> None:
     what = sys.argv[1:] or ["sanity", "graph"]
     if what[0] == "points":
@@ -753,6 +778,9 @@ def main() -> None:
         return
     if what[0] == "composition":
         composition(what[1])
+        return
+    if what[0] == "speeds":
+        speeds(*what[1:2])
         return
     for name in what:
         print(f"== {name}")
