@@ -212,6 +212,33 @@ def _raw_from_stored(stored: Path, raw: Path, runs: list[str], *, finished: bool
     (raw / "engine.json").write_text(json.dumps(meta))
 
 
+def test_measure_runs_stores_and_compares(suite, tmp_path, monkeypatch) -> None:
+    """`capplan validate measure` on a GPU host: the runner (here, a stand-in writing what a
+    stored run measured) runs each engine, its output is stored, and the stored runs are
+    compared, in one command that exits 0 (its closing compare had lost an argument)."""
+    import importlib.util
+    import subprocess
+
+    name = "llama-3.1-8b-bf16-seqs8"
+    src = next(p for p in stored_runs() if p.name == name)
+    runs = [n for e in suite.engine(name).experiments for n in e.runs()]
+
+    def runner(cmd: list[str]) -> int:
+        _raw_from_stored(src, Path(cmd[cmd.index("--out") + 1]), runs)
+        return 0
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda n, *a: object() if n == "vllm" else real(n, *a))
+    monkeypatch.setattr(subprocess, "call", runner)
+    root = tmp_path / "cal"
+    res = CliRunner().invoke(main, ["validate", "measure", str(SUITE), "--engine", name,
+                                    "--root", str(root)])
+    assert res.exit_code == 0, res.output
+    (stored,) = stored_runs(root)
+    assert load_run(stored)[2]["runs"].keys() == set(runs) and "chat-c32" in res.output
+
+
 def test_ingest_adds_new_runs_to_what_is_stored(suite, tmp_path) -> None:
     """`emit --missing` measures only runs not yet stored; ingest keeps the stored ones and
     takes a run from the first start that finished it (not one cut off mid-run)."""
