@@ -112,15 +112,21 @@ def seeds(rows: dict[tuple[str, str, str], Row]) -> None:
                         and g(e, run, "chat", "itl_p99_s", side) <= 0.05):
                     best = (c, round(g(e, run, "chat", "output_tok_s", side)))
             print(f"  {e:20s} {side:9s} highest concurrency holding it {best}; c=64 {c64:.0f}")
-    print("speculative decoding (draft model, k = 4) against none, chat")
-    for c in (1, 8):
+    print("speculative decoding (k = 4) against none, chat: every draft rejected (dummy "
+          "weights), then 70 % accepted (vLLM's synthetic sampler, twenty-sixth session)")
+    for label, base, spec, c in (
+            ("draft model, 0 %", "llama-3.1-8b-bf16", "llama-3.1-8b-bf16-draft4", 1),
+            ("draft model, 0 %", "llama-3.1-8b-bf16", "llama-3.1-8b-bf16-draft4", 8),
+            ("draft model, 70 %", "llama-3.1-8b-bf16", "llama-3.1-8b-bf16-draft4-acc70", 1),
+            ("draft model, 70 %", "llama-3.1-8b-bf16", "llama-3.1-8b-bf16-draft4-acc70", 8),
+            ("Gemma 4 MTP, 70 %", "gemma-4-31b-fp8", "gemma-4-31b-fp8-mtp4-acc70", 1),
+            ("Gemma 4 MTP, 70 %", "gemma-4-31b-fp8", "gemma-4-31b-fp8-mtp4-acc70", 4),
+            ("Gemma 4 MTP, 70 %", "gemma-4-31b-fp8-mid", "gemma-4-31b-fp8-mtp4-acc70", 32)):
         for side in SIDES:
-            b = [g("llama-3.1-8b-bf16", f"chat-c{c}", "chat", m, side)
-                 for m in ("output_tok_s", "itl_p99_s")]
-            d = [g("llama-3.1-8b-bf16-draft4", f"chat-c{c}", "chat", m, side)
-                 for m in ("output_tok_s", "itl_p99_s")]
-            print(f"  c={c} {side:9s} throughput {b[0]:.0f} -> {d[0]:.0f}, "
-                  f"ITL p99 {b[1] * 1e3:.1f} -> {d[1] * 1e3:.1f} ms")
+            b = [g(base, f"chat-c{c}", "chat", m, side) for m in ("output_tok_s", "itl_p99_s")]
+            d = [g(spec, f"chat-c{c}", "chat", m, side) for m in ("output_tok_s", "itl_p99_s")]
+            print(f"  {label:17s} c={c:<2d} {side:9s} throughput {b[0]:.0f} -> {d[0]:.0f} "
+                  f"({d[0] / b[0]:.2f}x), ITL p99 {b[1] * 1e3:.1f} -> {d[1] * 1e3:.1f} ms")
     print("prefix caching on / off, 90 % shared prefix")
     for e in ("llama-3.1-8b-bf16", "llama-3.1-8b-fp8", "qwen3-32b-bf16", "qwen3-32b-fp8"):
         for load in ("c1", "c4", "c16", "c64", "p20"):
