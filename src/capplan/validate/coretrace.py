@@ -31,7 +31,7 @@ import threading
 import time
 
 # (module, class, method): what each span times (vLLM 0.26.0; the V2 model runner is the
-# default there, vllm/v1/worker/gpu/model_runner.py)
+# default there, vllm/v1/worker/gpu/model_runner.py; a target this vLLM lacks is skipped)
 TARGETS = [
     ("vllm.v1.engine.core", "EngineCore", "add_request"),
     ("vllm.v1.engine.core", "EngineCore", "preprocess_add_request"),
@@ -49,10 +49,18 @@ TARGETS = [
     ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "prepare_attn"),
     ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "sample"),
     ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "postprocess_sampled"),
+    # the V1 model runner, which vLLM 0.26.0 still picks for a draft model's speculation
+    # (vllm/config/vllm.py: _get_v2_model_runner_unsupported_features), and its drafter
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "execute_model"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "sample_tokens"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_update_states"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_prepare_inputs"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_bookkeeping_sync"),
+    ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer", "propose"),
     ("vllm.v1.serial_utils", "MsgpackEncoder", "encode_into"),
     ("vllm.v1.serial_utils", "MsgpackDecoder", "decode"),
 ]
-GPU_TIMED = {"execute_model", "sample_tokens"}
+GPU_TIMED = {"execute_model", "sample_tokens", "propose"}
 
 
 class _Trace:
