@@ -107,6 +107,9 @@ def test_synthetic_acceptance_asks_vllm_for_the_simulators_draws(suite, tmp_path
     assert {w.spec_acceptance for w in run.mix(exp).workloads} == {0.7}
     assert {w.spec_acceptance for w in run.mix(exp, 0.05).workloads} == {0.05}
     plain = suite.engine("llama-3.1-8b-bf16-draft4")
+    # without it the engine serves dummy weights, whose drafts are not accepted: predicted
+    # at none before the run, not at the workload's published default
+    assert {w.spec_acceptance for w in plain.mix(exp).workloads} == {0.0}
     assert "rejection_sample_method" not in emit_job(
         plain, Path("models"), tmp_path)["engine"]["speculative_config"]
     # the same engine and experiment at another acceptance is another experiment, not a

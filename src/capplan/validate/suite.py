@@ -173,10 +173,13 @@ class EngineRun(BaseModel):
     def mix(self, exp: Experiment, acceptance: float | None = None) -> TrafficMix:
         """The experiment as a traffic mix the simulator predicts, every workload's drafts
         accepted at `acceptance` where given (what vLLM reported), else at the synthetic
-        sampler's, else at the workloads' own."""
+        sampler's, else at none: the runner serves dummy weights, whose drafts the standard
+        sampler (almost) never accepts."""
         engine = self.pool.engine
         if acceptance is None:
             acceptance = self.synthetic_acceptance
+        if acceptance is None and engine.speculative is not None:
+            acceptance = 0.0
         if not exp.prefix_caching:
             engine = engine.model_copy(update={"enable_prefix_caching": False})
         pool = self.pool.model_copy(update={"engine": engine, "name": "validate"})
