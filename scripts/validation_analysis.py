@@ -84,7 +84,7 @@ from capplan.profile import Profile, StepTimer, eager_threshold
 from capplan.sim.run import simulate
 from capplan.tracefit import parse_metrics
 from capplan.traffic import ClosedLoop
-from capplan.validate.compare import Row, compare_all, predict, to_frame
+from capplan.validate.compare import Row, compare_all, compare_run, predict, to_frame
 from capplan.validate.store import load_run, read_requests, stored_runs
 from capplan.validate.suite import load_suite
 
@@ -2057,6 +2057,57 @@ def accepted() -> None:
                   f"request's send {spanning}")
 
 
+def drafter() -> None:
+    """The draft-model engines whose core was traced (twenty-seventh session, one host): per
+    experiment, the measured ITL p50 and, a step at the median, the drafter's pass
+    (SpecDecodeBaseProposer.propose: the 1B model's four forwards) on the CPU and on the GPU,
+    the target model's forward on the GPU (execute_model) and the core's whole step; then how
+    the drafter's GPU span moved over the run, its median in each 2-second window (the
+    spread a host's speed gives a launch-bound pass). Last, every stored draft-model engine's
+    closed-loop chat rows: how far its steps ran from the profile's, host by host."""
+    for path in sorted((ROOT / "validation" / "logs").glob("s*-coretrace/*.parquet")):
+        trace = pl.read_parquet(path)
+        if "propose" not in trace["name"].cast(pl.Utf8).unique().to_list():
+            continue
+        meta = json.loads(path.with_suffix(".json").read_text())
+        folder = next((p for p in stored_runs() if p.name == meta["engine"]), None)
+        reqs = load_run(folder)[1] if folder is not None else None
+        base = meta["clock_base_s"]
+        for exp, when in meta["experiments"].items():
+            if exp.startswith("warmup"):
+                continue
+            lo = (when["t0_perf"] - base) * 1e6
+            hi = lo + when["wall_s"] * 1e6
+            win = trace.filter((pl.col("t0_us") >= lo) & (pl.col("t0_us") < hi))
+
+            def p50(name: str) -> float:
+                return float(win.filter(pl.col("name") == name)["dur_us"].median()) / 1e3
+
+            gp = win.filter(pl.col("name") == "gpu:propose").with_columns(
+                w=((pl.col("t0_us") - lo) // 2e6)).group_by("w").agg(
+                pl.col("dur_us").median().alias("m"), pl.len().alias("n")).filter(
+                pl.col("n") >= 10)["m"] / 1e3
+            itl = ""
+            if reqs is not None:  # ITL: every gap between a request's streamed chunks
+                got = reqs.filter(pl.col("run") == exp)["chunk_t"].list.diff(null_behavior="drop")
+                itl = f"ITL p50 {float(got.explode().drop_nulls().median()) * 1e3:4.1f} ms; "
+            print(f"  {meta['engine']:38s} {exp:8s} {itl}a step at the median: drafter "
+                  f"{p50('propose'):5.1f} ms CPU / {p50('gpu:propose'):5.1f} GPU, target "
+                  f"forward {p50('gpu:execute_model'):4.1f} GPU, core step "
+                  f"{p50('step_with_batch_queue'):5.1f}; drafter GPU by 2 s window "
+                  f"{gp.min():.1f}-{gp.max():.1f} ms")
+    print("  every draft-model engine's closed-loop chat rows, ITL p50 measured / predicted:")
+    for folder in stored_runs():
+        if "-draft" not in folder.name:
+            continue
+        rows = [r for r in compare_run(folder) if r.arrival == "closed" and r.workload == "chat"]
+        if rows:
+            print(f"    {folder.name:38s} " + ", ".join(
+                f"{r.run} {r.measured['itl_p50_s'] * 1e3:.1f} / "
+                f"{r.predicted['itl_p50_s'] * 1e3:.1f} ms "
+                f"({r.measured['itl_p50_s'] / r.predicted['itl_p50_s']:.2f}x)" for r in rows))
+
+
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
         before(sys.argv[2], sys.argv[3:])
@@ -2079,7 +2130,7 @@ def main() -> None:
         "tried": tried, "core": core, "wake": wake, "spread": spread, "spells": spells,
         "drift": drift, "stalls": stalls, "floors": floors, "tocore": tocore,
         "cliff": cliff, "picturepath": picturepath, "past": past, "shares": shares,
-        "accepted": accepted, "probes": probes,
+        "accepted": accepted, "probes": probes, "drafter": drafter,
     }
     for name in what:
         if name not in commands:
