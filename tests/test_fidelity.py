@@ -138,3 +138,30 @@ def test_a_plan_quotes_the_share_past_its_limit_where_rows_came_near() -> None:
                       tails=tails([1.1, 1.2]))
     assert few is not None and few.share_rows is None and few.beyond_after_worst is None
     assert fidelity_of("h200/m/bf16", "ttft_p99_s", 0.6, table).share_rows is None  # type: ignore[union-attr]
+
+
+def test_a_plan_says_what_the_engine_put_past_its_limit_unseen() -> None:
+    """Rows whose prediction put almost nothing past the binding SLO's limit where the engine
+    put more cannot be read as a ratio; the plan's Fidelity counts them and quotes the
+    largest excess, and the CLI and report say it."""
+    import polars as pl
+
+    from capplan.fidelity import GRID_S
+    from capplan.report.render import _share_fidelity
+
+    table = summarise([_row("h200/m/bf16", 1.0, p) for p in (0.5, 0.9, 1.0, 1.1, 1.2)])
+
+    def curve(past: float) -> list[float]:
+        return [past if x < 0.5 else 0.0 for x in GRID_S]
+
+    frame = pl.DataFrame([{"profile": "h200/m/bf16", "metric": "ttft", "row": f"r{i}",
+                           "measured": curve(m), "predicted": curve(p)}
+                          for i, (m, p) in enumerate([(0.004, 0.0), (0.006, 0.001),
+                                                      (0.001, 0.0)])])
+    f = fidelity_of("h200/m/bf16", "ttft_p99_s", 0.6, table, limit_s=0.3, tails=frame)
+    assert f is not None and f.share_rows is None
+    assert f.unseen_rows == 2 and f.unseen_max == pytest.approx(0.005)
+    assert "on 2 rows where the prediction put almost nothing past the limit the engine " \
+        "put up to 0.5 % more past it" in _share_fidelity(f)
+    none = fidelity_of("h200/m/bf16", "ttft_p99_s", 0.6, table, limit_s=0.6, tails=frame)
+    assert none is not None and none.unseen_rows is None and _share_fidelity(none) == ""

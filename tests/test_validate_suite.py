@@ -450,6 +450,14 @@ def test_predictions_are_recorded_once_and_before_the_measurement(suite, tmp_pat
     lines = queued_lines(rows, over)
     assert f"| throughput | ±5% | 0 / {len(rows)} | 10.0% |" in lines
     assert "- llama-3.1-8b-bf16-draft4: recorded 2026-12-02T00:00:00+00:00 at abc1234" in lines
+    # row by row: the recorded figure 10 % over, and today's prediction after the arrow
+    # where it has moved from the recording
+    (c1,) = [x for x in lines if x.startswith("| llama-3.1-8b-bf16-draft4 | chat-c1 | chat |")]
+    assert "(+10%) ✗ →" in c1
+    same = {"llama-3.1-8b-bf16-draft4": {"predictions": {
+        r.experiment: {r.workload: dict(r.predicted)} for r in rows},
+        "recorded": "2026-12-02T00:00:00+00:00", "git_commit": None}}
+    assert all("→" not in x for x in queued_lines(rows, same) if x.startswith("| llama"))
     assert queued_lines(rows, {})[0].startswith("- none yet")
 
 

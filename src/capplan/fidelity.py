@@ -112,6 +112,25 @@ def share_ratios(frame: pl.DataFrame, profile: str, metric: str, limit_s: float,
     return out
 
 
+def share_unseen(frame: pl.DataFrame, profile: str, metric: str, limit_s: float,
+                 allowed: float) -> list[tuple[float, str]]:
+    """The rows `share_ratios` cannot read: the simulator put less than allowed / NEAR past
+    `limit_s` (almost nothing, often none, so a ratio says nothing) and the engine put at
+    least that much, more than the simulator; with each, the engine's excess share (its
+    share less the simulator's). Such a row is an engine's tail the prediction does not
+    have at all (a host's stall, a collection: docs/validation.md, "The CI gate"), which
+    adds to the share past the limit rather than scaling it."""
+    import polars as pl
+
+    out = []
+    rows = frame.filter((pl.col("profile") == profile) & (pl.col("metric") == metric))
+    for row, measured, predicted in rows.select("row", "measured", "predicted").iter_rows():
+        m, p = _at(np.array(measured), limit_s), _at(np.array(predicted), limit_s)
+        if math.isfinite(m) and math.isfinite(p) and p < allowed / NEAR <= m:
+            out.append((m - p, row))
+    return out
+
+
 def share_spread(frame: pl.DataFrame, profile: str, metric: str, limit_s: float,
                  allowed: float) -> tuple[float, float, int] | None:
     """The 90th percentile and the largest of `share_ratios`, and how many rows, where at

@@ -115,15 +115,21 @@ def _fidelity(f: Fidelity, margin: float | None) -> str:
 
 def _share_fidelity(f: Fidelity) -> str:
     """The fidelity row's second half: the engine's share past the SLO's limit over the
-    prediction's on the rows near it, and the plan's share past it scaled so."""
+    prediction's on the rows near it, the plan's share past it scaled so, and the engine's
+    excess on rows the prediction put almost nothing past it."""
+    unseen = ""
+    if f.unseen_rows and f.unseen_max is not None:
+        unseen = (f"; on {f.unseen_rows} row{'s' * (f.unseen_rows != 1)} where the prediction "
+                  f"put almost nothing past the limit the engine put up to "
+                  f"{f.unseen_max * 100:.2g} % more past it")
     if f.share_rows is None or f.share_p90 is None or f.share_max is None:
-        return ""
+        return unseen
     out = (f"; the engine's share past the limit ran {f.share_p90:.2f}× (p10) to "
            f"{f.share_max:.2f}× (worst) the prediction's on the {f.share_rows} rows near it")
     if f.beyond_after_p10 and f.beyond_after_worst:
         out += (f": {f.beyond_after_p10 * 100:.2g} % or {f.beyond_after_worst * 100:.2g} % "
                 "past it")
-    return out
+    return out + unseen
 
 
 def _source_badge(p: PoolPlan) -> str:

@@ -186,6 +186,11 @@ def _print_pool(p: PoolPlan, console: Console) -> None:
                 f"    the engine's share past the limit ran {f.share_p90:.2f}x (p10) to "
                 f"{f.share_max:.2f}x (worst) the prediction's on the {f.share_rows} rows near "
                 f"it{past}", highlight=False)
+        if f.unseen_rows and f.unseen_max is not None:
+            console.print(
+                f"    and on {f.unseen_rows} row{'s' * (f.unseen_rows != 1)} where the prediction "
+                f"put almost nothing past the limit the engine put up to "
+                f"{_share(f.unseen_max)} more past it", highlight=False)
     if p.extrapolated_steps:
         console.print(f"  [bold red]{p.extrapolated_steps:,} steps outside the calibrated box[/]")
     if p.reasoning:

@@ -11,7 +11,10 @@ signed errors of the percentile itself: L becomes L x (1 + e) for their 10th per
 (`p10`) or most negative (`worst`) e, where e < 0. The share is what the SLO bounds: a
 percentile on a cliff (about 1 % of gaps stalled) misses by half where the share past the
 limit misses by a tenth (docs/validation.md, twenty-fifth session), so the fallback would
-over-size such a pool. Either way a prediction that ran high is not loosened, and a plan
+over-size such a pool. Rows whose prediction put almost nothing past L (under a / 4) while
+the engine put more there say nothing as a ratio: their excess share (the engine's less the
+simulator's), its 90th percentile or largest, comes off the share allowed instead, where that
+is tighter (`fidelity.share_unseen`). Either way a prediction that ran high is not loosened, and a plan
 sized so still holds its SLOs where the engine ran that far from the prediction. A pool with
 settings left `auto` takes, per target, the most severe figure over the profiles of its
 candidates; analytic profiles add nothing (the plan's fidelity lines say where none was
@@ -22,6 +25,8 @@ from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING, Literal
+
+import numpy as np
 
 from capplan import fidelity
 from capplan.errors import CapplanError
@@ -62,7 +67,8 @@ def guarded(mix: TrafficMix, guard: Guard) -> tuple[TrafficMix, list[str]]:
     """The mix with its SLOs tightened (module docstring), and one line per target:
     `<workload> <target> p99 -> p99.1 at <limit> s (...)` where the share past the limit
     decided, `<workload> <target> <old> -> <new> s (...)` where the percentile's error did,
-    or `kept at` with the reason."""
+    or `kept at` with the reason; then `; then p99.1 -> p99.5 ...` where rows the
+    prediction did not see past the limit take more of the share (`_unseen`)."""
     stat = "p10" if guard == "p10" else "min"
     lines: list[str] = []
     workloads: list[Workload] = []
@@ -74,33 +80,40 @@ def guarded(mix: TrafficMix, guard: Guard) -> tuple[TrafficMix, list[str]]:
         tails = fidelity_tails(gpu)
         targets = []
         for t in w.slo.targets:
-            share = _by_share(t, profiles[w.pool], tails, guard)
-            if share is not None:
-                target, line = share
-                targets.append(target)
-                lines.append(f"{w.name} {line}")
-                continue
-            found = [(f[stat], int(f["rows"]), k) for k in profiles[w.pool]
-                     if (f := fidelity.lookup(table, k, t.key)) is not None]
-            e, n, key = min(found) if found else (0.0, 0, "")
-            if e >= 0:
-                targets.append(t)
-                why = (f"never under-predicted over {n} rows of {key}" if found else
-                       f"fewer than {fidelity.MIN_ROWS} validation rows of it on "
-                       + (", ".join(profiles[w.pool]) or "a measured profile"))
-                lines.append(f"{w.name} {t.key} kept at {t.limit_s:g} s ({why})")
-                continue
-            e = max(e, FLOOR)
-            limit = t.limit_s * (1 + e)
-            targets.append(t.model_copy(update={"limit_s": limit}))
-            lines.append(f"{w.name} {t.key} {t.limit_s:g} -> {limit:.4g} s "
-                         f"({guard} error {e:+.0%} over {n} rows of {key}; fewer than "
-                         f"{fidelity.MIN_ROWS} near the limit to read the share past it)")
+            target, line = _guard_one(t, profiles[w.pool], table, tails, guard, stat)
+            unseen = _unseen(t, target, profiles[w.pool], tails, guard)
+            if unseen is not None:
+                target, more = unseen
+                line = f"{line}; then {more}"
+            targets.append(target)
+            lines.append(f"{w.name} {line}")
         changed = any(a is not b for a, b in zip(targets, w.slo.targets, strict=True))
         workloads.append(w.model_copy(update={"slo": w.slo.model_copy(
             update={"targets": targets})}) if changed else w)
     out = mix.model_copy(update={"workloads": workloads}).with_source(mix.source, mix.base_dir)
     return out, lines
+
+
+def _guard_one(t: SloTarget, profiles: list[str], table: fidelity.Table,
+               tails: pl.DataFrame | None, guard: Guard, stat: str) -> tuple[SloTarget, str]:
+    """One target guarded by the share past its limit where enough rows came near it, else
+    by the percentile's error, else kept; with its line."""
+    share = _by_share(t, profiles, tails, guard)
+    if share is not None:
+        return share
+    found = [(f[stat], int(f["rows"]), k) for k in profiles
+             if (f := fidelity.lookup(table, k, t.key)) is not None]
+    e, n, key = min(found) if found else (0.0, 0, "")
+    if e >= 0:
+        why = (f"never under-predicted over {n} rows of {key}" if found else
+               f"fewer than {fidelity.MIN_ROWS} validation rows of it on "
+               + (", ".join(profiles) or "a measured profile"))
+        return t, f"{t.key} kept at {t.limit_s:g} s ({why})"
+    e = max(e, FLOOR)
+    limit = t.limit_s * (1 + e)
+    return (t.model_copy(update={"limit_s": limit}),
+            f"{t.key} {t.limit_s:g} -> {limit:.4g} s ({guard} error {e:+.0%} over {n} rows of "
+            f"{key}; fewer than {fidelity.MIN_ROWS} near the limit to read the share past it)")
 
 
 def _by_share(t: SloTarget, profiles: list[str], tails: pl.DataFrame | None,
@@ -128,3 +141,34 @@ def _by_share(t: SloTarget, profiles: list[str], tails: pl.DataFrame | None,
     return (t.model_copy(update={"percentile": pct}),
             f"{t.key} p{t.percentile:g} -> p{pct:g} at {t.limit_s:g} s ({guard}: the engine "
             f"ran {k:.2f}x the predicted share past the limit {near})")
+
+
+def _unseen(t0: SloTarget, t: SloTarget, profiles: list[str], tails: pl.DataFrame | None,
+            guard: Guard) -> tuple[SloTarget, str] | None:
+    """The target `t` (`t0` as the mix gave it, guarded as above) with its allowed share
+    lowered by the engine's excess past `t0`'s limit on the rows whose prediction put almost
+    nothing there (fidelity.share_unseen: a tail the simulator does not have adds to the
+    share, it does not scale it), its 90th percentile for `p10` and its largest for `worst`,
+    with its line; None where no such row exists or `t` is already that tight."""
+    if tails is None:
+        return None
+    allowed = 1 - t0.percentile / 100
+    found = []
+    for key in profiles:
+        excess = [e for e, _ in fidelity.share_unseen(tails, key, t0.metric, t0.limit_s,
+                                                      allowed)]
+        if excess:
+            e = float(np.percentile(excess, 90)) if guard == "p10" else max(excess)
+            found.append((e, len(excess), key))
+    if not found:
+        return None
+    e, n, key = max(found)
+    share = max(allowed - e, allowed * (1 + FLOOR))
+    if share >= 1 - t.percentile / 100:
+        return None
+    pct = math.ceil((100 - 100 * share) * 100 - 1e-9) / 100  # to 0.01, upwards
+    return (t.model_copy(update={"percentile": pct}),
+            f"p{t.percentile:g} -> p{pct:g} at {t.limit_s:g} s ({guard}: the engine ran "
+            f"{e:.2%} of {'gaps' if t.metric == 'itl' else 'requests'} past "
+            f"{t0.limit_s:g} s beyond the prediction on {n} row{'s' if n > 1 else ''} of "
+            f"{key} where it put almost none)")

@@ -217,6 +217,14 @@ class Fidelity(BaseModel):
         default=None, description="the plan's share past the limit (its SLO line's `beyond`) "
         "were the engine's share_p90 times it")
     beyond_after_worst: float | None = Field(default=None, description="... share_max times it")
+    unseen_rows: int | None = Field(
+        default=None, description="validation rows of this profile whose prediction put "
+        "almost nothing past the SLO's limit (under a quarter of the allowed share) where the "
+        "engine put more (capplan/fidelity.py: share_unseen); None where none")
+    unseen_max: float | None = Field(
+        default=None, description="on those rows, the largest of the engine's share past the "
+        "limit less the simulator's: a tail the prediction does not have, which adds to the "
+        "plan's share past the limit (`--guard` takes it off the share allowed)")
 
     @property
     def few(self) -> bool:
@@ -236,8 +244,9 @@ def fidelity_of(profile: str, slo: str, margin: float | None,
     range (`Fidelity.few`: a plan on a configuration measured once or twice says so, rather
     than nothing); with the share the engine ran past the SLO's limit over the simulator's
     where enough rows came near it (`share_ratios`, given the limit and the stored `tails`),
-    and the plan's share past the limit (`beyond`) scaled by it."""
-    from capplan.fidelity import lookup, margin_after, share_spread
+    and the plan's share past the limit (`beyond`) scaled by it; and the engine's excess past
+    the limit on rows the prediction put almost nothing past it (`share_unseen`)."""
+    from capplan.fidelity import lookup, margin_after, share_spread, share_unseen
 
     f = lookup(table, profile, slo)
     few = f is None
@@ -260,6 +269,10 @@ def fidelity_of(profile: str, slo: str, margin: float | None,
             if beyond is not None:
                 share |= {"beyond_after_p10": round(min(beyond * max(p90, 1.0), 1.0), 6),
                           "beyond_after_worst": round(min(beyond * max(most, 1.0), 1.0), 6)}
+        unseen = [e for e, _ in share_unseen(tails, profile, slo.split("_")[0], limit_s,
+                                             allowed)]
+        if unseen:
+            share |= {"unseen_rows": len(unseen), "unseen_max": round(max(unseen), 6)}
     lo, hi = (f["min"], f["max"]) if few else (f["p10"], f["p90"])
     return Fidelity(metric=slo, rows=int(f["rows"]), p10=lo, p90=hi,
                     worst_under=min(f["min"], 0.0),

@@ -143,7 +143,8 @@ def repeat_lines(rows: list[Row]) -> list[str]:
 def queued_lines(rows: list[Row], recorded: dict[str, dict[str, Any]]) -> list[str]:
     """The measured rows of engines whose predictions were recorded before the run
     (validate/queued.py), held to those: per metric, rows within target and the median
-    absolute error; and which engines, recorded when and at which commit."""
+    absolute error; which engines, recorded when and at which commit; and row by row, the
+    measured figure against the recorded one, with today's prediction where it has moved."""
     import numpy as np
 
     held = [(r, recorded[r.engine]["predictions"][r.experiment][r.workload]) for r in rows
@@ -164,6 +165,23 @@ def queued_lines(rows: list[Row], recorded: dict[str, dict[str, Any]]) -> list[s
                          f"{np.median(errs):.1%} |")
     lines += [""] + [f"- {e}: recorded {q['recorded']} at {str(q.get('git_commit'))[:7]}"
                      for e, q in sorted(recorded.items()) if e in {r.engine for r, _ in held}]
+    lines += ["", "Measured / recorded before the run (error); today's prediction, where it "
+              "differs from the recording by more than 1 %, after the arrow:", "",
+              "| engine | run | workload | " + " | ".join(LABELS[m] for m in METRICS) + " |",
+              "| --- | --- | --- | " + " | ".join("---" for _ in METRICS) + " |"]
+    for r, p in sorted(held, key=lambda rp: (rp[0].engine, rp[0].run, rp[0].workload)):
+        cells = []
+        for m in METRICS:
+            if m not in p or not r.measured[m]:
+                cells.append("–")
+                continue
+            err = p[m] / r.measured[m] - 1
+            cell = (f"{_v(m, r.measured[m])} / {_v(m, p[m])} ({err:+.0%})"
+                    + ("" if abs(err) <= TARGETS[m] else " ✗"))
+            if abs(r.predicted[m] / p[m] - 1) > 0.01:
+                cell += f" → {_v(m, r.predicted[m])}"
+            cells.append(cell)
+        lines.append(f"| {r.engine} | {r.run} | {r.workload} | " + " | ".join(cells) + " |")
     return lines
 
 
