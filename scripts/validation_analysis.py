@@ -2080,7 +2080,7 @@ def drafter() -> None:
             hi = lo + when["wall_s"] * 1e6
             win = trace.filter((pl.col("t0_us") >= lo) & (pl.col("t0_us") < hi))
 
-            def p50(name: str) -> float:
+            def p50(name: str, win: pl.DataFrame = win) -> float:
                 return float(win.filter(pl.col("name") == name)["dur_us"].median()) / 1e3
 
             gp = win.filter(pl.col("name") == "gpu:propose").with_columns(

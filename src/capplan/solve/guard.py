@@ -14,11 +14,11 @@ limit misses by a tenth (docs/validation.md, twenty-fifth session), so the fallb
 over-size such a pool. Rows whose prediction put almost nothing past L (under a / 4) while
 the engine put more there say nothing as a ratio: their excess share (the engine's less the
 simulator's), its 90th percentile or largest, comes off the share allowed instead, where that
-is tighter (`fidelity.share_unseen`). Either way a prediction that ran high is not loosened, and a plan
-sized so still holds its SLOs where the engine ran that far from the prediction. A pool with
-settings left `auto` takes, per target, the most severe figure over the profiles of its
-candidates; analytic profiles add nothing (the plan's fidelity lines say where none was
-measured).
+is tighter (`fidelity.share_unseen`). Either way a prediction that ran high is not
+loosened, and a plan sized so still holds its SLOs where the engine ran that far from the
+prediction. A pool with settings left `auto` takes, per target, the most severe figure over
+the profiles of its candidates; analytic profiles add nothing (the plan's fidelity lines say
+where none was measured).
 """
 
 from __future__ import annotations
