@@ -85,6 +85,7 @@ from capplan.sim.run import simulate
 from capplan.tracefit import parse_metrics
 from capplan.traffic import ClosedLoop
 from capplan.validate.compare import Row, compare_all, compare_run, predict, to_frame
+from capplan.validate.corelaunch import read_trace
 from capplan.validate.store import load_run, read_requests, stored_runs
 from capplan.validate.suite import load_suite
 
@@ -508,7 +509,7 @@ def _stored_traces(engine: str) -> list[tuple[pl.DataFrame, dict[str, Any]]]:
     starts = sorted((p.stem for p in trace_dir.glob(f"{engine}.start*.json")),
                     key=lambda s: int(s.rsplit("start", 1)[1]))
     stems = [engine, *starts]
-    return [(pl.read_parquet(trace_dir / f"{s}.parquet"),
+    return [(read_trace(trace_dir / f"{s}.parquet"),
              json.loads((trace_dir / f"{s}.json").read_text())) for s in stems]
 
 
@@ -770,7 +771,7 @@ def core() -> None:
         if folder is None:
             continue
         meta = json.loads(meta_path.read_text())
-        trace = pl.read_parquet(TRACED / f"{eng}.parquet")
+        trace = read_trace(TRACED / f"{eng}.parquet")
         steps_df = pl.read_parquet(folder / "steps.parquet")
         t = step_core_times(trace, meta, steps_df)
         parts = [f"{k} {len(x)} steps, p10/p50/p90 "
@@ -830,7 +831,7 @@ def core() -> None:
                           ("llama-3.1-8b-fp8-core2", "prefix90-on-c4"),
                           ("llama-3.1-8b-fp8-hostc", "prefix90-on-c4")):
         meta = json.loads((TRACED / f"{eng}.json").read_text())
-        tr = core_process(pl.read_parquet(TRACED / f"{eng}.parquet"))
+        tr = core_process(read_trace(TRACED / f"{eng}.parquet"))
         (d0, _), (_, p1) = spans(tr, "decode"), spans(tr, "preprocess_add_request")
         q0, q1 = spans(tr, "_process_input_queue")
         d0, p1, q0, q1 = d0 / 1e3, p1 / 1e3, q0 / 1e3, q1 / 1e3  # ms
@@ -1171,7 +1172,7 @@ def drift() -> None:
     for meta_path in sorted(trace_dir.glob("*.json")):
         engine = meta_path.stem
         folder = next(p for p in stored_runs() if p.name == engine)
-        t = step_core_times(pl.read_parquet(trace_dir / f"{engine}.parquet"),
+        t = step_core_times(read_trace(trace_dir / f"{engine}.parquet"),
                             json.loads(meta_path.read_text()),
                             pl.read_parquet(folder / "steps.parquet"))
         for (run, kind), sub in t.group_by("run", "kind", maintain_order=True):
@@ -2066,7 +2067,7 @@ def drafter() -> None:
     spread a host's speed gives a launch-bound pass). Last, every stored draft-model engine's
     closed-loop chat rows: how far its steps ran from the profile's, host by host."""
     for path in sorted((ROOT / "validation" / "logs").glob("s*-coretrace/*.parquet")):
-        trace = pl.read_parquet(path)
+        trace = read_trace(path)
         if "propose" not in trace["name"].cast(pl.Utf8).unique().to_list():
             continue
         meta = json.loads(path.with_suffix(".json").read_text())

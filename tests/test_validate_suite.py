@@ -476,9 +476,12 @@ def test_ingest_stores_a_traced_engines_core_trace_where_asked(tmp_path) -> None
         '["execute_model", "MainThread", 5.0, 5.01]\n')
     out = CliRunner().invoke(main, args)
     assert out.exit_code == 0, out.output
-    trace = pl.read_parquet(tmp_path / "traces" / f"{src.name}.parquet")
+    from capplan.validate.corelaunch import read_trace
+
+    trace = read_trace(tmp_path / "traces" / f"{src.name}.parquet")
     meta = json.loads((tmp_path / "traces" / f"{src.name}.json").read_text())
     assert trace.rows() == [(9, "execute_model", "MainThread", 0, 10_000)]
+    assert "dt_us" in pl.read_parquet(tmp_path / "traces" / f"{src.name}.parquet").columns
     assert meta["engine"] == src.name and meta["clock_base_s"] == 5.0
 
 

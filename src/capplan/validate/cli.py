@@ -129,11 +129,11 @@ def _store_trace(folder: Path, name: str, out: Path) -> Path:
     started more than once (on another host, to finish its experiments) keeps one trace per
     start that measured an experiment: the first as `<engine>`, the k-th as
     `<engine>.start<k>`."""
-    from capplan.validate.corelaunch import pack
+    from capplan.validate.corelaunch import pack, write_trace
 
     trace, meta = pack(folder)
     out.mkdir(parents=True, exist_ok=True)
-    trace.write_parquet(out / f"{name}.parquet")
+    write_trace(trace, out / f"{name}.parquet")
     (out / f"{name}.json").write_text(json.dumps(meta, indent=1) + "\n")
     return out / f"{name}.parquet"
 
