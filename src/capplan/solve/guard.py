@@ -137,7 +137,7 @@ def _by_share(t: SloTarget, profiles: list[str], tails: pl.DataFrame | None,
         return t, (f"{t.key} kept at p{t.percentile:g} ({guard}: the engine ran "
                    f"{k:.2f}x the predicted share past the limit {near})")
     share = max(allowed / k, allowed * (1 + FLOOR))
-    pct = math.ceil((100 - 100 * share) * 100 - 1e-9) / 100  # to 0.01, upwards
+    pct = _percentile(share)
     return (t.model_copy(update={"percentile": pct}),
             f"{t.key} p{t.percentile:g} -> p{pct:g} at {t.limit_s:g} s ({guard}: the engine "
             f"ran {k:.2f}x the predicted share past the limit {near})")
@@ -166,9 +166,14 @@ def _unseen(t0: SloTarget, t: SloTarget, profiles: list[str], tails: pl.DataFram
     share = max(allowed - e, allowed * (1 + FLOOR))
     if share >= 1 - t.percentile / 100:
         return None
-    pct = math.ceil((100 - 100 * share) * 100 - 1e-9) / 100  # to 0.01, upwards
+    pct = _percentile(share)
     return (t.model_copy(update={"percentile": pct}),
             f"p{t.percentile:g} -> p{pct:g} at {t.limit_s:g} s ({guard}: the engine ran "
             f"{e:.2%} of {'gaps' if t.metric == 'itl' else 'requests'} past "
             f"{t0.limit_s:g} s beyond the prediction on {n} row{'s' if n > 1 else ''} of "
             f"{key} where it put almost none)")
+
+
+def _percentile(share: float) -> float:
+    """The percentile that leaves `share` past the limit, to 0.01 upwards."""
+    return math.ceil((100 - 100 * share) * 100 - 1e-9) / 100
