@@ -162,6 +162,15 @@ def test_cli_emit_and_compare(tmp_path) -> None:
               for s in json.loads((f / "provenance.json").read_text())["starts"]
               if s.get("engine_start_s")]
     assert job["expected_start_s"] == max(starts) > 0
+    # an engine with no prediction recorded is named, with the command that records one
+    assert ("llama-3.1-8b-bf16-seqs8: no prediction recorded before its run; record one now: "
+            "capplan validate predict") in out.output
+    (tmp_path / "q").mkdir()
+    (tmp_path / "q" / "llama-3.1-8b-bf16-seqs8.json").write_text("{}")
+    again = cli.invoke(main, ["validate", "emit", str(SUITE), "--out", str(tmp_path),
+                              "--engine", "llama-3.1-8b-bf16-seqs8", "--queued",
+                              str(tmp_path / "q")])
+    assert again.exit_code == 0 and "no prediction recorded" not in again.output
     # compare on a copy holding one stored run only (fast)
     root = tmp_path / "cal"
     src = next(p for p in stored_runs() if p.name == "llama-3.1-8b-bf16-seqs8")

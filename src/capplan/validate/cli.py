@@ -27,6 +27,7 @@ from rich.table import Table
 from capplan._cli import errors_as_lines
 from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.errors import CalibrationError, ConfigError
+from capplan.validate.queued import QUEUED_DIR
 from capplan.validate.suite import RUNNER, Suite, emit_job, load_suite
 
 MODELS_DIR = Path(__file__).resolve().parents[3] / "models"
@@ -57,10 +58,14 @@ def validate() -> None:
               help="only experiment runs not yet stored under --root (ingest adds them)")
 @click.option("--root", type=click.Path(path_type=Path), default=CALIBRATION_DIR,
               show_default=True, help="calibration folder the stored runs live in")
+@click.option("--queued", "queued_dir", type=click.Path(path_type=Path, file_okay=False),
+              default=QUEUED_DIR, show_default=True,
+              help="where predictions are recorded before a run (predict --record)")
 @errors_as_lines
 def emit(suite_file: Path, out: Path, engines: tuple[str, ...], models: Path, missing: bool,
-         root: Path) -> None:
-    """Write one runner job per engine run of SUITE_FILE (request shapes included)."""
+         root: Path, queued_dir: Path) -> None:
+    """Write one runner job per engine run of SUITE_FILE (request shapes included); say
+    which of them has no prediction recorded yet, while there is time to record one."""
     from capplan.validate.store import longest_start_s, stored_run_names
 
     suite = load_suite(suite_file)
@@ -79,6 +84,10 @@ def emit(suite_file: Path, out: Path, engines: tuple[str, ...], models: Path, mi
             continue
         _write_json(out / f"{name}.json", job)
         click.echo(f"{out / (name + '.json')}: {n} experiment runs")
+        if not (queued_dir / f"{name}.json").exists():
+            click.echo(f"{name}: no prediction recorded before its run; record one now: "
+                       f"capplan validate predict {suite_file} --engine {name} --record "
+                       f"{queued_dir}", err=True)
 
 
 @validate.command()
