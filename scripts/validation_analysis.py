@@ -1375,7 +1375,8 @@ def tried() -> None:
     target, and each trial's rows whose TTFT p50 error moved by more than 4 points. (The
     figures docs/validation.md quotes are from d577d39's 218 rows; since the thirteenth
     session every piecewise step has a launch, the profile's core_piecewise_s, so the second
-    trial changes nothing.)"""
+    trial changes nothing. The third, which had been skipped on such steps since then too,
+    applies to them again since the twenty-seventh session.)"""
     import capplan.profile as profile
     import capplan.sim.replica as replica
     import capplan.validate.compare as cmp
@@ -1443,12 +1444,13 @@ def tried() -> None:
                   encoder_tokens: int = 0, _label: str = label, **kw: Any) -> tuple[float, float]:
             work, launch = step_times(self, tokens, seqs, prefill_attn, decode_ctx,
                                       encoder_tokens, **kw)
-            if not prefill_attn or launch:
-                return work, launch
-            if _label == "the idle lead":
+            if _label == "the idle lead":  # on every step with a prefill, begun on an idle GPU
                 rep = current[0]
-                if rep is not None and not rep._inflight and rep._gpu_free <= rep.env.now:
+                if (prefill_attn and rep is not None and not rep._inflight
+                        and rep._gpu_free <= rep.env.now):
                     work += leads.get(key[id(self)], 0.0)
+                return work, launch
+            if not prefill_attn or launch:
                 return work, launch
             launch = self._prefill_step
             return max(work, launch), launch
