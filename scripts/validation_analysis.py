@@ -84,7 +84,14 @@ from capplan.profile import Profile, StepTimer, eager_threshold
 from capplan.sim.run import simulate
 from capplan.tracefit import parse_metrics
 from capplan.traffic import ClosedLoop
-from capplan.validate.compare import Row, compare_all, compare_run, predict, to_frame
+from capplan.validate.compare import (
+    Row,
+    compare_all,
+    compare_run,
+    measured_metrics,
+    predict,
+    to_frame,
+)
 from capplan.validate.corelaunch import read_trace
 from capplan.validate.store import load_run, read_requests, stored_runs
 from capplan.validate.suite import load_suite
@@ -2091,9 +2098,9 @@ def drafter() -> None:
                 pl.col("dur_us").median().alias("m"), pl.len().alias("n")).filter(
                 pl.col("n") >= 10)["m"] / 1e3
             itl = ""
-            if reqs is not None:  # ITL: every gap between a request's streamed chunks
-                got = reqs.filter(pl.col("run") == exp)["chunk_t"].list.diff(null_behavior="drop")
-                itl = f"ITL p50 {float(got.explode().drop_nulls().median()) * 1e3:4.1f} ms; "
+            if reqs is not None:
+                got = measured_metrics(reqs.filter(pl.col("run") == exp))
+                itl = f"ITL p50 {got['itl_p50_s'] * 1e3:4.1f} ms; "
             print(f"  {meta['engine']:38s} {exp:8s} {itl}a step at the median: drafter "
                   f"{p50('propose'):5.1f} ms CPU / {p50('gpu:propose'):5.1f} GPU, target "
                   f"forward {p50('gpu:execute_model'):4.1f} GPU, core step "

@@ -93,6 +93,21 @@ def _at(shares: np.ndarray, limit_s: float) -> float:
     return float(np.interp(math.log(limit_s), np.log(GRID_S), shares))
 
 
+def _shares_at(frame: pl.DataFrame, profile: str, metric: str,
+               limit_s: float) -> list[tuple[str, float, float]]:
+    """Each stored row of `profile` and `metric` with the engine's and the simulator's
+    shares past `limit_s`, where both are finite."""
+    import polars as pl
+
+    out = []
+    rows = frame.filter((pl.col("profile") == profile) & (pl.col("metric") == metric))
+    for row, measured, predicted in rows.select("row", "measured", "predicted").iter_rows():
+        m, p = _at(np.array(measured), limit_s), _at(np.array(predicted), limit_s)
+        if math.isfinite(m) and math.isfinite(p):
+            out.append((row, m, p))
+    return out
+
+
 def share_ratios(frame: pl.DataFrame, profile: str, metric: str, limit_s: float,
                  allowed: float) -> list[tuple[float, str]]:
     """Over the rows of `profile` whose prediction put a share near `allowed` past
@@ -101,15 +116,8 @@ def share_ratios(frame: pl.DataFrame, profile: str, metric: str, limit_s: float,
     SLO bounds is that share; a percentile on a cliff (a few long stalls among many short
     gaps) moves by half where the share moves by a tenth, and a narrow distribution by a
     few % where the share moves many-fold (docs/validation.md, twenty-fifth session)."""
-    import polars as pl
-
-    out = []
-    rows = frame.filter((pl.col("profile") == profile) & (pl.col("metric") == metric))
-    for row, measured, predicted in rows.select("row", "measured", "predicted").iter_rows():
-        m, p = _at(np.array(measured), limit_s), _at(np.array(predicted), limit_s)
-        if math.isfinite(m) and math.isfinite(p) and allowed / NEAR <= p <= allowed * NEAR:
-            out.append((m / p, row))
-    return out
+    return [(m / p, row) for row, m, p in _shares_at(frame, profile, metric, limit_s)
+            if allowed / NEAR <= p <= allowed * NEAR]
 
 
 def share_unseen(frame: pl.DataFrame, profile: str, metric: str, limit_s: float,
@@ -120,15 +128,8 @@ def share_unseen(frame: pl.DataFrame, profile: str, metric: str, limit_s: float,
     share less the simulator's). Such a row is an engine's tail the prediction does not
     have at all (a host's stall, a collection: docs/validation.md, "The CI gate"), which
     adds to the share past the limit rather than scaling it."""
-    import polars as pl
-
-    out = []
-    rows = frame.filter((pl.col("profile") == profile) & (pl.col("metric") == metric))
-    for row, measured, predicted in rows.select("row", "measured", "predicted").iter_rows():
-        m, p = _at(np.array(measured), limit_s), _at(np.array(predicted), limit_s)
-        if math.isfinite(m) and math.isfinite(p) and p < allowed / NEAR <= m:
-            out.append((m - p, row))
-    return out
+    return [(m - p, row) for row, m, p in _shares_at(frame, profile, metric, limit_s)
+            if p < allowed / NEAR <= m]
 
 
 def share_spread(frame: pl.DataFrame, profile: str, metric: str, limit_s: float,

@@ -177,7 +177,7 @@ def pack(run_dir: Path) -> tuple[pl.DataFrame, dict[str, Any]]:
 
 def write_trace(trace: pl.DataFrame, path: Path) -> None:
     """Store a packed trace (`pack`) with each span's start as microseconds after the one
-    before (`dt_us`, the spans in start order): the deltas compress 12 % smaller than the
+    before (`dt_us`, the spans in start order): the deltas compress smaller than the
     starts, which keeps the stored suite small enough to travel to the GPU host
     (tests/test_tree_size.py)."""
     trace.sort("t0_us", maintain_order=True).with_columns(
