@@ -2089,6 +2089,9 @@ def drafter() -> None:
             lo = (when["t0_perf"] - base) * 1e6
             hi = lo + when["wall_s"] * 1e6
             win = trace.filter((pl.col("t0_us") >= lo) & (pl.col("t0_us") < hi))
+            if win.filter(pl.col("name") == "gpu:propose").height < 10:
+                print(f"  {meta['engine']:38s} {exp:8s} the trace ends before it")
+                continue
 
             def p50(name: str, win: pl.DataFrame = win) -> float:
                 return float(win.filter(pl.col("name") == name)["dur_us"].median()) / 1e3

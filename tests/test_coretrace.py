@@ -83,3 +83,29 @@ def test_a_spawned_child_traces_itself_through_the_plugin(
     pids = {x[0] for x in _lines(folder) if x[0] == "process"}
     spans = [x for x in _lines(folder) if x[0] == "schedule"]
     assert pids and spans, "the child wrote no span"
+
+
+
+class Busy:
+    def step(self) -> None:
+        time.sleep(0.002)
+
+
+def _busy_to_the_end() -> None:
+    """A child that exits right after its last span, before the writer's quiet 0.5 s."""
+    Busy().step()
+
+
+def test_a_child_busy_to_its_exit_keeps_its_last_spans(tmp_path: Path) -> None:
+    mod = types.ModuleType("fake_vllm_busy")
+    mod.Busy = Busy  # type: ignore[attr-defined]
+    sys.modules["fake_vllm_busy"] = mod
+    ns = runpy.run_path(str(CORETRACE))
+    ns["TARGETS"][:] = [("fake_vllm_busy", "Busy", "step")]
+    assert ns["install"](str(tmp_path)) == ["Busy.step"]
+    p = mp.get_context("fork").Process(target=_busy_to_the_end)
+    p.start()
+    p.join(30)
+    assert p.exitcode == 0
+    spans = [x for x in _lines(tmp_path) if x[0] == "step"]
+    assert len(spans) == 1, "the span traced just before exit was lost"

@@ -20,12 +20,17 @@ launched kernel finishes, so the gap from a step's CPU start to its GPU start is
 still busy with earlier work, and a GPU span longer than its kernels is launch-bound.
 
 Lines are written by a background thread whenever the core has been quiet for 0.5 s (between
-experiments), so writing never delays a step.
+experiments), so writing never delays a step, and what is left as the process exits (vLLM's
+engine core, a multiprocessing child, leaves through SystemExit on SIGTERM,
+vllm/v1/engine/core.py `run_engine_core`): a run whose last experiment kept the core busy
+until its shutdown lost its tail before (llama-3.1-8b-bf16-draft4-core16k, twenty-eighth
+session).
 """
 
 import functools
 import importlib
 import json
+import multiprocessing.util
 import os
 import threading
 import time
@@ -71,6 +76,7 @@ class _Trace:
         self.pending = []  # (name, start event, end event) not yet resolved
         self.base = None  # (event, perf_counter when it completed)
         self.last = 0.0
+        self.lock = threading.Lock()
 
     def _ensure(self):
         """First use in a process: a fresh buffer and writer (a forked child inherits the
@@ -81,6 +87,9 @@ class _Trace:
         self.lines.append(["process", threading.current_thread().name, time.perf_counter(),
                            time.perf_counter()])
         threading.Thread(target=self._writer, name="coretrace", daemon=True).start()
+        # at exit: a multiprocessing child leaves through its _bootstrap, which runs these
+        # finalizers and not atexit's (a forked one ends in os._exit); the parent at atexit
+        multiprocessing.util.Finalize(self, self._flush, exitpriority=0)
 
     def span(self, name, t0, t1):
         self.lines.append([name, threading.current_thread().name[:12], t0, t1])
@@ -109,14 +118,18 @@ class _Trace:
                 keep.append((name, e0, e1))
         self.pending = keep
 
+    def _flush(self):
+        with self.lock:
+            out, self.lines = self.lines, []
+            if out:
+                with open(os.path.join(self.folder, f"core-{os.getpid()}.jsonl"), "a") as f:
+                    f.writelines(json.dumps(x) + "\n" for x in out)
+
     def _writer(self):
-        path = os.path.join(self.folder, f"core-{os.getpid()}.jsonl")
         while True:
             time.sleep(0.5)
             if self.lines and time.perf_counter() - self.last > 0.5:
-                out, self.lines = self.lines, []
-                with open(path, "a") as f:
-                    f.writelines(json.dumps(x) + "\n" for x in out)
+                self._flush()
 
 
 def _wrap(trace, fn, name):
