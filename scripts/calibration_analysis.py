@@ -323,10 +323,10 @@ def repeats() -> None:
 
 def _scan_runs(suffix: str, flag: str
                ) -> Iterator[tuple[Profile, dict[str, np.ndarray], np.ndarray]]:
-    """Each scan run `calibration/_raw/<model>--<key>--<suffix>.jsonl[.gz]` (warm-up points
+    """Each scan run `calibration/_raw/<model>--<key>--<suffix>.jsonl[.xz]` (warm-up points
     left out): the profile of its key, its samples, and their steps by that profile."""
     raw = CALIBRATION_DIR / "_raw"
-    runs = sorted({*raw.glob(f"*--{suffix}.jsonl"), *raw.glob(f"*--{suffix}.jsonl.gz")})
+    runs = sorted({*raw.glob(f"*--{suffix}.jsonl"), *raw.glob(f"*--{suffix}.jsonl.xz")})
     if not runs:
         print(f"  no {suffix} runs yet (capplan calibrate {flag})")
     for path in runs:
@@ -339,7 +339,7 @@ def _scan_runs(suffix: str, flag: str
 
 def cached() -> None:
     """Runs of engines with prefix caching on (`capplan calibrate --prefix-cache`,
-    calibration/_raw/<model>--<key>--cache.jsonl[.gz]): each cache point's tail steps (the
+    calibration/_raw/<model>--<key>--cache.jsonl[.xz]): each cache point's tail steps (the
     prefix's own prefill left out), measured and by the profile of the same key."""
     for prof, s, pred in _scan_runs("cache", "--prefix-cache"):
         for name in dict.fromkeys(s["point"]):
@@ -504,7 +504,7 @@ def specgraphs() -> None:
 
 def mixlen() -> None:
     """Runs of mixlen-scan engines (`capplan calibrate --mixlen-scan`,
-    calibration/_raw/<model>--<key>--mixlen.jsonl[.gz]): each decode batch of unequal lengths
+    calibration/_raw/<model>--<key>--mixlen.jsonl[.xz]): each decode batch of unequal lengths
     beside its twin of one length (sweep.mixlen_points), over the steps where the whole batch
     decodes: measured, by the profile, and the unequal one against its twin."""
     for prof, s, pred in _scan_runs("mixlen", "--mixlen-scan"):

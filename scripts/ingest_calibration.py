@@ -4,7 +4,7 @@
 
 Each LANE_DIR is an unpacked `raw.tgz` of scripts/gpu_calibrate.sh (NAME.jsonl, NAME.meta.json,
 NAME.log, rc.txt; a KV-only engine has no NAME.jsonl). Every run there whose rc.txt line
-ended rc=0 is stored as `calibration/_raw/NAME.jsonl.gz` + `NAME.meta.json` (the meta gains
+ended rc=0 is stored as `calibration/_raw/NAME.jsonl.xz` + `NAME.meta.json` (the meta gains
 `runner_commit`: the last commit that touched the runner, or --runner-commit), its log as
 `_raw/logs-SESSION/NAME.log.gz`, its rc.txt line appended to `_raw/rc.txt`. A run already
 stored is kept unless named in --replace, when the stored files move to
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import lzma
 import shutil
 import subprocess
 import sys
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, lane, line in plan:
         if name in args.replace:
             old.mkdir(exist_ok=True)
-            for suffix in (".jsonl.gz", ".meta.json"):
+            for suffix in (".jsonl.xz", ".jsonl.gz", ".meta.json"):
                 if (RAW / f"{name}{suffix}").exists():
                     shutil.move(RAW / f"{name}{suffix}", old / f"{name}{suffix}")
             moved = [x for x in rc_lines if x.split(" ", 1)[0] == name]
@@ -95,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             with open(old / "rc.txt", "a") as f:
                 f.writelines(x + "\n" for x in moved)
         if (lane / f"{name}.jsonl").exists():  # a KV-only engine times no steps
-            with open(lane / f"{name}.jsonl", "rb") as src, gzip.open(
-                    RAW / f"{name}.jsonl.gz", "wb") as dst:
+            with open(lane / f"{name}.jsonl", "rb") as src, lzma.open(
+                    RAW / f"{name}.jsonl.xz", "wb", preset=9 | lzma.PRESET_EXTREME) as dst:
                 shutil.copyfileobj(src, dst)
         meta = json.loads((lane / f"{name}.meta.json").read_text())
         meta["runner_commit"] = commit

@@ -3,8 +3,8 @@ exit code, a failing engine keeps the points already measured, and raw output re
 
 from __future__ import annotations
 
-import gzip
 import json
+import lzma
 import shutil
 import sys
 from pathlib import Path
@@ -84,8 +84,8 @@ def test_engine_failure_keeps_measured_points(monkeypatch: pytest.MonkeyPatch,
 
 def test_incomplete_point_is_dropped_complete_ones_kept(tmp_path: Path) -> None:
     """Reading raw output after a crash keeps every complete point and drops the cut one."""
-    src = RAW / "qwen3-32b--bf16.jsonl.gz"
-    lines = gzip.decompress(src.read_bytes()).decode().splitlines()
+    src = RAW / "qwen3-32b--bf16.jsonl.xz"
+    lines = lzma.decompress(src.read_bytes()).decode().splitlines()
     steps = [json.loads(ln) for ln in lines[:5] if '"step"' in ln]
     cut = [json.dumps({**r, "point": "cut"}) for r in steps]  # a point that never finished
     path = tmp_path / "x.jsonl"

@@ -19,7 +19,7 @@ RAW_DIR = ROOT / "calibration" / "_raw"
 RAW = RAW_DIR / "core-launch"
 TRACES = [ROOT / "validation" / "logs" / d for d in ("s13-coretrace", "s14-coretrace")]
 MODELS = sorted(p.stem for p in RAW.glob("*.json"))
-CORE_RUNS = sorted(p.name.removesuffix(".jsonl.gz") for p in RAW_DIR.glob("*--core.jsonl.gz"))
+CORE_RUNS = sorted(p.name.removesuffix(".jsonl.xz") for p in RAW_DIR.glob("*--core.jsonl.xz"))
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -72,7 +72,7 @@ def test_calibration_measures_the_core_itself(run: str) -> None:
     """A core scan's steps give both figures; a piecewise step costs the core several times
     a decode-only one, as in serving; the profile of that engine records them."""
     meta = json.loads((RAW_DIR / f"{run}.meta.json").read_text())
-    df = store.read_runner_jsonl(RAW_DIR / f"{run}.jsonl.gz")
+    df = store.read_runner_jsonl(RAW_DIR / f"{run}.jsonl.xz")
     own = calibration_core(df, meta["engine"])
     assert own is not None
     assert 1e-3 < own["core_graph_s"] < 6e-3
@@ -93,7 +93,7 @@ def test_calibration_measures_the_core_itself(run: str) -> None:
 def test_runs_without_the_cores_time_give_none() -> None:
     """Runners before the fourteenth session recorded no CPU time a step: nothing to take."""
     meta = json.loads((RAW_DIR / "llama-3.1-8b--bf16.meta.json").read_text())
-    df = store.read_runner_jsonl(RAW_DIR / "llama-3.1-8b--bf16.jsonl.gz")
+    df = store.read_runner_jsonl(RAW_DIR / "llama-3.1-8b--bf16.jsonl.xz")
     assert "cpu_launch_s" not in df.columns
     assert calibration_core(df, meta["engine"]) is None
 
@@ -107,7 +107,7 @@ def test_without_a_serving_trace_the_profile_takes_the_calibrations(tmp_path: Pa
     g = groups(tmp_path)[("llama-3.1-8b", "bf16")]
     profile, prov, _ = build_profile(g, tmp_path, {}, gpu="h200", git_commit="")
     meta = json.loads((RAW_DIR / f"{run}.meta.json").read_text())
-    own = calibration_core(store.read_runner_jsonl(RAW_DIR / f"{run}.jsonl.gz"), meta["engine"])
+    own = calibration_core(store.read_runner_jsonl(RAW_DIR / f"{run}.jsonl.xz"), meta["engine"])
     assert own is not None
     assert (profile.step.core_graph_s, profile.step.core_piecewise_s) == (
         own["core_graph_s"], own["core_piecewise_s"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import lzma
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,13 +31,24 @@ def profile_dir(root: Path, gpu: str, vllm_version: str, model: str, key: str) -
     return root / gpu / f"vllm-{vllm_version}" / model / key
 
 
+def _text_lines(path: Path) -> list[str]:
+    """A samples file's lines: plain, gzipped (as a GPU session brings it back) or xz'd (as
+    shipped, a third smaller than gzip, so the tree travels to the GPU host:
+    tests/test_tree_size.py)."""
+    data = path.read_bytes()
+    if path.suffix == ".gz":
+        data = gzip.decompress(data)
+    elif path.suffix == ".xz":
+        data = lzma.decompress(data)
+    return data.decode().splitlines()
+
+
 def read_runner_jsonl(path: Path) -> pl.DataFrame:
     """Step records of complete points only (a crash leaves its last point incomplete)."""
     rows: list[dict[str, Any]] = []
     done: set[str] = set()
     try:
-        data = path.read_bytes()
-        lines = (gzip.decompress(data) if path.suffix == ".gz" else data).decode().splitlines()
+        lines = _text_lines(path)
     except OSError as e:
         raise CalibrationError(f"{path}: cannot read samples ({e.strerror})") from e
     for line in lines:
@@ -78,9 +90,7 @@ def read_runner_jsonl(path: Path) -> pl.DataFrame:
 
 def read_encoder_jsonl(path: Path) -> pl.DataFrame:
     """An encoder scan's timed passes (runner.py `Driver.encoder`), complete points only."""
-    data = path.read_bytes()
-    lines = (gzip.decompress(data) if path.suffix == ".gz" else data).decode().splitlines()
-    recs = [json.loads(x) for x in lines if x.strip()]
+    recs = [json.loads(x) for x in _text_lines(path) if x.strip()]
     done = {r["point"] for r in recs if r.get("kind") == "point_done"}
     rows = [r for r in recs if r.get("kind") == "encoder" and r["point"] in done]
     if not rows:
@@ -91,8 +101,8 @@ def read_encoder_jsonl(path: Path) -> pl.DataFrame:
 
 
 def runner_jsonl(raw: Path, name: str) -> Path | None:
-    """The run's samples file: `<name>.jsonl`, or gzipped as shipped."""
-    for p in (raw / f"{name}.jsonl", raw / f"{name}.jsonl.gz"):
+    """The run's samples file: `<name>.jsonl`, or compressed (`.xz` as shipped, `.gz`)."""
+    for p in (raw / f"{name}.jsonl", raw / f"{name}.jsonl.xz", raw / f"{name}.jsonl.gz"):
         if p.exists():
             return p
     return None
