@@ -24,6 +24,8 @@ core traces: the engine core's time a step and where a lone request's TTFT goes;
 idle core woken by its input thread, tried and left; `accepted` the speculative engines
 served with their drafts accepted (vLLM's synthetic sampler) beside those that accepted none;
 `probes` every stored CPU probe's loop time, the host's speed as the probe saw it.
+`drafter` the core-traced draft-model engines' steps, drafter and target; `firsttoken` where
+a lone request's first token goes on them (twenty-seventh and twenty-eighth sessions).
 `reach [ENGINE]` prices the traced plan run's engine steps with and without the shared-prefix
 saving (validation.md, "The production plan's decision").
 `eager [ENGINE]` times a traced serving engine's steps past the largest CUDA graph (the
@@ -2121,6 +2123,55 @@ def drafter() -> None:
                 f"({r.measured['itl_p50_s'] / r.predicted['itl_p50_s']:.2f}x)" for r in rows))
 
 
+def firsttoken() -> None:
+    """Where a lone request's first token goes on the core-traced draft-model engines
+    (twenty-eighth session): per engine, the medians over its concurrency-1 requests of the
+    core's lead from the arrival to the prefill step, that step (the target's forward and
+    the drafter's pass over the prompt, on the core's thread), the next step, which the core
+    launches before it hands out the prefill's token, and the drafter's pass in each."""
+    for path in sorted((ROOT / "validation" / "logs").glob("s*-coretrace/*draft*.parquet")):
+        meta = json.loads(path.with_suffix(".json").read_text())
+        if "chat-c1" not in meta["experiments"]:
+            continue
+        trace = read_trace(path)
+        folder = next((p for p in stored_runs() if p.name == meta["engine"]), None)
+        if folder is None:
+            continue
+        reqs = load_run(folder)[1].filter(pl.col("run") == "chat-c1").sort("send_s")
+        t0 = (meta["experiments"]["chat-c1"]["t0_perf"] - meta["clock_base_s"]) * 1e6
+        main = trace.filter(pl.col("thread").cast(pl.Utf8) == "MainThread")
+
+        def spans(name: str, main: pl.DataFrame = main) -> np.ndarray:
+            return main.filter(pl.col("name").cast(pl.Utf8) == name).select(
+                "t0_us", "dur_us").to_numpy()
+
+        steps, execs, props = spans("step_with_batch_queue"), spans("execute_model"), \
+            spans("propose")
+
+        def within(x: np.ndarray, step: np.ndarray) -> float:
+            return float(x[(x[:, 0] >= step[0]) & (x[:, 0] < step[0] + step[1])][:, 1].sum())
+
+        rows = []
+        last = float(trace["t0_us"].max())  # type: ignore[arg-type]
+        for send, ttft in zip(reqs["send_s"].to_list(), reqs["ttft_s"].to_list(), strict=True):
+            at = t0 + send * 1e6
+            # the prefill step: the first step after the arrival longer than 20 ms, begun
+            # within 5 ms of it (the core idle between requests at concurrency 1)
+            big = np.flatnonzero((steps[:, 0] > at) & (steps[:, 1] > 20e3))
+            if at > last or not len(big) or steps[big[0], 0] - at > 5e3 \
+                    or big[0] + 1 >= len(steps):
+                continue
+            s1, s2 = steps[big[0]], steps[big[0] + 1]
+            rows.append((ttft * 1e3, (s1[0] - at) / 1e3, s1[1] / 1e3, within(execs, s1) / 1e3,
+                         within(props, s1) / 1e3, s2[1] / 1e3, within(props, s2) / 1e3))
+        if not rows:
+            continue
+        m = np.median(np.array(rows), axis=0)
+        print(f"  {meta['engine']:38s} {len(rows):2d} requests: TTFT p50 {m[0]:5.1f} ms = lead "
+              f"{m[1]:.1f} + prefill step {m[2]:5.1f} (forward {m[3]:4.1f}, drafter {m[4]:4.1f}) "
+              f"+ next step {m[5]:5.1f} (drafter {m[6]:4.1f}) + the output's way")
+
+
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
         before(sys.argv[2], sys.argv[3:])
@@ -2143,7 +2194,7 @@ def main() -> None:
         "tried": tried, "core": core, "wake": wake, "spread": spread, "spells": spells,
         "drift": drift, "stalls": stalls, "floors": floors, "tocore": tocore,
         "cliff": cliff, "picturepath": picturepath, "past": past, "shares": shares,
-        "accepted": accepted, "probes": probes, "drafter": drafter,
+        "accepted": accepted, "probes": probes, "drafter": drafter, "firsttoken": firsttoken,
     }
     for name in what:
         if name not in commands:

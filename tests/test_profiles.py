@@ -11,7 +11,7 @@ from capplan.errors import ConfigError
 from capplan.hardware import GPUS, Precision
 from capplan.modelspec import load_model_spec
 from capplan.pool import EngineConfig, Pool, SpeculativeConfig
-from capplan.profile import Profile, Provenance
+from capplan.profile import Profile, Provenance, StepTimer
 from capplan.profiles import list_profiles, resolve_profile
 
 LLAMA8 = load_model_spec("llama-3.1-8b")
@@ -163,3 +163,23 @@ def test_text_only_multimodal_profile_takes_the_measured_encoder() -> None:
         bare = p.model_copy(update={"step": p.step.model_copy(
             update={"core_graph_s": 0.0, "core_piecewise_s": 0.0})})
         assert _source(bare, text_only=True) == "measured (engine core's time: not measured)"
+
+
+
+def test_a_draft_models_passes_hold_the_engine_core() -> None:
+    """vLLM runs the drafter inside the step's sample_tokens (gpu_model_runner.py
+    propose_draft_token_ids): a draft model's passes, a 1B model launched layer by layer,
+    keep the core as long as the GPU (traced: the core's step 14-25 ms, its drafter 10-19,
+    validation.md twenty-eighth session), so they are in the step's launch; an MTP module's
+    are not (no trace says they hold it)."""
+    root = Path(__file__).resolve().parents[1] / "calibration" / "h200" / "vllm-0.26.0"
+    for key, holds in (("llama-3.1-8b/bf16-draft_model4", True),
+                       ("gemma-4-31b/fp8-mtp4", False)):
+        prof = Profile.load(root / key / "profile.json")
+        t = StepTimer(prof, max_num_seqs=256, max_num_batched_tokens=8192)
+        s = prof.step
+        drafter = (4 * s.draft_pass_s + s.draft_token_s * t.pad(5) + 3 * s.draft_seq_s)
+        work, launch = t.step_times(5, 1, 0.0, 600)
+        assert drafter > 0
+        assert launch == pytest.approx(s.core_graph_s + drafter if holds else s.core_graph_s)
+        assert work > launch, key

@@ -485,6 +485,7 @@ class StepTimer:
         "_c",
         "_core",
         "_draft",
+        "_draft_in_launch",
         "_eager",
         "_eager_above",
         "_eager_floor",
@@ -525,6 +526,10 @@ class StepTimer:
         # the drafter's k passes, its first pass's per-token cost, its later passes' per request
         self._draft = (self.k * s.draft_pass_s, s.draft_token_s,
                        max(self.k - 1, 0) * s.draft_seq_s)
+        # a draft model's passes hold the engine core: vLLM runs the drafter inside the
+        # step's sample_tokens (vllm/v1/worker/gpu_model_runner.py propose_draft_token_ids,
+        # vllm/v1/spec_decode/draft_model.py), a 1B model launched layer by layer
+        self._draft_in_launch = profile.spec_method == "draft_model"
         self._enc = (s.encoder_token_s, s.encoder_token2_s, s.encoder_floor_s)
         self._enc_step = s.encoder_step_s
         self.encoder_draws = tuple(s.encoder_step_draws_s)
@@ -691,4 +696,6 @@ class StepTimer:
         # (gpu_model_runner.py _execute_mm_encoder; compile_mm_encoder and
         # cudagraph_mm_encoder off): it keeps the core as long as the GPU
         core = self._core[1] if prefill_attn else self._core[0]
+        if self._draft_in_launch:
+            core += extra
         return t + extra + encoder, core * launch_factor + encoder
