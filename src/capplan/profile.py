@@ -629,7 +629,8 @@ class StepTimer:
         out outputs, and before which the GPU cannot finish it: for a step past the largest
         CUDA graph the CPU's launches of every kernel (`eager_floor_s`, with the drafter's
         and encoder's terms), else the measured core time of a decode-only or a piecewise
-        step (`core_graph_s`, `core_piecewise_s`; 0 where a profile has none). `work` is the
+        step (`core_graph_s`, `core_piecewise_s`; 0 where a profile has none), with a draft
+        model's passes, which vLLM runs on the core's thread. `work` is the
         rest of the model: how long the step takes once launched. A run of such steps takes
         the larger of the two a step (`step_time_s`). With a term per attention kind
         (sliding-window models), `decode_seqs` (default: every sequence) takes the decode
