@@ -2070,8 +2070,8 @@ def accepted() -> None:
 
 
 def drafter() -> None:
-    """The draft-model engines whose core was traced (twenty-seventh session, one host): per
-    experiment, the measured ITL p50 and, a step at the median, the drafter's pass
+    """The draft-model engines whose core was traced (twenty-seventh and twenty-eighth
+    sessions): per experiment, the measured ITL p50 and, a step at the median, the drafter's pass
     (SpecDecodeBaseProposer.propose: the 1B model's four forwards) on the CPU and on the GPU,
     the target model's forward on the GPU (execute_model) and the core's whole step; then how
     the drafter's GPU span moved over the run, its median in each 2-second window (the
