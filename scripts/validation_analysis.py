@@ -72,7 +72,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -2069,21 +2069,27 @@ def accepted() -> None:
                   f"request's send {spanning}")
 
 
-def drafter() -> None:
-    """The draft-model engines whose core was traced (twenty-seventh and twenty-eighth
-    sessions): per experiment, the measured ITL p50 and, a step at the median, the drafter's pass
-    (SpecDecodeBaseProposer.propose: the 1B model's four forwards) on the CPU and on the GPU,
-    the target model's forward on the GPU (execute_model) and the core's whole step; then how
-    the drafter's GPU span moved over the run, its median in each 2-second window (the
-    spread a host's speed gives a launch-bound pass). Last, every stored draft-model engine's
-    closed-loop chat rows: how far its steps ran from the profile's, host by host."""
+def _drafter_traces() -> Iterator[tuple[dict[str, Any], pl.DataFrame, pl.DataFrame | None]]:
+    """Each stored core trace that timed a drafter's pass (`propose`): its metadata, its
+    spans and its engine's stored requests (None where the run is not stored)."""
     for path in sorted((ROOT / "validation" / "logs").glob("s*-coretrace/*.parquet")):
         trace = read_trace(path)
         if "propose" not in trace["name"].cast(pl.Utf8).unique().to_list():
             continue
         meta = json.loads(path.with_suffix(".json").read_text())
         folder = next((p for p in stored_runs() if p.name == meta["engine"]), None)
-        reqs = load_run(folder)[1] if folder is not None else None
+        yield meta, trace, load_run(folder)[1] if folder is not None else None
+
+
+def drafter() -> None:
+    """The draft-model engines whose core was traced (twenty-seventh and twenty-eighth
+    sessions): per experiment, the measured ITL p50 and, a step at the median, the drafter's
+    pass (SpecDecodeBaseProposer.propose: the 1B model's four forwards) on the CPU and on the GPU,
+    the target model's forward on the GPU (execute_model) and the core's whole step; then how
+    the drafter's GPU span moved over the run, its median in each 2-second window (the
+    spread a host's speed gives a launch-bound pass). Last, every stored draft-model engine's
+    closed-loop chat rows: how far its steps ran from the profile's, host by host."""
+    for meta, trace, reqs in _drafter_traces():
         base = meta["clock_base_s"]
         for exp, when in meta["experiments"].items():
             if exp.startswith("warmup"):
@@ -2129,15 +2135,10 @@ def firsttoken() -> None:
     core's lead from the arrival to the prefill step, that step (the target's forward and
     the drafter's pass over the prompt, on the core's thread), the next step, which the core
     launches before it hands out the prefill's token, and the drafter's pass in each."""
-    for path in sorted((ROOT / "validation" / "logs").glob("s*-coretrace/*draft*.parquet")):
-        meta = json.loads(path.with_suffix(".json").read_text())
-        if "chat-c1" not in meta["experiments"]:
+    for meta, trace, stored in _drafter_traces():
+        if "chat-c1" not in meta["experiments"] or stored is None:
             continue
-        trace = read_trace(path)
-        folder = next((p for p in stored_runs() if p.name == meta["engine"]), None)
-        if folder is None:
-            continue
-        reqs = load_run(folder)[1].filter(pl.col("run") == "chat-c1").sort("send_s")
+        reqs = stored.filter(pl.col("run") == "chat-c1").sort("send_s")
         t0 = (meta["experiments"]["chat-c1"]["t0_perf"] - meta["clock_base_s"]) * 1e6
         main = trace.filter(pl.col("thread").cast(pl.Utf8) == "MainThread")
 

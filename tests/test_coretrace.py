@@ -85,7 +85,6 @@ def test_a_spawned_child_traces_itself_through_the_plugin(
     assert pids and spans, "the child wrote no span"
 
 
-
 class Busy:
     def step(self) -> None:
         time.sleep(0.002)
