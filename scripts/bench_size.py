@@ -18,10 +18,20 @@ from pathlib import Path
 from capplan.mix import load_mix
 from capplan.solve.jobs import cli_workers
 from capplan.solve.options import size_mix
+from capplan.validate.runner import host
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "examples" / "production-mix.yaml"
 FALLBACK = ROOT / "tests" / "data" / "size-small.yaml"
+
+
+def machine() -> str:
+    """The machine's speed, so that figures taken on different machines can be compared:
+    the figure each validation engine start records for its host (validate/runner.py
+    `host`), best of three runs of a pure-Python loop of 1,000,000 additions."""
+    h = host()
+    return (f"machine: {h['cpus']} CPUs, {h.get('cpu_model')}, pure-Python loop of 1M "
+            f"additions {h['py_loop_1m_ms']} ms")
 
 
 def main() -> None:
@@ -33,6 +43,7 @@ def main() -> None:
     args = ap.parse_args()
     workers = cli_workers(args.workers)
     mix = load_mix(args.traffic)
+    print(machine())
 
     modes = [m for m, skip in (("default", args.no_full), ("quick", args.no_quick)) if not skip]
     for mode in modes:
