@@ -4,7 +4,7 @@ drafter's cost and the stairs of its verify steps.
 
     python scripts/calibration_analysis.py [table|sanity|graph|floor|drafter|stairs|...]
     (also: repeats, cached, decode, firstuse, finishes, graphs, idle, mixlen, specgraphs,
-     encoder, pictures, probe, kvstarts, starts)
+     encoder, pictures, probe, kvstarts, starts, drain)
     python scripts/calibration_analysis.py points MODEL/KEY   # e.g. gemma-4-31b/fp8
     python scripts/calibration_analysis.py composition MODEL/KEY  # each run's own steps
     python scripts/calibration_analysis.py speeds [MODEL/KEY]  # two runs: steps vs scheduler
@@ -58,10 +58,12 @@ def table() -> None:
     """One row per shipped profile: sweep coverage, every fit-error figure its provenance
     stores, KV capacity per utilisation (* derived) and GPU-minutes."""
     print("| profile | timed by | sweep points measured | units train/test "
-          "| held-out median / p95 | held-out, as shipped | 5-fold CV median / p95 (units) "
+          "| held-out median / p95 | held-out, as shipped "
+          "| as shipped: designed steps / drains (units) "
+          "| 5-fold CV median / p95 (units) "
           "| leave-one-point-out median / p95 (points) | single-step median / p95 "
           "| KV tokens @0.85 / 0.90 / 0.95 | GPU-min: main run / all engines |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for prov_path in sorted(PROFILES.glob("*/*/provenance.json")):
         d = prov_path.parent
         prov = json.loads(prov_path.read_text())
@@ -77,6 +79,10 @@ def table() -> None:
               f"| {q.n_train}/{q.n_test} | {_pct(q.median_ape)} / {_pct(q.p95_ape)} "
               f"| {_pct(f.get('heldout_shipped_median_ape'))} / "
               f"{_pct(f.get('heldout_shipped_p95_ape'))} "
+              f"| {_pct(f.get('designed_shipped_median_ape'))} / "
+              f"{_pct(f.get('designed_shipped_p95_ape'))} ({f.get('designed_units', 0)}); "
+              f"{_pct(f.get('drain_shipped_median_ape'))} / "
+              f"{_pct(f.get('drain_shipped_p95_ape'))} ({f.get('drain_units', 0)}) "
               f"| {_pct(f['cv5_median_ape'])} / {_pct(f['cv5_p95_ape'])} ({f['cv5_windows']}) "
               f"| {_pct(f.get('point_cv_median_ape'))} / {_pct(f.get('point_cv_p95_ape'))} "
               f"({f.get('point_cv_points', 0)}) "
@@ -771,6 +777,66 @@ def speeds(profile: str = "llama-3.1-8b/bf16-draft_model2") -> None:
               f"ratio, correlation {np.corrcoef(xs, ys)[0, 1]:+.2f}")
 
 
+def drain() -> None:
+    """A point's drain (fit.drain_steps): per profile, its drain steps priced by the profile
+    as shipped against its designed steps' held-out error; Qwen3-32B BF16's drains step by
+    step beside the same batches held steady; and, on every traced serving engine
+    (validation steps.parquet, vLLM's iteration details), a decode-only step after requests
+    finished against a steady one of the same size (the median, over sizes, of the ratio of
+    their medians, each size weighted by its steps after a finish)."""
+    for d in sorted(p.parent for p in PROFILES.glob("*/*/samples.parquet")):
+        prof = Profile.load(d)
+        f = json.loads((d / "provenance.json").read_text()).get("fit", {})
+        print(f"  {d.parent.name}/{d.name}: held-out as shipped, median / p95: all "
+              f"{_pct(f.get('heldout_shipped_median_ape'))} / "
+              f"{_pct(f.get('heldout_shipped_p95_ape'))}; designed steps "
+              f"{_pct(f.get('designed_shipped_median_ape'))} / "
+              f"{_pct(f.get('designed_shipped_p95_ape'))} ({f.get('designed_units', 0)} units); "
+              f"drains {_pct(f.get('drain_shipped_median_ape'))} / "
+              f"{_pct(f.get('drain_shipped_p95_ape'))} ({f.get('drain_units', 0)})")
+        if f"{d.parent.name}/{d.name}" != "qwen3-32b/bf16":
+            continue
+        df = pl.read_parquet(d / "samples.parquet")
+        s = store.samples_of(df)
+        eng = prof.engine
+        sizes = cudagraph_capture_sizes(eng["max_num_seqs"], eng["max_num_batched_tokens"], 0)
+        s = {**s, "eager_step": (s["tokens"] > eager_threshold(
+            eng["max_num_seqs"], eng["max_num_batched_tokens"])).astype(float)}
+        priced = F.predict_steps(s, prof.step, sizes, 0)
+        drained = F.drain_steps(s)
+        run = df["run"].to_numpy()
+        for point in ("decode-b64-c512", "decode-b128-c512", "decode-b256-c512"):
+            for r in sorted(set(run[s["point"] == point])):
+                k = np.flatnonzero((s["point"] == point) & (run == r) & drained)
+                steady = np.flatnonzero((s["point"] == point) & (run == r) & ~drained
+                                        & (s["prefill_attn"] == 0))
+                cells = [f"{s['seqs'][i]} {s['step_s'][i] * 1e3:.1f}/{priced[i] * 1e3:.1f}"
+                         for i in k]
+                print(f"    {point} run {r}: steady {s['seqs'][steady[0]]} requests "
+                      f"{np.median(s['step_s'][steady]) * 1e3:.1f} ms; drain, requests "
+                      f"measured/priced ms: " + ", ".join(cells))
+    root = CALIBRATION_DIR / "h200" / "vllm-0.26.0"
+    for path in sorted(root.glob("*/validation/*/steps.parquet")):
+        steps = pl.read_parquet(path)
+        for run_name in sorted(set(steps["run"].to_list())):
+            g = steps.filter(pl.col("run") == run_name).sort("step")
+            dt = np.diff(g["t"].to_numpy(), prepend=np.nan)
+            dec, pre = g["decode_reqs"].to_numpy(), g["prefill_reqs"].to_numpy()
+            follows = np.r_[False, np.diff(g["step"].to_numpy()) == 1]
+            before = np.r_[-1, (dec + pre)[:-1]]
+            only = (pre == 0) & follows & (dt < 0.2)
+            after, steady = only & (dec < before), only & (dec == before)
+            ratios: list[float] = []
+            for b in np.unique(dec[after]):
+                x, y = dt[after & (dec == b)], dt[steady & (dec == b)]
+                if len(x) >= 3 and len(y) >= 3:
+                    ratios += [float(np.median(x) / np.median(y))] * len(x)
+            if len(ratios) >= 20:
+                print(f"  served {path.parent.name} {run_name}: {after.sum()} decode-only steps "
+                      f"after a finish, {steady.sum()} steady; after / steady at one size: "
+                      f"{np.median(ratios):.3f}")
+
+
 def main() -> None:
     what = sys.argv[1:] or ["sanity", "graph"]
     if what[0] == "points":
@@ -788,7 +854,8 @@ def main() -> None:
          "repeats": repeats, "cached": cached, "decode": decode, "firstuse": firstuse,
          "floor": floor, "drafter": drafter, "stairs": stairs, "graphs": graphs,
          "idle": idle, "mixlen": mixlen, "specgraphs": specgraphs, "encoder": encoder,
-         "kvstarts": kvstarts, "starts": starts, "pictures": pictures, "probe": probe}[name]()
+         "kvstarts": kvstarts, "starts": starts, "pictures": pictures, "probe": probe,
+         "drain": drain}[name]()
 
 
 if __name__ == "__main__":

@@ -573,6 +573,8 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     shipped = F.heldout_ape(s, step, max_num_seqs=eng["max_num_seqs"],
                             max_num_batched_tokens=eng["max_num_batched_tokens"], spec_k=k,
                             seed=seed, window=window)
+    drained = F.heldout_in_drain(s, seed=seed)
+    designed, drain = shipped[~drained], shipped[drained]
     extra = {
         "fit": {"heldout_shipped_median_ape": round(float(np.median(shipped)), 5),
                 "heldout_shipped_p95_ape": round(float(np.percentile(shipped, 95)), 5),
@@ -589,6 +591,18 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                                         if len(res.point_ape) else None),
                 "point_cv_p95_ape": (round(float(np.percentile(res.point_ape, 95)), 5)
                                      if len(res.point_ape) else None),
+                # the same held-out units, split: a point's designed steps and its drain
+                # (fit.drain_steps, docs/calibration.md "A point's drain")
+                "designed_units": len(designed),
+                "designed_shipped_median_ape": (round(float(np.median(designed)), 5)
+                                                if len(designed) else None),
+                "designed_shipped_p95_ape": (round(float(np.percentile(designed, 95)), 5)
+                                             if len(designed) else None),
+                "drain_units": len(drain),
+                "drain_shipped_median_ape": (round(float(np.median(drain)), 5)
+                                             if len(drain) else None),
+                "drain_shipped_p95_ape": (round(float(np.percentile(drain, 95)), 5)
+                                          if len(drain) else None),
                 "trimmed_train_windows": res.trimmed, "seed": seed, "floors": floors,
                 "fixed_coefficients": fixed},
         "points_measured": sorted(set(df["point"].to_list())),

@@ -158,6 +158,31 @@ def unit_width(s: Samples) -> int:
     return 1 if clock is not None and len(clock) and bool(np.all(clock)) else WINDOW
 
 
+DRAIN_FINISHED = 8
+"""Requests that finish in one step of a point for its drain to start (`drain_steps`)."""
+
+
+def drain_steps(s: Samples) -> np.ndarray:
+    """Each point's drain: from the first decode-only step that carries DRAIN_FINISHED or
+    more requests fewer than the step before it (the point's requests finishing together,
+    16 a step where the sweep prefilled 512-token prompts in 8,192-token chunks) to the
+    point's end. These are not the compositions the point was designed to time, and on the
+    H200 the GPU ran them slower than the same batches held steady (Qwen3-32B BF16: 65
+    requests in 31.1 ms in a drain, 64 steady in 21.8), where drains of one or four a step
+    and a serving engine's decode-only steps after up to six requests finished cost what
+    steady ones do (docs/calibration.md, "A point's drain")."""
+    point, seqs = s["point"], s["seqs"]
+    decode_only = _decode_only(s)
+    out = np.zeros(len(point), dtype=bool)
+    bounds = np.flatnonzero(np.r_[True, point[1:] != point[:-1], True])
+    for a, b in pairwise(bounds):
+        dropped = seqs[a:b - 1] - seqs[a + 1:b]
+        start = np.flatnonzero(decode_only[a + 1:b] & (dropped >= DRAIN_FINISHED))
+        if len(start):
+            out[a + 1 + start[0]:b] = True
+    return out
+
+
 def windows(s: Samples, seed: int, width: int | None = None) -> np.ndarray:
     """Fitting units: runs of `width` consecutive steps of one point, as [start, stop)
     index pairs; single steps when the GPU timed them (`unit_width`). A CPU completion
@@ -549,6 +574,13 @@ def window_ape(s: Samples, win: np.ndarray, step: StepModel, sizes: list[int],
     return ape
 
 
+def _heldout(s: Samples, seed: int, test_fraction: float) -> np.ndarray:
+    """fit_step_model's held-out windows: the same seeded split."""
+    win = windows(s, seed)
+    out: np.ndarray = win[np.random.default_rng(seed + 1).random(len(win)) < test_fraction]
+    return out
+
+
 def heldout_ape(s: Samples, step: StepModel, *, max_num_seqs: int,
                 max_num_batched_tokens: int, spec_k: int = 0, seed: int = 0,
                 test_fraction: float = 0.2, window: int = 0) -> np.ndarray:
@@ -559,10 +591,16 @@ def heldout_ape(s: Samples, step: StepModel, *, max_num_seqs: int,
         s = attention_by_kind(s, window)
     eager = s["tokens"] > eager_threshold(max_num_seqs, max_num_batched_tokens)
     s = {**s, "eager_step": eager.astype(float)}
-    win = windows(s, seed)
-    test = win[np.random.default_rng(seed + 1).random(len(win)) < test_fraction]
     sizes = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens, spec_k)
-    return window_ape(s, test, step, sizes, spec_k)
+    return window_ape(s, _heldout(s, seed, test_fraction), step, sizes, spec_k)
+
+
+def heldout_in_drain(s: Samples, *, seed: int = 0, test_fraction: float = 0.2) -> np.ndarray:
+    """Which of fit_step_model's held-out windows (heldout_ape's, in its order) hold a step
+    of a point's drain (`drain_steps`)."""
+    drain = drain_steps(s)
+    return np.array([bool(drain[a:b].any()) for a, b in _heldout(s, seed, test_fraction)],
+                    dtype=bool)
 
 
 def fit_step_model(
