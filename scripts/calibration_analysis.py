@@ -810,12 +810,14 @@ def drain() -> None:
                 k = np.flatnonzero((s["point"] == point) & (run == r) & drained)
                 steady = np.flatnonzero((s["point"] == point) & (run == r) & ~drained
                                         & (s["prefill_attn"] == 0))
-                cells = [f"{s['seqs'][i]} {s['step_s'][i] * 1e3:.1f}/{priced[i] * 1e3:.1f}"
-                         for i in k]
+                span = (df["gpu_t1"] - df["gpu_t0"]).to_numpy()  # the GPU's own span
+                cells = [f"{s['seqs'][i]} {s['step_s'][i] * 1e3:.1f}/{priced[i] * 1e3:.1f}/"
+                         f"{span[i] * 1e3:.1f}" for i in k]
                 print(f"    {point} run {r}: steady {s['seqs'][steady[0]]} requests "
                       f"{np.median(s['step_s'][steady]) * 1e3:.1f} ms; drain, requests "
-                      f"measured/priced ms: " + ", ".join(cells))
+                      f"measured/priced/GPU span ms: " + ", ".join(cells))
     root = CALIBRATION_DIR / "h200" / "vllm-0.26.0"
+    by_finished: dict[int, list[float]] = {}
     for path in sorted(root.glob("*/validation/*/steps.parquet")):
         steps = pl.read_parquet(path)
         for run_name in sorted(set(steps["run"].to_list())):
@@ -831,10 +833,19 @@ def drain() -> None:
                 x, y = dt[after & (dec == b)], dt[steady & (dec == b)]
                 if len(x) >= 3 and len(y) >= 3:
                     ratios += [float(np.median(x) / np.median(y))] * len(x)
+            for i in np.flatnonzero(after):  # each step by how many finished before it
+                y = dt[steady & (dec == dec[i])]
+                if len(y) >= 3:
+                    by_finished.setdefault(int(before[i] - dec[i]), []).append(
+                        float(dt[i] / np.median(y)))
             if len(ratios) >= 20:
                 print(f"  served {path.parent.name} {run_name}: {after.sum()} decode-only steps "
                       f"after a finish, {steady.sum()} steady; after / steady at one size: "
                       f"{np.median(ratios):.3f}")
+    print("  served, every traced engine: decode-only steps by the requests that finished "
+          "just before, each against the median steady step of its size: "
+          + ", ".join(f"{k} finished: {len(v)} steps, {np.median(v):.3f}"
+                      for k, v in sorted(by_finished.items())))
 
 
 def main() -> None:

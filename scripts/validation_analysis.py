@@ -2173,6 +2173,50 @@ def firsttoken() -> None:
               f"+ next step {m[5]:5.1f} (drafter {m[6]:4.1f}) + the output's way")
 
 
+def drainfit() -> None:
+    """The fit without the points' drains (calibrate/fit.py drain_steps), tried and left
+    (docs/calibration.md, "A point's drain"): every profile fitted again from
+    calibration/_raw with its drain steps left out of the fitting units, the designed steps'
+    held-out error it reaches, and the validation rows within target with those profiles
+    against today's. The refitted profile.json files stand in for the shipped ones while the
+    rows are predicted, and are put back after."""
+    from capplan.calibrate import fit as F
+    from capplan.calibrate.build import build_all
+
+    base = compare_all()
+    print(f"  today's profiles ({len(base)} rows): {_within(base)}")
+    windows = F.windows
+
+    def designed_only(s: Any, seed: int, width: int | None = None) -> np.ndarray:
+        win = windows(s, seed, width)
+        drain = F.drain_steps(s)
+        return np.asarray(win[[not drain[a:b].any() for a, b in win]])
+
+    profiles = CALIBRATION_DIR / "h200" / "vllm-0.26.0"
+    with tempfile.TemporaryDirectory() as tmp:
+        F.windows = designed_only  # type: ignore[assignment]
+        try:
+            written = build_all(CALIBRATION_DIR / "_raw", Path(tmp))
+        finally:
+            F.windows = windows  # type: ignore[assignment]
+        kept = {d: (profiles / d.relative_to(Path(tmp) / "h200" / "vllm-0.26.0")
+                    / "profile.json").read_bytes() for d in written}
+        for d in written:
+            fit = json.loads((d / "provenance.json").read_text())["fit"]
+            print(f"  {d.parent.name}/{d.name}: held-out as fitted without drains "
+                  f"{fit['heldout_shipped_median_ape']:.1%} / {fit['heldout_shipped_p95_ape']:.1%}")
+        try:
+            for d in written:
+                shutil.copy(d / "profile.json", profiles / d.relative_to(
+                    Path(tmp) / "h200" / "vllm-0.26.0") / "profile.json")
+            rows = compare_all()
+        finally:
+            for d, data in kept.items():
+                (profiles / d.relative_to(Path(tmp) / "h200" / "vllm-0.26.0")
+                 / "profile.json").write_bytes(data)
+    print(f"  fitted without drains ({len(rows)} rows): {_within(rows)}")
+
+
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
         before(sys.argv[2], sys.argv[3:])
@@ -2196,6 +2240,7 @@ def main() -> None:
         "drift": drift, "stalls": stalls, "floors": floors, "tocore": tocore,
         "cliff": cliff, "picturepath": picturepath, "past": past, "shares": shares,
         "accepted": accepted, "probes": probes, "drafter": drafter, "firsttoken": firsttoken,
+        "drainfit": drainfit,
     }
     for name in what:
         if name not in commands:

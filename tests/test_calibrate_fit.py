@@ -321,3 +321,20 @@ def test_graph_scan_gives_each_size_its_offset_and_the_decode_only_context_rate(
     dec = s["prefill_attn"] == 0
     got = F.predict_steps(s, fitted, sizes, 0)
     assert got[dec] == pytest.approx(s["step_s"][dec])
+
+
+def test_a_points_drain_starts_where_eight_or_more_requests_finish_in_one_step() -> None:
+    """drain_steps: from the first decode-only step of a point with DRAIN_FINISHED or more
+    requests fewer than the step before, to the point's end; a point whose requests finish
+    a few a step, or that shrinks on a step with a prefill, has none."""
+    seqs = {"a": [16, 128, 128, 112, 97, 81, 65],      # a 16-a-step drain from the fourth step
+            "b": [200, 199, 199, 198, 190, 189],        # one or eight at a time
+            "c": [64, 64, 40, 40]}                       # shrinks beside a prefill chunk
+    prefill = {"a": [8192, 0, 0, 0, 0, 0, 0], "b": [0] * 6, "c": [0, 0, 512, 0]}
+    s = {"point": np.array([p for p, v in seqs.items() for _ in v]),
+         "seqs": np.array([x for v in seqs.values() for x in v]),
+         "prefill_attn": np.array([float(x) for v in prefill.values() for x in v])}
+    drain = F.drain_steps(s)
+    assert drain.tolist() == [False, False, False, True, True, True, True,
+                              False, False, False, False, True, True,
+                              False, False, False, False]
