@@ -779,7 +779,8 @@ def speeds(profile: str = "llama-3.1-8b/bf16-draft_model2") -> None:
 
 def drain() -> None:
     """A point's drain (fit.drain_steps): per profile, its drain steps priced by the profile
-    as shipped against its designed steps' held-out error; Qwen3-32B BF16's drains step by
+    as shipped against its designed steps' held-out error, and every point that shrinks
+    priced by how many of its requests finish at once; Qwen3-32B BF16's drains step by
     step beside the same batches held steady; and, on every traced serving engine
     (validation steps.parquet, vLLM's iteration details), a decode-only step after requests
     finished against a steady one of the same size (the median, over sizes, of the ratio of
@@ -794,15 +795,35 @@ def drain() -> None:
               f"{_pct(f.get('designed_shipped_p95_ape'))} ({f.get('designed_units', 0)} units); "
               f"drains {_pct(f.get('drain_shipped_median_ape'))} / "
               f"{_pct(f.get('drain_shipped_p95_ape'))} ({f.get('drain_units', 0)})")
-        if f"{d.parent.name}/{d.name}" != "qwen3-32b/bf16":
-            continue
         df = pl.read_parquet(d / "samples.parquet")
-        s = store.samples_of(df)
-        eng = prof.engine
-        sizes = cudagraph_capture_sizes(eng["max_num_seqs"], eng["max_num_batched_tokens"], 0)
+        w = prof.step.window_tokens or 0
+        s = store.samples_of(df, w)
+        if w:
+            s = F.attention_by_kind(s, w)
+        eng, k = prof.engine, prof.spec_k
+        sizes = cudagraph_capture_sizes(eng["max_num_seqs"], eng["max_num_batched_tokens"], k)
         s = {**s, "eager_step": (s["tokens"] > eager_threshold(
             eng["max_num_seqs"], eng["max_num_batched_tokens"])).astype(float)}
-        priced = F.predict_steps(s, prof.step, sizes, 0)
+        priced = F.predict_steps(s, prof.step, sizes, k)
+        # every point that shrinks at all, from its first decode-only step with fewer
+        # requests than the step before to its end, by how many finished at that step:
+        # the median over such points of their steps' median error, priced against measured
+        err = priced / s["step_s"] - 1
+        by_drop: dict[str, list[float]] = {}
+        bounds = np.flatnonzero(np.r_[True, s["point"][1:] != s["point"][:-1], True])
+        only = F._decode_only(s)
+        for a, b in pairwise(bounds):
+            drop = s["seqs"][a:b - 1] - s["seqs"][a + 1:b]
+            first = np.flatnonzero(only[a + 1:b] & (drop > 0))
+            if len(first) and not s["warmup"][a]:
+                n = int(drop[first[0]])
+                key = "1" if n == 1 else "2-7" if n < F.DRAIN_FINISHED else "8+"
+                by_drop.setdefault(key, []).append(float(np.median(err[a + 1 + first[0]:b])))
+        print("    points that shrink, by the requests finishing at their first shrinking "
+              "step: " + ", ".join(f"{key} a step: {len(v)} points, priced "
+                                   f"{np.median(v):+.1%}" for key, v in sorted(by_drop.items())))
+        if f"{d.parent.name}/{d.name}" != "qwen3-32b/bf16":
+            continue
         drained = F.drain_steps(s)
         run = df["run"].to_numpy()
         for point in ("decode-b64-c512", "decode-b128-c512", "decode-b256-c512"):

@@ -167,10 +167,10 @@ def drain_steps(s: Samples) -> np.ndarray:
     more requests fewer than the step before it (the point's requests finishing together,
     16 a step where the sweep prefilled 512-token prompts in 8,192-token chunks) to the
     point's end. These are not the compositions the point was designed to time, and on the
-    H200 the GPU ran them slower than the same batches held steady (Qwen3-32B BF16: 65
-    requests in 31.1 ms in a drain, 64 steady in 21.8), where drains of one or four a step
-    and a serving engine's decode-only steps after up to six requests finished cost what
-    steady ones do (docs/calibration.md, "A point's drain")."""
+    H200 the GPU ran them slower than the same batches held steady on most engines
+    (Qwen3-32B BF16: 65 requests in 31.1 ms in a drain, 64 steady in 21.8), where drains of
+    one a step and a serving engine's decode-only steps after up to six requests finished
+    cost about what steady ones do (docs/calibration.md, "A point's drain")."""
     point, seqs = s["point"], s["seqs"]
     decode_only = _decode_only(s)
     out = np.zeros(len(point), dtype=bool)
