@@ -2199,21 +2199,21 @@ def drainfit() -> None:
             written = build_all(CALIBRATION_DIR / "_raw", Path(tmp))
         finally:
             F.windows = windows  # type: ignore[assignment]
-        kept = {d: (profiles / d.relative_to(Path(tmp) / "h200" / "vllm-0.26.0")
-                    / "profile.json").read_bytes() for d in written}
+        def shipped(d: Path) -> Path:  # the shipped profile.json of a refitted folder
+            return profiles / d.relative_to(Path(tmp) / "h200" / "vllm-0.26.0") / "profile.json"
+
+        kept = {d: shipped(d).read_bytes() for d in written}
         for d in written:
             fit = json.loads((d / "provenance.json").read_text())["fit"]
             print(f"  {d.parent.name}/{d.name}: held-out as fitted without drains "
                   f"{fit['heldout_shipped_median_ape']:.1%} / {fit['heldout_shipped_p95_ape']:.1%}")
         try:
             for d in written:
-                shutil.copy(d / "profile.json", profiles / d.relative_to(
-                    Path(tmp) / "h200" / "vllm-0.26.0") / "profile.json")
+                shutil.copy(d / "profile.json", shipped(d))
             rows = compare_all()
         finally:
             for d, data in kept.items():
-                (profiles / d.relative_to(Path(tmp) / "h200" / "vllm-0.26.0")
-                 / "profile.json").write_bytes(data)
+                shipped(d).write_bytes(data)
     print(f"  fitted without drains ({len(rows)} rows): {_within(rows)}")
 
 
