@@ -15,23 +15,15 @@ import argparse
 import time
 from pathlib import Path
 
+from bench_sim import machine  # scripts/, beside this file
+
 from capplan.mix import load_mix
 from capplan.solve.jobs import cli_workers
 from capplan.solve.options import size_mix
-from capplan.validate.runner import host
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "examples" / "production-mix.yaml"
 FALLBACK = ROOT / "tests" / "data" / "size-small.yaml"
-
-
-def machine() -> str:
-    """The machine's speed, so that figures taken on different machines can be compared:
-    the figure each validation engine start records for its host (validate/runner.py
-    `host`), best of three runs of a pure-Python loop of 1,000,000 additions."""
-    h = host()
-    return (f"machine: {h['cpus']} CPUs, {h.get('cpu_model')}, pure-Python loop of 1M "
-            f"additions {h['py_loop_1m_ms']} ms")
 
 
 def main() -> None:
