@@ -2030,6 +2030,15 @@ def probes() -> None:
         loop = pl.read_ndjson(path).drop_nulls("loop_ms")["loop_ms"].to_numpy()
         print(f"  {path.name.removesuffix('.cpuprobe.jsonl.gz'):58s} {len(loop):6d} loops: "
               + " / ".join(f"{x:.2f}" for x in np.percentile(loop, [10, 50, 90])) + " ms")
+    # the loop each validation engine start records for its host (validate/runner.py host;
+    # scripts/bench_sim.py prints the same figure for the machine it runs on)
+    loops = [start["host"]["py_loop_1m_ms"]
+             for f in sorted(CALIBRATION_DIR.glob("*/*/*/validation/*/provenance.json"))
+             for start in json.loads(f.read_text()).get("starts", [])
+             if "py_loop_1m_ms" in (start.get("host") or {})]
+    if loops:
+        print(f"  engine starts' hosts, a pure-Python loop of 1M additions: {len(loops)} starts, "
+              f"{min(loops):.1f}-{max(loops):.1f} ms")
 
 
 def accepted() -> None:

@@ -574,10 +574,16 @@ def window_ape(s: Samples, win: np.ndarray, step: StepModel, sizes: list[int],
     return ape
 
 
+def _test_mask(n: int, seed: int, test_fraction: float) -> np.ndarray:
+    """Which of `n` fitting units are held out: fit_step_model's seeded split."""
+    out: np.ndarray = np.random.default_rng(seed + 1).random(n) < test_fraction
+    return out
+
+
 def _heldout(s: Samples, seed: int, test_fraction: float) -> np.ndarray:
-    """fit_step_model's held-out windows: the same seeded split."""
+    """fit_step_model's held-out windows."""
     win = windows(s, seed)
-    out: np.ndarray = win[np.random.default_rng(seed + 1).random(len(win)) < test_fraction]
+    out: np.ndarray = win[_test_mask(len(win), seed, test_fraction)]
     return out
 
 
@@ -630,7 +636,7 @@ def fit_step_model(
     win = windows(s, seed)
     if len(win) < 8:
         raise CalibrationError(f"only {len(win)} usable step windows; need at least 8 to fit")
-    test_mask = np.random.default_rng(seed + 1).random(len(win)) < test_fraction
+    test_mask = _test_mask(len(win), seed, test_fraction)
     train, test = win[~test_mask], win[test_mask]
     sizes = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens, spec_k)
     fixed = dict(fixed or {})
