@@ -822,6 +822,42 @@ def drain() -> None:
         print("    points that shrink, by the requests finishing at their first shrinking "
               "step: " + ", ".join(f"{key} a step: {len(v)} points, priced "
                                    f"{np.median(v):+.1%}" for key, v in sorted(by_drop.items())))
+        # the drain's steps split by whether the GPU idled before them (fit.stalled_steps):
+        # measured less priced, the idle time, and the GPU's own span less priced
+        drained, stalled = F.drain_steps(s) & only, F.stalled_steps(s) & only
+        flowing = drained & ~stalled
+        span = (df["gpu_t1"] - df["gpu_t0"]).to_numpy()
+        gap = s["gpu_gap_s"]
+
+        def ms(x: np.ndarray) -> str:
+            return f"{np.median(x) * 1e3:+.2f}" if len(x) else "-"
+
+        line = (f"    drain steps, decode-only: {stalled.sum()} of {drained.sum()} began after "
+                f"the GPU idled (median {ms(gap[stalled])[1:]} ms): measured - priced "
+                f"{ms((s['step_s'] - priced)[stalled])} ms, the GPU's span - priced "
+                f"{ms((span - priced)[stalled])}; the {flowing.sum()} that kept it busy: "
+                f"{ms((s['step_s'] - priced)[flowing])} ms")
+        steady = (only & ~F.drain_steps(s) & ~s["warmup"].astype(bool)
+                  & (df["step"].to_numpy() > 0))
+        line += (f"; steady decode-only steps after an idle: {(steady & (gap >= F.STALL_S)).sum()}"
+                 f" of {steady.sum()}")
+        if "cpu_launch_s" in df.columns:
+            # the core's CPU time in execute_model + sample_tokens (runner.py): a drain's
+            # stalls follow a launch that lasted about as long as its step's GPU work
+            launch = df["cpu_launch_s"].fill_null(np.nan).to_numpy()
+            before = np.r_[stalled[1:], False]  # the step before each stalled one
+            line += (f"; the core's launch of the step before a stall "
+                     f"{np.nanmedian(launch[before]) * 1e3:.1f} ms (its GPU span "
+                     f"{np.median(span[before]) * 1e3:.1f}), of a steady decode-only step "
+                     f"{np.nanmedian(launch[steady]) * 1e3:.1f} ms")
+        print(line)
+        if f"{d.parent.name}/{d.name}" == "qwen3-32b/fp8":
+            # one point whole: its admission (16 prompts a step) and its drain, step by step
+            k = np.flatnonzero((s["point"] == "decode-b256-c512") & (df["run"] == 1).to_numpy())
+            print("    decode-b256-c512 run 1, requests/prompt tokens: measured, GPU idle "
+                  "before, core's launch ms: " + ", ".join(
+                      f"{s['seqs'][i]}/{s['prefill_tokens'][i]}: {s['step_s'][i] * 1e3:.1f}, "
+                      f"{gap[i] * 1e3:.1f}, {launch[i] * 1e3:.1f}" for i in k))
         if f"{d.parent.name}/{d.name}" != "qwen3-32b/bf16":
             continue
         drained = F.drain_steps(s)
@@ -831,12 +867,11 @@ def drain() -> None:
                 k = np.flatnonzero((s["point"] == point) & (run == r) & drained)
                 steady = np.flatnonzero((s["point"] == point) & (run == r) & ~drained
                                         & (s["prefill_attn"] == 0))
-                span = (df["gpu_t1"] - df["gpu_t0"]).to_numpy()  # the GPU's own span
                 cells = [f"{s['seqs'][i]} {s['step_s'][i] * 1e3:.1f}/{priced[i] * 1e3:.1f}/"
-                         f"{span[i] * 1e3:.1f}" for i in k]
+                         f"{span[i] * 1e3:.1f}/{gap[i] * 1e3:.1f}" for i in k]
                 print(f"    {point} run {r}: steady {s['seqs'][steady[0]]} requests "
                       f"{np.median(s['step_s'][steady]) * 1e3:.1f} ms; drain, requests "
-                      f"measured/priced/GPU span ms: " + ", ".join(cells))
+                      f"measured/priced/GPU span/GPU idle before ms: " + ", ".join(cells))
     root = CALIBRATION_DIR / "h200" / "vllm-0.26.0"
     by_finished: dict[int, list[float]] = {}
     for path in sorted(root.glob("*/validation/*/steps.parquet")):
@@ -869,6 +904,56 @@ def drain() -> None:
                       for k, v in sorted(by_finished.items())))
 
 
+def drainscan(raw: Path | None = None) -> None:
+    """The drain scans (`capplan calibrate --drain-scan`, sweep.drain_points): per point, how
+    many of its decode-only steps began after the GPU idled and the core's launch of the
+    step before each; then, per point the runner traced (`--trace-points`), the host's calls
+    of 2 ms or more by name (count, median, longest) and where the longest blocking call (a
+    CUDA runtime call or an aten op) was made from."""
+    import lzma
+
+    raw = raw or CALIBRATION_DIR / "_raw"
+    runs = sorted(raw.glob("*--drain.jsonl*"))
+    if not runs:
+        print(f"  no drain scans in {raw} (queued: calibration/_plans/queue-next-s31.txt)")
+    for path in runs:
+        name = path.name.split(".jsonl")[0]
+        df = store.read_runner_jsonl(path)
+        s = store.samples_of(df)
+        only, gap = F._decode_only(s), s["gpu_gap_s"]
+        launch = (df["cpu_launch_s"].fill_null(np.nan).to_numpy() if "cpu_launch_s" in df.columns
+                  else np.full(len(df), np.nan))
+        def ms(x: np.ndarray) -> str:
+            x = x[np.isfinite(x)]
+            return f"{np.median(x) * 1e3:.1f} ms" if len(x) else "-"
+
+        for point in dict.fromkeys(s["point"].tolist()):
+            k = (s["point"] == point) & only
+            if str(point).startswith("warmup") or not k.any():
+                continue
+            idle = k & (gap >= F.STALL_S)
+            before = np.r_[idle[1:], False]
+            print(f"  {name} {point}: {k.sum()} decode-only steps, {idle.sum()} after the GPU "
+                  f"idled ({ms(gap[idle])} median); the core's launch of the step before "
+                  f"each {ms(launch[before])}, of the others {ms(launch[k & ~before])}")
+        for calls_path in sorted((raw / f"{name}.traces").glob("*.calls.json*")):
+            opener = lzma.open if calls_path.suffix == ".xz" else open
+            with opener(calls_path, "rt") as f:
+                calls = json.load(f)
+            by: dict[str, list[float]] = {}
+            for c in calls:
+                by.setdefault(c["name"], []).append(c["ms"])
+            top = sorted(by.items(), key=lambda kv: -sum(kv[1]))[:8]
+            print(f"    traced {calls_path.name.split('.calls')[0]}: " + ", ".join(
+                f"{n} {len(v)}x (median {np.median(v):.1f} ms, longest {max(v):.1f})"
+                for n, v in top))
+            blocking = [c for c in calls if c["name"].startswith(("cuda", "aten::"))]
+            if blocking:
+                worst = max(blocking, key=lambda c: c["ms"])
+                print(f"      longest blocking call: {worst['name']} {worst['ms']:.1f} ms, from "
+                      + " <- ".join(worst["stack"][:4]))
+
+
 def main() -> None:
     what = sys.argv[1:] or ["sanity", "graph"]
     if what[0] == "points":
@@ -887,7 +972,7 @@ def main() -> None:
          "floor": floor, "drafter": drafter, "stairs": stairs, "graphs": graphs,
          "idle": idle, "mixlen": mixlen, "specgraphs": specgraphs, "encoder": encoder,
          "kvstarts": kvstarts, "starts": starts, "pictures": pictures, "probe": probe,
-         "drain": drain}[name]()
+         "drain": drain, "drainscan": drainscan}[name]()
 
 
 if __name__ == "__main__":

@@ -3,7 +3,10 @@
     python scripts/ingest_calibration.py SESSION LANE_DIR... [--replace NAME...] [--dry-run]
 
 Each LANE_DIR is an unpacked `raw.tgz` of scripts/gpu_calibrate.sh (NAME.jsonl, NAME.meta.json,
-NAME.log, rc.txt; a KV-only engine has no NAME.jsonl). Every run there whose rc.txt line
+NAME.log, rc.txt; a KV-only engine has no NAME.jsonl; a drain scan's NAME.traces/, the
+runner's --trace-points, whose step records and long calls are stored xz-compressed and
+whose table is stored as it is, under `_raw/NAME.traces/`, the Chrome traces left in the
+lane: tens of MB, for a local viewer). Every run there whose rc.txt line
 ended rc=0 is stored as `calibration/_raw/NAME.jsonl.xz` + `NAME.meta.json` (the meta gains
 `runner_commit`: the last commit that touched the runner, or --runner-commit), its log as
 `_raw/logs-SESSION/NAME.log.gz`, its rc.txt line appended to `_raw/rc.txt`. A run already
@@ -99,6 +102,16 @@ def main(argv: list[str] | None = None) -> int:
             with open(lane / f"{name}.jsonl", "rb") as src, lzma.open(
                     RAW / f"{name}.jsonl.xz", "wb", preset=9 | lzma.PRESET_EXTREME) as dst:
                 shutil.copyfileobj(src, dst)
+        traces = lane / f"{name}.traces"
+        if traces.is_dir():
+            (RAW / traces.name).mkdir(exist_ok=True)
+            for f in sorted(traces.iterdir()):
+                if f.name.endswith((".json", ".jsonl")):
+                    with open(f, "rb") as src, lzma.open(RAW / traces.name / f"{f.name}.xz",
+                                                         "wb", preset=9) as dst:
+                        shutil.copyfileobj(src, dst)
+                elif f.name.endswith(".txt"):
+                    shutil.copy(f, RAW / traces.name / f.name)
         meta = json.loads((lane / f"{name}.meta.json").read_text())
         meta["runner_commit"] = commit
         (RAW / f"{name}.meta.json").write_text(json.dumps(meta, indent=1) + "\n")

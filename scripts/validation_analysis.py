@@ -2182,28 +2182,32 @@ def firsttoken() -> None:
               f"+ next step {m[5]:5.1f} (drafter {m[6]:4.1f}) + the output's way")
 
 
-def drainfit() -> None:
+def drainfit(which: str = "drains") -> None:
     """The fit without the points' drains (calibrate/fit.py drain_steps), tried and left
-    (docs/calibration.md, "A point's drain"): every profile fitted again from
-    calibration/_raw with its drain steps left out of the fitting units, the designed steps'
-    held-out error it reaches, and the validation rows within target with those profiles
-    against today's. The refitted profile.json files stand in for the shipped ones while the
-    rows are predicted, and are put back after."""
+    (docs/calibration.md, "A point's drain"), or, with `stalls`, without only the drain
+    steps the GPU waited for (fit.stalled_steps): every profile fitted again from
+    calibration/_raw with those steps left out of the fitting units, the held-out error it
+    reaches, and the validation rows within target with those profiles against today's. The
+    refitted profile.json files stand in for the shipped ones while the rows are predicted,
+    and are put back after."""
     from capplan.calibrate import fit as F
     from capplan.calibrate.build import build_all
 
+    if which not in ("drains", "stalls"):
+        raise SystemExit(f"drainfit: 'drains' or 'stalls', not {which!r}")
+    left_out = F.drain_steps if which == "drains" else F.stalled_steps
     base = compare_all()
     print(f"  today's profiles ({len(base)} rows): {_within(base)}")
     windows = F.windows
 
-    def designed_only(s: Any, seed: int, width: int | None = None) -> np.ndarray:
+    def kept_units(s: Any, seed: int, width: int | None = None) -> np.ndarray:
         win = windows(s, seed, width)
-        drain = F.drain_steps(s)
-        return np.asarray(win[[not drain[a:b].any() for a, b in win]])
+        out = left_out(s)
+        return np.asarray(win[[not out[a:b].any() for a, b in win]])
 
     profiles = CALIBRATION_DIR / "h200" / "vllm-0.26.0"
     with tempfile.TemporaryDirectory() as tmp:
-        F.windows = designed_only  # type: ignore[assignment]
+        F.windows = kept_units  # type: ignore[assignment]
         try:
             written = build_all(CALIBRATION_DIR / "_raw", Path(tmp))
         finally:
@@ -2214,8 +2218,10 @@ def drainfit() -> None:
         kept = {d: shipped(d).read_bytes() for d in written}
         for d in written:
             fit = json.loads((d / "provenance.json").read_text())["fit"]
-            print(f"  {d.parent.name}/{d.name}: held-out as fitted without drains "
-                  f"{fit['heldout_shipped_median_ape']:.1%} / {fit['heldout_shipped_p95_ape']:.1%}")
+            print(f"  {d.parent.name}/{d.name}: held-out as fitted without {which}: all "
+                  f"{fit['heldout_shipped_median_ape']:.1%} / {fit['heldout_shipped_p95_ape']:.1%}"
+                  f", designed steps {fit['designed_shipped_median_ape']:.1%} / "
+                  f"{fit['designed_shipped_p95_ape']:.1%}")
         try:
             for d in written:
                 shutil.copy(d / "profile.json", shipped(d))
@@ -2223,7 +2229,7 @@ def drainfit() -> None:
         finally:
             for d, data in kept.items():
                 shipped(d).write_bytes(data)
-    print(f"  fitted without drains ({len(rows)} rows): {_within(rows)}")
+    print(f"  fitted without {which} ({len(rows)} rows): {_within(rows)}")
 
 
 def main() -> None:
@@ -2235,7 +2241,7 @@ def main() -> None:
         return
     with_an_argument: dict[str, Callable[..., None]] = {
         "reach": reach, "eager": eager, "pictures": pictures, "sync": sync, "spread": spread,
-        "probe": probe, "edge": edge, "routed": routed}
+        "probe": probe, "edge": edge, "routed": routed, "drainfit": drainfit}
     if sys.argv[1:2] and sys.argv[1] in with_an_argument:  # [ENGINE], or spread's [RHO]
         with_an_argument[sys.argv[1]](*sys.argv[2:3])
         return
@@ -2249,7 +2255,6 @@ def main() -> None:
         "drift": drift, "stalls": stalls, "floors": floors, "tocore": tocore,
         "cliff": cliff, "picturepath": picturepath, "past": past, "shares": shares,
         "accepted": accepted, "probes": probes, "drafter": drafter, "firsttoken": firsttoken,
-        "drainfit": drainfit,
     }
     for name in what:
         if name not in commands:

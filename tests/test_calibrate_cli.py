@@ -596,3 +596,30 @@ def test_the_core_spread_scales_the_cores_time_not_a_pictures() -> None:
                                       launch_factor=2.0)
         encoder = t.encoder_pass_s(280, 1) + 0.05
         assert work2 == work and launch2 - encoder == pytest.approx(2 * (launch - encoder))
+
+
+def test_drain_scan_engine_traces_its_points_and_is_not_fitted(tmp_path: Path) -> None:
+    """`--drain-scan` adds one engine per timed one (k = 0) whose plan holds the drain
+    points and whose runner traces each of them after the plan; `--from-raw` leaves its run
+    out of the profiles, and its queue line allows for the traced pass."""
+    from capplan.calibrate.build import groups
+    from capplan.calibrate.sweep import drain_points
+
+    jobs = ccli.plan_jobs("llama-3.1-8b", [ccli.Precision.BF16], [0, 2], "draft_model", None,
+                          "auto", [0.90], 1, drain_scan=True)
+    drain = [j for j in jobs if j.drain_scan]
+    assert [j.name for j in drain] == ["llama-3.1-8b--bf16--drain"]
+    args = drain[0].runner_args("m", "p.json", "o", "meta", 60)
+    ids = [p["id"] for p in drain_points()]
+    assert args[args.index("--trace-points") + 1].split(",") == ids
+    plan = ccli._plan(drain[0], 60)
+    assert [p["id"] for p in plan["points"] if not p.get("warmup")] == ids
+    plain = next(j for j in jobs if j.name == "llama-3.1-8b--bf16")
+    assert "--trace-points" not in plain.runner_args("m", "p.json", "o", "meta", 60)
+    lines = {ln.split("|")[0]: float(ln.split("|")[1])
+             for ln in (ccli.queue_line(j, tmp_path, 60) for j in (plain, drain[0]))}
+    assert lines["llama-3.1-8b--bf16--drain"] == pytest.approx(lines["llama-3.1-8b--bf16"] + 60)
+    for name in ("m--bf16", "m--bf16--drain"):
+        (tmp_path / f"{name}.meta.json").write_text(json.dumps({"kv": {}}))
+        (tmp_path / f"{name}.jsonl").write_text("")
+    assert [(g.main, len(g.metas)) for g in groups(tmp_path).values()] == [("m--bf16", 1)]

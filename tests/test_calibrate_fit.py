@@ -338,3 +338,32 @@ def test_a_points_drain_starts_where_eight_or_more_requests_finish_in_one_step()
     assert drain.tolist() == [False, False, False, True, True, True, True,
                               False, False, False, False, True, True,
                               False, False, False, False]
+
+
+def test_a_stall_is_a_drain_step_the_gpu_idled_before() -> None:
+    """gpu_gap_s: how long the stream idled before each step of one point and run, where the
+    step before was still queued when it was scheduled (0 across points and runs, and after
+    an idle engine); stalled_steps: the drain steps after STALL_S or more of it."""
+    import polars as pl
+
+    from capplan.calibrate import store
+
+    ms = 1e-3
+    df = pl.DataFrame({
+        "point": ["a"] * 6 + ["b"] * 2,
+        "run": [1] * 6 + [1, 2],
+        "seqs": [128, 128, 112, 96, 80, 64, 8, 8],
+        "prefill_attn": [0.0] * 8,
+        # a's steps 1-5 back to back but for 3 ms before step 3 (a drain step) and 2 ms
+        # before step 1 (steady); b's two steps are different runs
+        "gpu_t0": [0, 10, 18, 29, 37, 44, 0, 1],
+        "gpu_t1": [8, 18, 26, 37, 44, 50, 5, 6],
+        "pipelined": [False, True, True, True, True, True, False, True],
+    }).with_columns((pl.col("gpu_t0") * ms), (pl.col("gpu_t1") * ms))
+    gap = store.gpu_gap_s(df)
+    assert gap == pytest.approx([0, 2 * ms, 0, 3 * ms, 0, 0, 0, 0])
+    s = {"point": df["point"].to_numpy(), "seqs": df["seqs"].to_numpy(),
+         "prefill_attn": df["prefill_attn"].to_numpy(), "gpu_gap_s": gap}
+    assert F.drain_steps(s).tolist() == [False, False, True, True, True, True, False, False]
+    assert F.stalled_steps(s).tolist() == [False, False, False, True, False, False, False,
+                                           False]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import itertools
 import json
 import sys
 import time
@@ -418,3 +419,45 @@ def test_picture_point_records_the_steps_that_encode(runner: Any) -> None:
     enc = [r for r in beside if r.get("encoder_tokens")]
     assert len(enc) == 3 and all(r["decode_seqs"] == 8 for r in enc)
     assert not drv.engine.has_unfinished_requests()
+
+
+def test_drain_scan_points_finish_sixteen_a_step_and_all_at_once(runner: Any) -> None:
+    """Each drain-scan point is the sweep's decode point (its requests finishing a prefill
+    chunk's worth a step) beside its `even` twin, whose requests all finish in one step."""
+    from capplan.calibrate.sweep import drain_points
+
+    pts = drain_points()
+    assert [p["id"] for p in pts[:2]] == ["decode-b128-c512", "drain-b128-c512"]
+    for plain, even in zip(pts[::2], pts[1::2], strict=True):
+        assert (plain["batch"], plain["context"]) == (even["batch"], even["context"])
+        assert even["even"] and not plain.get("even")
+
+    def shrinks(p: dict[str, Any]) -> list[int]:
+        small = {**p, "batch": 8, "context": 64, "steps": 4}
+        recs = _driver(runner, budget=128).point(small)
+        seqs = [r["seqs"] for r in recs if not r["prefill_seqs"]]
+        return [a - b for a, b in itertools.pairwise(seqs) if a > b]
+
+    # 128-token chunks of 64-token prompts: admitted two a step, they leave two a step
+    assert len(shrinks(pts[0])) >= 2 and max(shrinks(pts[0])) == 2
+    # the twin's requests decode to the end together: its batch shrinks on fewer steps
+    assert len(shrinks(pts[1])) < len(shrinks(pts[0]))
+
+
+def test_trace_summary_lists_the_hosts_long_calls_in_order(runner: Any) -> None:
+    """trace_summary keeps the CPU events of min_ms or more (not the GPU's), in the order
+    they began, from the first one's start, each with the top of its stack."""
+    def ev(name: str, start: float, end: float, device: str = "DeviceType.CPU",
+           stack: tuple[str, ...] = ()) -> Any:
+        return NS(name=name, time_range=NS(start=start, end=end), device_type=device,
+                  thread=1, stack=list(stack))
+
+    events = [ev("cudaStreamSynchronize", 5_000, 35_000, stack=("a.py(1): f",) * 20),
+              ev("execute_model", 1_000, 36_000),
+              ev("aten::add", 2_000, 2_010),                         # too short
+              ev("void gemm_kernel", 3_000, 40_000, "DeviceType.CUDA")]  # the GPU's
+    out = runner.trace_summary(events)
+    assert [(r["name"], r["start_ms"], r["ms"]) for r in out] == [
+        ("execute_model", 0.0, 35.0), ("cudaStreamSynchronize", 4.0, 30.0)]
+    assert len(out[1]["stack"]) == 12
+    json.dumps(out)

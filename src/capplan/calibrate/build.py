@@ -49,7 +49,7 @@ LAUNCH_COEFS = ("eager_floor_s", "eager_step_s", "prefill_step_s")
 _NAME = re.compile(
     r"^(?P<model>[^-].*?)--(?P<key>[a-z0-9_-]+?)(?:--r(?P<r>\d+))?(?:--u(?P<u>\d+))?"
     r"(?P<img>--img)?(?P<cache>--cache)?(?P<graphs>--graphs)?(?P<core>--core)?(?P<mixlen>--mixlen)?"
-    r"(?P<encoder>--encoder)?$")
+    r"(?P<drain>--drain)?(?P<encoder>--encoder)?$")
 _KEY = re.compile(r"^(?P<prec>bf16|fp8|nvfp4|awq)(?P<kv>-kvfp8)?(?:-(?P<m>[a-z_]+?)(?P<k>\d+))?$")
 
 
@@ -102,10 +102,10 @@ def groups(raw: Path) -> dict[tuple[str, str], Group]:
         name = meta_path.name.removesuffix(".meta.json")
         m = _NAME.match(name)
         if (m is None or m["cache"] or m["graphs"] or m["core"] or m["mixlen"]
-                or m["encoder"]):
+                or m["drain"] or m["encoder"]):
             # not a run; or an engine with prefix caching on, a graph scan, a core scan, a
-            # mixlen scan or an encoder scan (each read beside its profile's fit, not
-            # fitted with it)
+            # mixlen scan, a drain scan or an encoder scan (each read beside its profile's
+            # fit, not fitted with it)
             continue
         meta = json.loads(meta_path.read_text())
         if "kv" not in meta:

@@ -71,7 +71,7 @@ def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
               utils: list[float], tp: int, prefix_cache: bool = False,
               graph_scan: bool = False, core_scan: bool = False,
               repeat: int = 0, mixlen_scan: bool = False,
-              encoder_scan: bool = False) -> list[Job]:
+              encoder_scan: bool = False, drain_scan: bool = False) -> list[Job]:
     """The engines to start: one timed engine per (precision, k) at 0.90, plus KV-only
     engines for the other utilisations (BF16, k = 0 only: the rest are derived). A
     multimodal model's engines run text-only, and one more KV-only engine at 0.90 keeps the
@@ -84,7 +84,9 @@ def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
     `core_scan`, one more per timed engine without speculative
     decoding times the engine core's CPU time a step (sweep.core_points); with
     `encoder_scan`, one more per timed engine without speculative decoding, with images
-    allowed, times the vision encoder (sweep.encoder_points). With `repeat`
+    allowed, times the vision encoder (sweep.encoder_points); with `drain_scan`, one more per
+    timed engine without speculative decoding times decode points' ends and traces them
+    under torch's profiler (sweep.drain_points). With `repeat`
     N, only the timed engines start, as run N of each (`--rN`), whose steps join the fit, and
     with `encoder_scan` the encoder engines as run N (`--rN--encoder`), whose picture steps
     join the profile's draws (build.encoder_time)."""
@@ -125,13 +127,15 @@ def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
         jobs += [replace(j, mixlen_scan=True) for j in timed if not j.spec_k]
     if core_scan:
         jobs += [replace(j, core_scan=True) for j in timed if not j.spec_k]
+    if drain_scan:
+        jobs += [replace(j, drain_scan=True) for j in timed if not j.spec_k]
     return jobs + encoders
 
 
 def _plan(job: Job, budget_s: float) -> dict[str, object]:
     return make_plan(job.spec, job.precision, budget_s=budget_s * 1.6, spec_k=job.spec_k,
                      cache=job.prefix_cache, graphs=job.graph_scan, core=job.core_scan,
-                     mixlen=job.mixlen_scan, encoder=job.encoder_scan,
+                     mixlen=job.mixlen_scan, encoder=job.encoder_scan, drain=job.drain_scan,
                      max_num_seqs=job.max_num_seqs)
 
 
@@ -214,6 +218,8 @@ def queue_line(job: Job, out: Path, budget_s: float) -> str:
     start = max(60 + 1.2 * job.spec.weight_bytes(job.precision) / 1e9,
                 START_MARGIN * measured_start_s(out / "_raw", job))
     min_s = start + (0 if job.kv_only else budget_s)
+    if job.drain_scan:
+        min_s += budget_s  # the traced pass runs the plan's points once more
     return f"{job.name}|{min_s:.0f}|--model {model_dir} {' '.join(args)}"
 
 
@@ -264,6 +270,10 @@ def _refit(raw: Path, out: Path, gpu: str) -> list[Path]:
 @click.option("--encoder-scan", is_flag=True,
               help="also an engine per timed one (k = 0) of a multimodal model, images "
               "allowed, that times its vision encoder: the profile's encoder_token_s")
+@click.option("--drain-scan", is_flag=True,
+              help="also an engine per timed one (k = 0) that times decode points' ends, "
+              "their requests finishing 16 a step and all at once, and traces them under "
+              "torch's profiler (why a drain stalls the engine core; not fitted)")
 @click.option("--repeat", type=int, default=0,
               help="start only the timed engines, as run N (`<model>--<key>--rN`) of each: a "
               "later lease's steps, fitted with the main run's (with --encoder-scan, the "
@@ -273,7 +283,7 @@ def calibrate(model: str | None, precision: str, spec_tokens: str, spec_method: 
               budget_s: float, gpu: str, out: Path, raw: Path | None, from_raw: Path | None,
               dry_run: bool, emit_queue: Path | None, prefix_cache: bool,
               graph_scan: bool, mixlen_scan: bool, core_scan: bool, encoder_scan: bool,
-              repeat: int) -> None:
+              drain_scan: bool, repeat: int) -> None:
     """Measure vLLM step times and KV capacity on this GPU and write profiles."""
     if from_raw is not None:
         for d in _refit(from_raw, out, gpu):
@@ -285,7 +295,7 @@ def calibrate(model: str | None, precision: str, spec_tokens: str, spec_method: 
     us = _floats(utils, "--gpu-memory-utilization") or list(UTILS)
     jobs = plan_jobs(model, _precisions(precision), ks, spec_method, spec_model,
                      kv_cache_dtype, us, tp, prefix_cache, graph_scan, core_scan, repeat,
-                     mixlen_scan, encoder_scan)
+                     mixlen_scan, encoder_scan, drain_scan)
     if emit_queue is not None:
         emit_queue.parent.mkdir(parents=True, exist_ok=True)
         emit_queue.write_text("".join(queue_line(j, out, budget_s) + "\n" for j in jobs))

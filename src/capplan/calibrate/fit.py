@@ -167,10 +167,11 @@ def drain_steps(s: Samples) -> np.ndarray:
     more requests fewer than the step before it (the point's requests finishing together,
     16 a step where the sweep prefilled 512-token prompts in 8,192-token chunks) to the
     point's end. These are not the compositions the point was designed to time, and on the
-    H200 the GPU ran them slower than the same batches held steady on most engines
-    (Qwen3-32B BF16: 65 requests in 31.1 ms in a drain, 64 steady in 21.8), where drains of
-    one a step and a serving engine's decode-only steps after up to six requests finished
-    cost about what steady ones do (docs/calibration.md, "A point's drain")."""
+    H200 they ran slower than the same batches held steady on most engines (Qwen3-32B BF16:
+    65 requests in 31.1 ms in a drain, 64 steady in 21.8): the engine core's launch of such
+    a step waits for the GPU, which then idles before the next (`stalled_steps`), where
+    drains of one a step and a serving engine's decode-only steps after up to six requests
+    finished cost about what steady ones do (docs/calibration.md, "A point's drain")."""
     point, seqs = s["point"], s["seqs"]
     decode_only = _decode_only(s)
     out = np.zeros(len(point), dtype=bool)
@@ -181,6 +182,24 @@ def drain_steps(s: Samples) -> np.ndarray:
         if len(start):
             out[a + 1 + start[0]:b] = True
     return out
+
+
+STALL_S = 5e-4
+"""GPU idle time before a step past which the step is a stall (`stalled_steps`)."""
+
+
+def stalled_steps(s: Samples) -> np.ndarray:
+    """The drain steps (`drain_steps`) the GPU began STALL_S or more after the step before
+    it ended (store.gpu_gap_s): the engine core was still blocked in the step before's
+    launch, which in a drain lasts about as long as that step's GPU work (the runner's
+    `cpu_launch_s`; 2-4 ms in a steady step), so the stream ran dry while the core updated,
+    scheduled and prepared this one. Such a step's time is the host's wait, not the batch's
+    cost: in a drain whose steps kept the stream busy the profiles price the GPU's work
+    within a millisecond (docs/calibration.md, "A point's drain")."""
+    gap = s.get("gpu_gap_s")
+    if gap is None:
+        return np.zeros(len(s["point"]), dtype=bool)
+    return drain_steps(s) & (gap >= STALL_S)
 
 
 def windows(s: Samples, seed: int, width: int | None = None) -> np.ndarray:

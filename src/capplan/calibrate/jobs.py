@@ -57,6 +57,9 @@ class Job:
     mixlen_scan: bool = False
     """An engine that times only decode batches of unequal lengths beside their twins of one
     length (sweep.mixlen_points): a test of the step model's summed context, not fitted."""
+    drain_scan: bool = False
+    """An engine that times decode points' ends, their requests finishing 16 a step and all
+    at once, then runs them again under torch's profiler (sweep.drain_points): not fitted."""
     encoder_scan: bool = False
     """A multimodal model's engine with images allowed that times only its vision encoder
     (sweep.encoder_points); its run gives the profile's `encoder_token_s`."""
@@ -112,6 +115,8 @@ class Job:
             n += "--core"
         if self.mixlen_scan:
             n += "--mixlen"
+        if self.drain_scan:
+            n += "--drain"
         if self.encoder_scan:
             n += "--encoder"
         return n
@@ -156,6 +161,10 @@ class Job:
             a.append("--kv-only")
         else:
             a += ["--plan", plan]
+        if self.drain_scan and plan is not None:
+            from capplan.calibrate.sweep import drain_points
+
+            a += ["--trace-points", ",".join(q["id"] for q in drain_points())]
         return a
 
 

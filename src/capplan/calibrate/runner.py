@@ -106,6 +106,9 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-gpu-clock", action="store_true",
                     help="time steps by CPU stamps only (no CUDA events)")
+    ap.add_argument("--trace-points", default="",
+                    help="comma-separated plan point ids to run once more after the plan, "
+                    "under torch's profiler; written under <out>.traces/, not to --out")
     ap.add_argument("--hang-s", type=float, default=90.0,
                     help="a point running this long (or 10x its estimate) has hung the engine")
     return ap.parse_args(argv)
@@ -643,6 +646,65 @@ def engine_settings(llm):
     }
 
 
+TRACE_MIN_MS = 2.0
+"""CPU calls at least this long are listed by `trace_summary`."""
+
+
+def trace_summary(events, min_ms=TRACE_MIN_MS, limit=400):
+    """The host's long calls in a profiled point: every CPU event of torch's profiler (an
+    aten op, a CUDA runtime call such as cudaStreamSynchronize, a Python function) lasting
+    `min_ms` or more, in the order they began, with where it was called from; nested calls
+    each appear, so a blocking call shows with the op and the vLLM function around it.
+    `events`: the profiler's FunctionEvents (anything with name, time_range.start/.end in
+    microseconds, device_type and stack)."""
+    out = []
+    for e in events:
+        if "cuda" in str(getattr(e, "device_type", "")).lower():
+            continue  # kernels and copies on the GPU: their time is the GPU's
+        start, end = e.time_range.start, e.time_range.end
+        if (end - start) / 1e3 < min_ms:
+            continue
+        out.append({"name": e.name, "start_ms": start / 1e3, "ms": round((end - start) / 1e3, 3),
+                    "thread": getattr(e, "thread", None),
+                    "stack": [f for f in (getattr(e, "stack", None) or [])[:12]]})
+    out.sort(key=lambda r: r["start_ms"])
+    t0 = out[0]["start_ms"] if out else 0.0
+    for r in out:
+        r["start_ms"] = round(r["start_ms"] - t0, 3)
+    return out[:limit]
+
+
+def trace_point(drv, p, folder):
+    """Run plan point `p` once more under torch's profiler (CPU and CUDA activity, Python
+    stacks): its step records to `<id>.steps.jsonl`, the host's long calls
+    (`trace_summary`) to `<id>.calls.json`, the profiler's table by self CPU time to
+    `<id>.table.txt` and its Chrome trace, gzipped, to `<id>.trace.json.gz`."""
+    import gzip
+    import shutil
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    os.makedirs(folder, exist_ok=True)
+    base = os.path.join(folder, p["id"])
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                 with_stack=True) as prof:
+        recs = drv.point(dict(p, id=p["id"] + "~traced"))
+        torch.cuda.synchronize()
+    with open(base + ".steps.jsonl", "w") as f:
+        for r in recs:
+            f.write(json.dumps(r) + "\n")
+    write_json(base + ".calls.json", trace_summary(prof.events()))
+    with open(base + ".table.txt", "w") as f:
+        f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+    raw = base + ".trace.json"
+    prof.export_chrome_trace(raw)
+    with open(raw, "rb") as src, gzip.open(raw + ".gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    os.remove(raw)
+    return len(recs)
+
+
 def main(argv=None):
     args = parse_args(argv)
     meta = {"argv": sys.argv, "args": vars(args), "started_unix": time.time()}
@@ -747,6 +809,24 @@ def main(argv=None):
             eta = (time.perf_counter() - t_start) / measured * (len(todo) - i - 1)
             print(f"POINT {i + 1}/{len(todo)} {p['id']} steps={len(recs)} "
                   f"{time.perf_counter() - tp:.1f}s eta={eta:.0f}s", flush=True)
+    traced = [x for x in args.trace_points.split(",") if x]
+    if traced:
+        folder = os.path.splitext(args.out)[0] + ".traces"
+        by_id = {q["id"]: q for q in plan["points"]}
+        meta["points_traced"] = {}
+        for pid in traced:
+            if pid not in by_id:
+                print(f"TRACE {pid}: not in the plan", flush=True)
+                continue
+            tp = time.perf_counter()
+            try:
+                n = trace_point(drv, by_id[pid], folder)
+            except Exception as e:  # a trace is a diagnosis: the measured points stand
+                traceback.print_exc(file=sys.stderr)
+                meta["points_traced"][pid] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+                continue
+            meta["points_traced"][pid] = {"steps": n, "s": round(time.perf_counter() - tp, 2)}
+            print(f"TRACE {pid} steps={n} {time.perf_counter() - tp:.1f}s", flush=True)
     meta["measure_s"] = round(time.perf_counter() - t_start, 2)
     meta["points_measured"] = measured
     meta["points_skipped"] = skipped

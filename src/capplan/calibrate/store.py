@@ -142,7 +142,27 @@ def samples_of(df: pl.DataFrame, window_tokens: int = 0) -> Samples:
     # samples stored before the runner had the GPU's stamps lack the column
     s["gpu_clock"] = (df["gpu_clock"].to_numpy() if "gpu_clock" in df.columns
                       else np.zeros(len(df), dtype=bool))
+    s["gpu_gap_s"] = gpu_gap_s(df)
     return s
+
+
+def gpu_gap_s(df: pl.DataFrame) -> np.ndarray:
+    """How long the GPU sat idle before each step: its start stamp less the end stamp of
+    the step before it in the same point and run, where that step was still queued when
+    this one was scheduled (`pipelined`). 0 where the stream ran the two back to back, and
+    where the stamps or a step before are missing."""
+    n = len(df)
+    if n == 0 or "gpu_t0" not in df.columns or "pipelined" not in df.columns:
+        return np.zeros(n)
+    t0 = df["gpu_t0"].to_numpy().astype(float)
+    t1 = df["gpu_t1"].to_numpy().astype(float)
+    point = df["point"].to_numpy()
+    same = np.r_[False, point[1:] == point[:-1]] & df["pipelined"].to_numpy()
+    if "run" in df.columns:
+        run = df["run"].to_numpy()
+        same &= np.r_[False, run[1:] == run[:-1]]
+    gap = np.where(same, t0 - np.r_[np.nan, t1[:-1]], 0.0)
+    return np.nan_to_num(np.maximum(gap, 0.0))
 
 
 def read_samples(path: Path) -> pl.DataFrame:

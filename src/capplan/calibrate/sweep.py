@@ -32,6 +32,12 @@ decoder forward (profile.py: `encoder_token_s`). The same engine then times such
 (`picture_points`): `picture-pP-iN[-bB]`, prompts of P tokens with N pictures of the default
 size (N = 0: the text-only twin), one at a time, alone or beside B running decodes.
 
+A drain scan (`drain_points`) times what a decode point's end costs: the same point twice,
+its requests finishing sixteen a step (a drain, as every sweep's decode points end) and all
+in one step (`even`), each run first as any point and then again under torch's profiler
+(runner.py `--trace-points`): in a drain the engine core's launch of a step waits for the
+GPU (docs/calibration.md, "A point's drain"), and the trace names the call.
+
 A core scan (`core_points`) times what the engine core's CPU spends on a step, apart from
 what the GPU does: decode-only steps (one full CUDA graph) across batch sizes, and steps
 with a prefill chunk within the largest CUDA graph (piecewise graphs, attention launched
@@ -169,6 +175,23 @@ def mixlen_points() -> list[Point]:
     # and 32 x 8,192 beside a 384-token chunk. Llama-3.1-8B BF16 took 21.0 ms for the first
     # and 26.0 for the second, where the profile prices 22.1 and 22.7 (calibration.md)
     out += [_mixed(b, ctx, 384, 4) for b, ctx in MIXLEN_MIXED]
+    return out
+
+
+DRAIN_POINTS: tuple[tuple[int, int], ...] = ((128, 512), (256, 512))
+"""Decode points (batch, context) whose drains stalled the core on every Qwen3-32B engine
+(calibration_analysis.py drain)."""
+
+
+def drain_points() -> list[Point]:
+    """The drain scan: each of DRAIN_POINTS as the sweep runs it (its requests admitted 16
+    a prefill chunk, so they finish 16 a step) and as `drain-bB-cC` with `even` set (every
+    request decodes the point's steps together and all finish in one step). The runner runs
+    them all, then each again under its profiler (`--trace-points`, Job.runner_args)."""
+    out = []
+    for b, ctx in DRAIN_POINTS:
+        out += [_decode(b, ctx), {**_decode(b, ctx), "id": f"drain-b{b}-c{ctx}", "even": True,
+                                  "kv_tokens": b * (ctx + 2 * DECODE_STEPS)}]
     return out
 
 
@@ -339,6 +362,7 @@ def make_plan(
     core: bool = False,
     mixlen: bool = False,
     encoder: bool = False,
+    drain: bool = False,
     max_num_seqs: int = 256,
 ) -> dict[str, Any]:
     """Points in priority order whose estimated cost fits `budget_s` (warm-up first); with
@@ -346,7 +370,8 @@ def make_plan(
     the graph scan (`graph_points`), with `core` the core scan (`core_points`), with
     `mixlen` the unequal-length decode pairs (`mixlen_points`), with `encoder` the encoder
     scan (`encoder_points`, no step timed, so no warm-up steps) and the picture steps
-    (`picture_points`, with warm-ups of their own)."""
+    (`picture_points`, with warm-ups of their own), with `drain` the drain scan
+    (`drain_points`)."""
     points: list[Point] = [] if encoder else [dict(p) for p in _WARMUP]
     total = 0.0
     if encoder:
@@ -359,6 +384,8 @@ def make_plan(
         todo = graph_points(max_num_seqs, max_num_batched_tokens, spec_k)
     elif mixlen:
         todo = mixlen_points()
+    elif drain:
+        todo = drain_points()
     else:
         todo = design_points(max_num_batched_tokens, spec_k)
     for p in todo:
