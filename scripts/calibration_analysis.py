@@ -798,9 +798,20 @@ def drain() -> None:
         df = pl.read_parquet(d / "samples.parquet")
         w = prof.step.window_tokens or 0
         s = store.samples_of(df, w)
+        eng, k = prof.engine, prof.spec_k
+        # the same held-out units split by whether they hold a stalled drain step
+        seed = f.get("seed", 0)
+        ape = F.heldout_ape(s, prof.step, max_num_seqs=eng["max_num_seqs"],
+                            max_num_batched_tokens=eng["max_num_batched_tokens"], spec_k=k,
+                            seed=seed, window=w)
+        stalls = F.stalled_steps(s)
+        held = np.array([bool(stalls[a:b].any()) for a, b in F._heldout(s, seed, 0.2)])
+        busy = ape[~held]
+        print(f"    held-out units without a stalled drain step: {np.median(busy):.1%} / "
+              f"{np.percentile(busy, 95):.1%} ({len(busy)} units); with one: "
+              + (f"median {np.median(ape[held]):.1%} ({held.sum()})" if held.any() else "none"))
         if w:
             s = F.attention_by_kind(s, w)
-        eng, k = prof.engine, prof.spec_k
         sizes = cudagraph_capture_sizes(eng["max_num_seqs"], eng["max_num_batched_tokens"], k)
         s = {**s, "eager_step": (s["tokens"] > eager_threshold(
             eng["max_num_seqs"], eng["max_num_batched_tokens"])).astype(float)}
