@@ -850,8 +850,10 @@ def drain() -> None:
                 f"{ms((s['step_s'] - priced)[flowing])} ms")
         steady = (only & ~F.drain_steps(s) & ~s["warmup"].astype(bool)
                   & (df["step"].to_numpy() > 0))
+        outside = ~F.drain_steps(s) & ~s["warmup"].astype(bool)
         line += (f"; steady decode-only steps after an idle: {(steady & (gap >= F.STALL_S)).sum()}"
-                 f" of {steady.sum()}")
+                 f" of {steady.sum()}; outside the drains the stream idled "
+                 f"{gap[outside].sum() / s['step_s'][outside].sum():.2%} of the time")
         if "cpu_launch_s" in df.columns:
             # the core's CPU time in execute_model + sample_tokens (runner.py): a drain's
             # stalls follow a launch that lasted about as long as its step's GPU work
