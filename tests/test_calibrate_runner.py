@@ -461,3 +461,46 @@ def test_trace_summary_lists_the_hosts_long_calls_in_order(runner: Any) -> None:
         ("execute_model", 0.0, 35.0), ("cudaStreamSynchronize", 4.0, 30.0)]
     assert len(out[1]["stack"]) == 12
     json.dumps(out)
+
+
+def test_a_traced_point_writes_its_steps_calls_table_and_trace(
+        runner: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """trace_point runs a plan point again under the profiler: its step records (ids marked
+    `~traced`), the host's long calls, the profiler's table and its Chrome trace, gzipped."""
+    import gzip
+
+    class FakeProfile:
+        def __init__(self, **kw: Any) -> None:
+            assert kw["with_stack"]
+
+        def __enter__(self) -> FakeProfile:
+            return self
+
+        def __exit__(self, *a: Any) -> None:
+            return None
+
+        def events(self) -> list[Any]:
+            return [NS(name="cudaStreamSynchronize", time_range=NS(start=0, end=25_000),
+                       device_type="DeviceType.CPU", thread=1, stack=["x.py(1): f"])]
+
+        def key_averages(self) -> Any:
+            return NS(table=lambda **kw: "name  self cpu\n")
+
+        def export_chrome_trace(self, path: str) -> None:
+            Path(path).write_text('{"traceEvents": []}')
+
+    prof = types.ModuleType("torch.profiler")
+    prof.profile = FakeProfile  # type: ignore[attr-defined]
+    prof.ProfilerActivity = NS(CPU="cpu", CUDA="cuda")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch.profiler", prof)
+    p = {"id": "decode-b4-c16", "kind": "decode", "batch": 4, "context": 16, "steps": 2}
+    n = runner.trace_point(_driver(runner), p, str(tmp_path / "run.traces"))
+    base = tmp_path / "run.traces" / "decode-b4-c16"
+    steps = [json.loads(x) for x in Path(f"{base}.steps.jsonl").read_text().splitlines()]
+    assert n == len(steps) > 0 and {r["point"] for r in steps} == {"decode-b4-c16~traced"}
+    calls = json.loads(Path(f"{base}.calls.json").read_text())
+    assert [(c["name"], c["ms"]) for c in calls] == [("cudaStreamSynchronize", 25.0)]
+    assert Path(f"{base}.table.txt").read_text().startswith("name")
+    with gzip.open(f"{base}.trace.json.gz", "rt") as f:
+        assert json.load(f) == {"traceEvents": []}
+    assert not Path(f"{base}.trace.json").exists()

@@ -809,6 +809,11 @@ def main(argv=None):
             eta = (time.perf_counter() - t_start) / measured * (len(todo) - i - 1)
             print(f"POINT {i + 1}/{len(todo)} {p['id']} steps={len(recs)} "
                   f"{time.perf_counter() - tp:.1f}s eta={eta:.0f}s", flush=True)
+    meta["measure_s"] = round(time.perf_counter() - t_start, 2)
+    meta["points_measured"] = measured
+    meta["points_skipped"] = skipped
+    meta["finished_unix"] = time.time()
+    write_json(args.meta, meta)  # the measured points stand whatever a trace does
     traced = [x for x in args.trace_points.split(",") if x]
     if traced:
         folder = os.path.splitext(args.out)[0] + ".traces"
@@ -826,12 +831,9 @@ def main(argv=None):
                 meta["points_traced"][pid] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
                 continue
             meta["points_traced"][pid] = {"steps": n, "s": round(time.perf_counter() - tp, 2)}
+            write_json(args.meta, meta)
             print(f"TRACE {pid} steps={n} {time.perf_counter() - tp:.1f}s", flush=True)
-    meta["measure_s"] = round(time.perf_counter() - t_start, 2)
-    meta["points_measured"] = measured
-    meta["points_skipped"] = skipped
-    meta["finished_unix"] = time.time()
-    write_json(args.meta, meta)
+        write_json(args.meta, meta)
     print("DONE", json.dumps({"measured": measured, "skipped": len(skipped)}), flush=True)
 
 
