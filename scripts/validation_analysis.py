@@ -2182,6 +2182,40 @@ def firsttoken() -> None:
               f"+ next step {m[5]:5.1f} (drafter {m[6]:4.1f}) + the output's way")
 
 
+RUNNER_CALLS = ("add_requests", "update_requests", "prepare_inputs", "prepare_attn", "sample",
+                "postprocess_sampled")
+"""The model runner's calls the core tracer times inside execute_model and sample_tokens
+(capplan/validate/coretrace.py)."""
+
+
+def corecalls() -> None:
+    """Every stored core trace of a serving engine: each model-runner call's time a step
+    (p50 / p99 / the longest, which is a first call's compile), and over all traces the
+    largest p99 of each. Where a calibration drain held the core in its launch for a whole
+    step (docs/calibration.md, "A point's drain"), serving's calls stay short."""
+    from capplan.validate.corelaunch import core_process
+
+    worst: dict[str, tuple[float, str]] = {}
+    paths = sorted((ROOT / "validation" / "logs").glob("s*-coretrace/*.parquet"))
+    n = 0
+    for path in paths:
+        trace = core_process(read_trace(path)).filter(pl.col("thread") == "MainThread")
+        cells = []
+        for name in RUNNER_CALLS:
+            x = trace.filter(pl.col("name") == name)["dur_us"].to_numpy() / 1e3
+            if len(x) < 20:
+                continue
+            p50, p99 = np.percentile(x, [50, 99])
+            cells.append(f"{name} {p50:.2f} / {p99:.2f} / {x.max():.0f}")
+            if p99 > worst.get(name, (0.0, ""))[0]:
+                worst[name] = (float(p99), path.stem)
+        if cells:  # the draft-model engines run vLLM's V1 runner, whose calls are not timed
+            n += 1
+            print(f"  {path.parent.name}/{path.stem}: " + ", ".join(cells) + " ms")
+    print(f"  over {n} traces, the largest p99: " + ", ".join(
+        f"{name} {p:.2f} ms ({where})" for name, (p, where) in worst.items()))
+
+
 def drainfit(which: str = "drains") -> None:
     """The fit without the points' drains (calibrate/fit.py drain_steps), tried and left
     (docs/calibration.md, "A point's drain"), or, with `stalls`, without only the drain
@@ -2255,6 +2289,7 @@ def main() -> None:
         "drift": drift, "stalls": stalls, "floors": floors, "tocore": tocore,
         "cliff": cliff, "picturepath": picturepath, "past": past, "shares": shares,
         "accepted": accepted, "probes": probes, "drafter": drafter, "firsttoken": firsttoken,
+        "corecalls": corecalls,
     }
     for name in what:
         if name not in commands:
