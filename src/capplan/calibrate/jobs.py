@@ -8,6 +8,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from capplan.calibrate.sweep import drain_points
 from capplan.errors import ConfigError
 from capplan.hardware import Precision
 from capplan.modelspec import ModelSpec
@@ -162,8 +163,6 @@ class Job:
         else:
             a += ["--plan", plan]
         if self.drain_scan and plan is not None:
-            from capplan.calibrate.sweep import drain_points
-
             a += ["--trace-points", ",".join(q["id"] for q in drain_points())]
         return a
 
