@@ -466,7 +466,8 @@ def test_trace_summary_lists_the_hosts_long_calls_in_order(runner: Any) -> None:
 def test_a_traced_point_writes_its_steps_calls_table_and_trace(
         runner: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """trace_point runs a plan point again under the profiler: its step records (ids marked
-    `~traced`), the host's long calls, the profiler's table and its Chrome trace, gzipped."""
+    `~traced`), the host's long calls, the profiler's table and, asked, its Chrome trace,
+    gzipped."""
     import gzip
 
     class FakeProfile:
@@ -494,7 +495,9 @@ def test_a_traced_point_writes_its_steps_calls_table_and_trace(
     prof.ProfilerActivity = NS(CPU="cpu", CUDA="cuda")  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "torch.profiler", prof)
     p = {"id": "decode-b4-c16", "kind": "decode", "batch": 4, "context": 16, "steps": 2}
-    n = runner.trace_point(_driver(runner), p, str(tmp_path / "run.traces"))
+    runner.trace_point(_driver(runner), p, str(tmp_path / "plain.traces"))
+    assert not list((tmp_path / "plain.traces").glob("*.trace.json*")), "no Chrome trace unasked"
+    n = runner.trace_point(_driver(runner), p, str(tmp_path / "run.traces"), chrome=True)
     base = tmp_path / "run.traces" / "decode-b4-c16"
     steps = [json.loads(x) for x in Path(f"{base}.steps.jsonl").read_text().splitlines()]
     assert n == len(steps) > 0 and {r["point"] for r in steps} == {"decode-b4-c16~traced"}

@@ -109,6 +109,9 @@ def parse_args(argv=None):
     ap.add_argument("--trace-points", default="",
                     help="comma-separated plan point ids to run once more after the plan, "
                     "under torch's profiler; written under <out>.traces/, not to --out")
+    ap.add_argument("--trace-chrome", action="store_true",
+                    help="with --trace-points, also each point's Chrome trace (tens of MB: "
+                    "more than a device call brings back)")
     ap.add_argument("--hang-s", type=float, default=90.0,
                     help="a point running this long (or 10x its estimate) has hung the engine")
     return ap.parse_args(argv)
@@ -674,11 +677,12 @@ def trace_summary(events, min_ms=TRACE_MIN_MS, limit=400):
     return out[:limit]
 
 
-def trace_point(drv, p, folder):
+def trace_point(drv, p, folder, chrome=False):
     """Run plan point `p` once more under torch's profiler (CPU and CUDA activity, Python
     stacks): its step records to `<id>.steps.jsonl`, the host's long calls
     (`trace_summary`) to `<id>.calls.json`, the profiler's table by self CPU time to
-    `<id>.table.txt` and its Chrome trace, gzipped, to `<id>.trace.json.gz`."""
+    `<id>.table.txt` and, with `chrome`, its Chrome trace, gzipped, to
+    `<id>.trace.json.gz`."""
     import gzip
     import shutil
 
@@ -697,6 +701,8 @@ def trace_point(drv, p, folder):
     write_json(base + ".calls.json", trace_summary(prof.events()))
     with open(base + ".table.txt", "w") as f:
         f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+    if not chrome:
+        return len(recs)
     raw = base + ".trace.json"
     prof.export_chrome_trace(raw)
     with open(raw, "rb") as src, gzip.open(raw + ".gz", "wb") as dst:
@@ -825,7 +831,7 @@ def main(argv=None):
                 continue
             tp = time.perf_counter()
             try:
-                n = trace_point(drv, by_id[pid], folder)
+                n = trace_point(drv, by_id[pid], folder, chrome=args.trace_chrome)
             except Exception as e:  # a trace is a diagnosis: the measured points stand
                 traceback.print_exc(file=sys.stderr)
                 meta["points_traced"][pid] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
