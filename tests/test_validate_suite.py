@@ -180,6 +180,7 @@ def test_cli_emit_and_compare(tmp_path) -> None:
     assert out.exit_code == 0, out.output
     lines = out.output.strip().splitlines()
     assert lines[0].startswith("engine,") and len(lines) == 4
+    assert not out.output.endswith("\n\n"), "no blank line: a CSV reader takes it for a row"
 
 
 def test_cli_ingest_of_a_folder_without_runs_is_one_line(tmp_path) -> None:

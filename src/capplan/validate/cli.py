@@ -245,7 +245,7 @@ def compare(root: Path, fmt: str, out: Path | None, write_docs: Path | None,
                 console.print("notes:\n" + "\n".join(notes), highlight=False)
         return
     if out is None:
-        click.echo(text)
+        click.echo(text, nl=not text.endswith("\n"))  # polars' CSV ends its last line
     else:
         out.write_text(text)
 
