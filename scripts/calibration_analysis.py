@@ -864,7 +864,7 @@ def drain() -> None:
                      f"{np.median(span[before]) * 1e3:.1f}), of a steady decode-only step "
                      f"{np.nanmedian(launch[steady]) * 1e3:.1f} ms")
         print(line)
-        if f"{d.parent.name}/{d.name}" == "qwen3-32b/fp8":
+        if f"{d.parent.name}/{d.name}" == "qwen3-32b/fp8" and "cpu_launch_s" in df.columns:
             # one point whole: its admission (16 prompts a step) and its drain, step by step
             k = np.flatnonzero((s["point"] == "decode-b256-c512") & (df["run"] == 1).to_numpy())
             print("    decode-b256-c512 run 1, requests/prompt tokens: measured, GPU idle "
