@@ -219,7 +219,7 @@ def queue_line(job: Job, out: Path, budget_s: float) -> str:
                 START_MARGIN * measured_start_s(out / "_raw", job))
     min_s = start + (0 if job.kv_only else budget_s)
     if job.drain_scan:
-        min_s += budget_s  # the traced pass runs the plan's points once more
+        min_s += budget_s  # the traced pass runs two of the plan's points once more
     return f"{job.name}|{min_s:.0f}|--model {model_dir} {' '.join(args)}"
 
 

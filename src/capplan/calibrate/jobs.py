@@ -8,7 +8,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from capplan.calibrate.sweep import drain_points
+from capplan.calibrate.sweep import drain_traced
 from capplan.errors import ConfigError
 from capplan.hardware import Precision
 from capplan.modelspec import ModelSpec
@@ -60,7 +60,8 @@ class Job:
     length (sweep.mixlen_points): a test of the step model's summed context, not fitted."""
     drain_scan: bool = False
     """An engine that times decode points' ends, their requests finishing 16 a step and all
-    at once, then runs them again under torch's profiler (sweep.drain_points): not fitted."""
+    at once, then runs two of them again under torch's profiler (sweep.drain_points,
+    sweep.drain_traced): not fitted."""
     encoder_scan: bool = False
     """A multimodal model's engine with images allowed that times only its vision encoder
     (sweep.encoder_points); its run gives the profile's `encoder_token_s`."""
@@ -163,7 +164,7 @@ class Job:
         else:
             a += ["--plan", plan]
         if self.drain_scan and plan is not None:
-            a += ["--trace-points", ",".join(q["id"] for q in drain_points())]
+            a += ["--trace-points", ",".join(drain_traced())]
         return a
 
 

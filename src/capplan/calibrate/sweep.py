@@ -34,8 +34,8 @@ size (N = 0: the text-only twin), one at a time, alone or beside B running decod
 
 A drain scan (`drain_points`) times what a decode point's end costs: the same point twice,
 its requests finishing sixteen a step (a drain, as every sweep's decode points end) and all
-in one step (`even`), each run first as any point and then again under torch's profiler
-(runner.py `--trace-points`): in a drain the engine core's launch of a step waits for the
+in one step (`even`), each run first as any point, and the first pair then again under
+torch's profiler (runner.py `--trace-points`): in a drain the engine core's launch of a step waits for the
 GPU (docs/calibration.md, "A point's drain"), and the trace names the call.
 
 A core scan (`core_points`) times what the engine core's CPU spends on a step, apart from
@@ -187,12 +187,18 @@ def drain_points() -> list[Point]:
     """The drain scan: each of DRAIN_POINTS as the sweep runs it (its requests admitted 16
     a prefill chunk, so they finish 16 a step) and as `drain-bB-cC` with `even` set (every
     request decodes the point's steps together and all finish in one step). The runner runs
-    them all, then each again under its profiler (`--trace-points`, Job.runner_args)."""
+    them all, then the first pair again under its profiler (`drain_traced`)."""
     out = []
     for b, ctx in DRAIN_POINTS:
         out += [_decode(b, ctx), {**_decode(b, ctx), "id": f"drain-b{b}-c{ctx}", "even": True,
                                   "kv_tokens": b * (ctx + 2 * DECODE_STEPS)}]
     return out
+
+
+def drain_traced() -> list[str]:
+    """The drain points run again under the profiler (runner.py `--trace-points`,
+    Job.runner_args): the first pair, whose 4 prefill chunks keep the profiled pass short."""
+    return [p["id"] for p in drain_points()[:2]]
 
 
 ENCODER_IMAGES = (1, 2, 4, 8)
