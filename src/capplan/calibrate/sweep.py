@@ -35,8 +35,9 @@ size (N = 0: the text-only twin), one at a time, alone or beside B running decod
 A drain scan (`drain_points`) times what a decode point's end costs: the same point twice,
 its requests finishing sixteen a step (a drain, as every sweep's decode points end) and all
 in one step (`even`), each run first as any point, and the first pair then again under
-torch's profiler (runner.py `--trace-points`): in a drain the engine core's launch of a step waits for the
-GPU (docs/calibration.md, "A point's drain"), and the trace names the call.
+torch's profiler (runner.py `--trace-points`): in a drain the engine core's launch of a
+step waits for the GPU (docs/calibration.md, "A point's drain"), and the trace names the
+call.
 
 A core scan (`core_points`) times what the engine core's CPU spends on a step, apart from
 what the GPU does: decode-only steps (one full CUDA graph) across batch sizes, and steps
