@@ -364,3 +364,22 @@ def test_a_pool_vllm_cannot_start_names_file_field_and_fix(
     bad["pools"][0][field] = value
     path = write_mix(tmp_path, bad)
     assert_one_line_error(sim(path), ConfigError.exit_code, str(path), *fragments)
+
+
+def test_profiles_show_the_held_out_error_on_designed_steps() -> None:
+    """Beside each profile's held-out error, the same held-out steps less the sweep points'
+    drains (provenance `designed_shipped_*`), one line a profile."""
+    import json
+
+    from capplan.calibrate.store import CALIBRATION_DIR
+
+    res = run("profiles")
+    assert res.exit_code == 0, res.output
+    rows = [ln.split("│") for ln in res.stdout.splitlines() if ln.startswith("│ h200")]
+    assert rows and all(len(r) == len(rows[0]) for r in rows)
+    cells = {(r[3].strip(), r[4].strip()): r[8].strip() for r in rows}
+    fit = json.loads((CALIBRATION_DIR / "h200" / "vllm-0.26.0" / "qwen3-32b" / "bf16"
+                      / "provenance.json").read_text())["fit"]
+    assert cells[("qwen3-32b", "bf16")] == (f"{fit['designed_shipped_median_ape']:.1%} / "
+                                            f"{fit['designed_shipped_p95_ape']:.1%}")
+    assert "designed steps:" in res.stdout

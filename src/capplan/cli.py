@@ -254,17 +254,24 @@ def profiles() -> None:
         return
     table = Table(title=f"measured profiles under {CALIBRATION_DIR}", title_justify="left")
     for col in ("gpu", "vllm", "model", "profile", "tp", "source",
-                "held-out median/p95 APE",
-                "box tokens/seqs/context", "shared-prefix saving", "picture",
-                "graph sizes"):
-        table.add_column(col)
+                "held-out APE\nmedian / p95", "designed\nsteps",
+                "box tokens /\nseqs / context", "shared-prefix\nsaving", "picture",
+                "graph\nsizes"):
+        table.add_column(col, no_wrap=True)  # a 160-column pipe holds every row on one line
     for p in found:
-        fit = "-"
+        fit = designed = "-"
         if p.fit is not None:  # the profile as shipped where recorded, else the fit's own
             med, p95 = ((p.fit.shipped_median_ape, p.fit.shipped_p95_ape)
                         if p.fit.shipped_median_ape is not None and p.fit.shipped_p95_ape
                         is not None else (p.fit.median_ape, p.fit.p95_ape))
             fit = f"{med:.1%} / {p95:.1%}"
+        prov = (CALIBRATION_DIR / p.gpu / f"vllm-{p.vllm_version}" / p.model / p.key
+                / "provenance.json")
+        if prov.is_file():  # the same held-out steps less the sweep points' drains
+            f = json.loads(prov.read_text()).get("fit", {})
+            if f.get("designed_shipped_p95_ape") is not None:
+                designed = (f"{f['designed_shipped_median_ape']:.1%} / "
+                            f"{f['designed_shipped_p95_ape']:.1%}")
         box = f"{p.box.max_tokens:,} / {p.box.max_seqs:,} / {p.box.max_context_tokens:,}"
         saving = f"{p.step.shared_ctx_saving:.0%}" if p.step.shared_ctx_saving else "-"
         graphs = str(len(p.step.graph_offset_s)) if p.step.graph_offset_s else "-"
@@ -273,10 +280,13 @@ def profiles() -> None:
             tokens = load_model_spec(p.model).image_tokens_per_image
             timer = StepTimer(p, max_num_seqs=256, max_num_batched_tokens=8192)
             encoder = f"{(timer.encoder_pass_s(tokens, 1) + p.step.encoder_step_s) * 1e3:.1f} ms"
-        table.add_row(p.gpu, p.vllm_version, p.model, p.key, str(p.tp), p.source, fit, box,
-                      saving, encoder, graphs)
+        table.add_row(p.gpu, p.vllm_version, p.model, p.key, str(p.tp), p.source, fit,
+                      designed, box, saving, encoder, graphs)
     console.print(table)
     console.print("pools matching none of these use the ANALYTIC roofline profile")
+    console.print("designed steps: the same held-out steps less each sweep point's drain, its "
+                  "requests finishing 16 a step, where the host stalled the engine core and the "
+                  "GPU idled (docs/calibration.md, \"A point's drain\")")
     console.print("shared-prefix saving: of the decode read, per prefix token that running "
                   "requests read in common (measured by `capplan calibrate --prefix-cache`; "
                   "- : not measured, none assumed)")
