@@ -804,8 +804,7 @@ def drain() -> None:
         ape = F.heldout_ape(s, prof.step, max_num_seqs=eng["max_num_seqs"],
                             max_num_batched_tokens=eng["max_num_batched_tokens"], spec_k=k,
                             seed=seed, window=w)
-        stalls = F.stalled_steps(s)
-        held = np.array([bool(stalls[a:b].any()) for a, b in F._heldout(s, seed, 0.2)])
+        held = F.heldout_holding(s, F.stalled_steps(s), seed=seed)
         busy = ape[~held]
         print(f"    held-out units without a stalled drain step: {np.median(busy):.1%} / "
               f"{np.percentile(busy, 95):.1%} ({len(busy)} units); with one: "

@@ -620,12 +620,18 @@ def heldout_ape(s: Samples, step: StepModel, *, max_num_seqs: int,
     return window_ape(s, _heldout(s, seed, test_fraction), step, sizes, spec_k)
 
 
-def heldout_in_drain(s: Samples, *, seed: int = 0, test_fraction: float = 0.2) -> np.ndarray:
-    """Which of fit_step_model's held-out windows (heldout_ape's, in its order) hold a step
-    of a point's drain (`drain_steps`)."""
-    drain = drain_steps(s)
-    return np.array([bool(drain[a:b].any()) for a, b in _heldout(s, seed, test_fraction)],
+def heldout_holding(s: Samples, steps: np.ndarray, *, seed: int = 0,
+                    test_fraction: float = 0.2) -> np.ndarray:
+    """Which of fit_step_model's held-out windows (heldout_ape's, in its order) hold one of
+    `steps` (a mask over the samples)."""
+    return np.array([bool(steps[a:b].any()) for a, b in _heldout(s, seed, test_fraction)],
                     dtype=bool)
+
+
+def heldout_in_drain(s: Samples, *, seed: int = 0, test_fraction: float = 0.2) -> np.ndarray:
+    """Which of fit_step_model's held-out windows hold a step of a point's drain
+    (`drain_steps`)."""
+    return heldout_holding(s, drain_steps(s), seed=seed, test_fraction=test_fraction)
 
 
 def fit_step_model(

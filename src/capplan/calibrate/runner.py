@@ -669,7 +669,7 @@ def trace_summary(events, min_ms=TRACE_MIN_MS, limit=400):
             continue
         out.append({"name": e.name, "start_ms": start / 1e3, "ms": round((end - start) / 1e3, 3),
                     "thread": getattr(e, "thread", None),
-                    "stack": [f for f in (getattr(e, "stack", None) or [])[:12]]})
+                    "stack": list(getattr(e, "stack", None) or [])[:12]})
     out.sort(key=lambda r: r["start_ms"])
     t0 = out[0]["start_ms"] if out else 0.0
     for r in out:
