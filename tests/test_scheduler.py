@@ -622,10 +622,10 @@ def test_mtp_prefix_hit_drops_the_last_matched_block() -> None:
     assert res.requests()["cached_tokens"].unique().to_list() == [32.0]
 
 
-def _cached_pair(k: int) -> tuple[EngineCore, SimRequest]:
+def _cached_pair(k: int, acceptance: float = 0.0) -> tuple[EngineCore, SimRequest]:
     """A decoding request and a cached 2-block prefix: a 33-token prompt on that prefix has
     exactly one token left to compute when admitted."""
-    core = engine(spec_k=k)
+    core = engine(spec_k=k, acceptance=acceptance)
     core.add_request(shared(0, 32, 2))
     step(core)
     core.add_request(req(1, 16, 50))
@@ -654,6 +654,21 @@ def test_padded_admission_rolls_its_padding_back() -> None:
     plan, _ = step(core)
     assert plan.spec[plan.reqs.index(w)] == k
     assert w.computed == w.num_tokens - 1
+
+
+def test_padding_is_never_accepted() -> None:
+    """rejection_sampler.py (rejection_greedy_sample_kernel, rejection_random_sample_kernel):
+    "-1 is used for padded draft token ids that should be rejected", whatever the workload's
+    acceptance, so the padded request gains exactly one token from its step, while the
+    decoder beside it, whose drafts are real, keeps its accepted ones."""
+    k = 2
+    core, w = _cached_pair(k, acceptance=0.999)
+    core.add_request(w)
+    plan, out = step(core)
+    assert sched(plan) == {1: 1 + k, 3: 1 + k}
+    assert out[3] == (1, False)
+    assert w.computed == w.num_tokens - 1
+    assert out[1][0] == 1 + k  # the real drafts, accepted (p = 0.999 each)
 
 
 def test_padding_ignores_prefills_admitted_from_waiting() -> None:

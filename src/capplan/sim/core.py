@@ -198,6 +198,7 @@ class StepPlan:
         "encoder_images",
         "encoder_tokens",
         "idx",
+        "padded",
         "preempted",
         "prefill_attn",
         "prefill_attn_w",
@@ -225,6 +226,9 @@ class StepPlan:
         self.decode_ctx = 0
         self.shared_ctx = 0.0  # context read in common with another running request
         self.preempted = 0
+        # requests admitted with their one token padded to 1 + k (pad_spec_decode): their
+        # k "drafts" are -1 and never accepted (None: none this step)
+        self.padded: list[SimRequest] | None = None
         self.encoder_tokens = 0
         self.encoder_images = 0
         self.running_scheduled = 0  # RUNNING requests scheduled (explicit or in the cohort)
@@ -1110,6 +1114,9 @@ class EngineCore:
             self._add(plan, r, n)
             if pad:
                 plan.spec[-1] = pad
+                if plan.padded is None:
+                    plan.padded = []
+                plan.padded.append(r)
             budget -= n
 
     def _sw_admission(
@@ -1238,6 +1245,7 @@ class EngineCore:
         redraft = cfg.spec_k if not async_ else 0  # sync: drafts come with the output
         bs = cfg.block_size
         log_acceptance, draw, log = self._log_acceptance, self.rng.random, math.log
+        padded = plan.padded
         emit = out.append
         finished_any = False
         for r, emits, spec in zip(plan.reqs, plan.emits, plan.spec, strict=True):
@@ -1248,7 +1256,9 @@ class EngineCore:
                 # not (the number of leading successes of a geometric draw; inline, as this
                 # runs for every drafting request every step)
                 log_alpha = log_acceptance[r.wl]
-                if log_alpha is None:
+                if log_alpha is None or (padded is not None and r in padded):
+                    # rejection_sampler.py: "-1 is used for padded draft token ids that
+                    # should be rejected" (pad_spec_decode's [-1] * k)
                     accepted = 0
                 else:
                     u = draw()
