@@ -587,6 +587,43 @@ def test_step_emptied_by_preemption_does_not_idle_the_engine(async_scheduling: b
     assert sorted(r.rid for r in done) == [0, 1]
 
 
+def test_step_that_only_preempted_waits_for_the_step_in_flight() -> None:
+    """vllm/v1/engine/core.py step_with_batch_queue: an empty step (here one that only
+    preempted) still joins the batch queue, so with async scheduling and a step in flight
+    the queue is full and the core waits for that step's output before it schedules again,
+    where the busy loop without a step in flight schedules again at once."""
+    env = simpy.Environment()
+    core = engine(num_blocks=4, policy="priority", async_scheduling=True, max_model_len=64)
+    timer = StepTimer(constant_profile(1.0), max_num_seqs=1024, max_num_batched_tokens=8192)
+    done: list[SimRequest] = []
+    rep = Replica(env, 0, core, timer, Window(0.0, 1e9, [WorkloadRecorder()]),
+                  lambda r, _rep, _seen: done.append(r))
+    calls: list[tuple[float, int, bool]] = []  # (time, steps in flight, only preempted)
+    schedule = core.schedule
+
+    def traced() -> StepPlan:
+        n = len(rep._inflight)
+        plan = schedule()
+        calls.append((env.now, n, plan.empty and bool(plan.preempted)))
+        return plan
+
+    core.schedule = traced  # type: ignore[method-assign]
+    a = req(0, 16, 20, priority=1)
+    b = req(1, 16, 40, priority=0)
+
+    def feed() -> Generator[simpy.Event, Any, None]:
+        rep.add_request(a)
+        yield env.timeout(1.5)
+        rep.add_request(b)
+
+    env.process(feed())
+    env.run(until=1000)
+    after = [(c, calls[i + 1]) for i, c in enumerate(calls[:-1]) if c[2]]
+    assert after and all(c[1] == 1 for c, _ in after)  # each with a step in flight
+    assert all(nxt[1] == 0 and nxt[0] > c[0] for c, nxt in after)
+    assert sorted(r.rid for r in done) == [0, 1]
+
+
 # --- spec-decode prefix hits and padding --------------------------------------------------------
 
 

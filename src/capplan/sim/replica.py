@@ -266,8 +266,11 @@ class Replica:
             core.now = now
             plan = core.schedule()
             if plan.empty:
-                if plan.preempted:
+                if plan.preempted and not inflight:
                     continue  # a step that only preempted: vLLM's busy loop schedules again
+                # With a step in flight (async scheduling), the empty step still takes the
+                # batch queue's other slot, so the core waits for the oldest step's output
+                # before it schedules again (core.py step_with_batch_queue)
                 break
             seqs = len(plan.reqs) + plan.cohort_size
             factor = 1.0
