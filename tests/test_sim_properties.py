@@ -276,6 +276,13 @@ class _Blk:
         self.id, self.ref, self.h = i, 0, None
 
 
+class _Step(list[tuple["_Req", int, int, bool]]):
+    """One scheduled step: (request, tokens, drafts, samples) each, and which requests'
+    drafts are pad_spec_decode's padding."""
+
+    padded: set[int]
+
+
 class _Req:
     def __init__(self, rid: int, a: Arrival) -> None:
         self.rid, self.arrival, self.prompt, self.max_tokens = rid, float(a.step), a.prompt, \
@@ -462,6 +469,7 @@ class RefVllm:
                 if s > 0:
                     spec[r.rid] = min(r.spec, s)
                 r.spec = 0
+        padded: set[int] = set()
         if not preempted:
             while self.waiting and budget > 0:
                 if len(self.running) >= cfg.max_num_seqs:
@@ -490,7 +498,9 @@ class RefVllm:
                     r.cached_tokens = computed
                 if pad:
                     spec[r.rid] = k
-        steps = []
+                    padded.add(r.rid)
+        steps = _Step()
+        steps.padded = padded
         for r, n in sched.values():  # _update_after_schedule (+ AsyncScheduler's)
             r.computed += n
             r.inflight += n
@@ -509,7 +519,8 @@ class RefVllm:
             if r.status == "finished" or not samples:
                 continue
             accepted = 0
-            if s and self.alpha > 0:
+            # rejection_sampler.py: pad_spec_decode's -1 drafts are always rejected
+            if s and self.alpha > 0 and r.rid not in getattr(step, "padded", ()):
                 u = self.rng.random()
                 accepted = s if u <= 0 else min(s, int(math.log(u) / math.log(self.alpha)))
             if s:
