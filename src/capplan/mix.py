@@ -113,6 +113,17 @@ class TrafficMix(BaseModel):
                 raise ValueError(
                     f"workloads.{i}.pool: unknown pool {w.pool!r}; pools: {', '.join(pools)}"
                 )
+            if w.spec_mean_acceptance_length is not None:
+                engine = self.pools[pools.index(w.pool)].engine
+                if engine.speculative is None or "speculative" in engine.auto:
+                    raise ValueError(
+                        f"workloads.{i}.spec_mean_acceptance_length: a mean acceptance length "
+                        f"holds for one k, and pool {w.pool!r} fixes none; give "
+                        "spec_acceptance (per position, for any k) or fix engine.speculative")
+                try:
+                    w.acceptance(engine.speculative)
+                except ValueError as e:
+                    raise ValueError(f"workloads.{i}.spec_mean_acceptance_length: {e}") from None
         return self
 
     @property

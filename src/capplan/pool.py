@@ -52,6 +52,22 @@ def _or_auto(schema: dict[str, Any]) -> None:
     ]
 
 
+def alpha_from_mean_length(length: float, k: int) -> float:
+    """The per-position acceptance α that gives vLLM's logged "Mean acceptance length" at k
+    drafts a step: L = 1 + α + α² + … + α^k (vllm/v1/spec_decode/metrics.py: 1 + accepted /
+    drafts, the bonus token included). The simulator accepts each draft with probability α
+    once every draft before it was accepted (sim/core.py update_from_output)."""
+    if not 1 <= length < 1 + k:
+        raise ValueError(
+            f"mean acceptance length {length} must be at least 1 and below 1 + k = {1 + k}")
+    if length == 1:
+        return 0.0
+    from scipy.optimize import brentq  # scipy.optimize imports slowly, and is rarely needed
+
+    return float(brentq(lambda a: sum(a**i for i in range(1, k + 1)) - (length - 1), 0.0, 1.0,
+                        xtol=1e-9))
+
+
 class SpeculativeConfig(BaseModel):
     """`--speculative-config '{"method": ..., "num_speculative_tokens": k}'`."""
 
@@ -59,8 +75,30 @@ class SpeculativeConfig(BaseModel):
     method: Literal["mtp", "eagle", "eagle3", "draft_model", "ngram"] = "mtp"
     num_speculative_tokens: int = Field(ge=1, le=8)
     acceptance: float = Field(
-        default=0.7, ge=0, lt=1, description="P(draft token accepted) unless a workload says"
+        default=0.7, ge=0, lt=1,
+        description="P(a draft token is accepted, given the drafts before it were): the "
+        "per-position conditional rate, unless a workload says",
     )
+    mean_acceptance_length: float | None = Field(
+        default=None, ge=1,
+        description="instead of acceptance: vLLM's logged \"Mean acceptance length\" at this "
+        "k (1 + accepted drafts a step), from which acceptance is solved",
+    )
+
+    @model_validator(mode="after")
+    def _from_mean_length(self) -> SpeculativeConfig:
+        if self.mean_acceptance_length is None:
+            return self
+        try:
+            alpha = round(alpha_from_mean_length(self.mean_acceptance_length,
+                                                 self.num_speculative_tokens), 6)
+        except ValueError as e:
+            raise ValueError(f"mean_acceptance_length: {e}") from None
+        # (a dumped config carries both, the one solved from the other)
+        if "acceptance" in self.model_fields_set and abs(self.acceptance - alpha) > 1e-6:
+            raise ValueError("give acceptance or mean_acceptance_length, not both")
+        object.__setattr__(self, "acceptance", alpha)
+        return self
 
 
 class EngineConfig(BaseModel):

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from capplan.distributions import LengthDist
+from capplan.pool import SpeculativeConfig, alpha_from_mean_length
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -173,11 +174,29 @@ class Workload(BaseModel):
     priority: int = Field(default=0, description="lower runs first under priority scheduling")
     slo: Slo = Field(default_factory=Slo)
     spec_acceptance: float | None = Field(
-        default=None, ge=0, lt=1, description="P(draft token accepted); default from the pool"
+        default=None, ge=0, lt=1,
+        description="P(a draft token is accepted, given the drafts before it were); default "
+        "from the pool",
     )
+    spec_mean_acceptance_length: float | None = Field(
+        default=None, ge=1,
+        description="instead of spec_acceptance: vLLM's logged \"Mean acceptance length\" "
+        "at the pool's k (needs a fixed engine.speculative)",
+    )
+
+    def acceptance(self, spec: SpeculativeConfig) -> float:
+        """The per-position draft acceptance this workload meets on `spec`'s engine."""
+        if self.spec_acceptance is not None:
+            return self.spec_acceptance
+        if self.spec_mean_acceptance_length is not None:
+            return alpha_from_mean_length(self.spec_mean_acceptance_length,
+                                          spec.num_speculative_tokens)
+        return spec.acceptance
 
     @model_validator(mode="after")
     def _lengths(self) -> Workload:
+        if self.spec_acceptance is not None and self.spec_mean_acceptance_length is not None:
+            raise ValueError("give spec_acceptance or spec_mean_acceptance_length, not both")
         if not isinstance(self.arrival, ReplayArrival) and (
             self.input_tokens is None or self.output_tokens is None
         ):

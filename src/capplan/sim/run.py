@@ -310,11 +310,7 @@ class _Run:
         eng = st.pool.engine
         spec = eng.speculative
         k = st.profile.spec_k if spec else 0
-        acceptance = [
-            (w.spec_acceptance if w.spec_acceptance is not None else spec.acceptance)
-            if spec else 0.0
-            for w in workloads
-        ]
+        acceptance = [w.acceptance(spec) if spec else 0.0 for w in workloads]
         layout = st.layout
         self.bs = layout.full_block_size if layout is not None else eng.block_size
         if eng.max_num_scheduled_tokens <= 0:

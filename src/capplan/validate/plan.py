@@ -56,7 +56,7 @@ def _acceptance(pool: Pool, workloads: list[Workload]) -> float | None:
     spec = pool.engine.speculative
     if spec is None:
         return None
-    acc = [(w.spec_acceptance if w.spec_acceptance is not None else spec.acceptance,
+    acc = [(w.acceptance(spec),
             w.arrival.rate_rps if isinstance(w.arrival, PoissonArrival | GammaArrival) else 1.0)
            for w in workloads]
     return round(sum(a * r for a, r in acc) / sum(r for _, r in acc), 4) if acc else None
