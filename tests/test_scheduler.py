@@ -554,10 +554,13 @@ def test_async_does_not_schedule_past_max_tokens() -> None:
 
 
 
-def _priority_self_preemption(async_scheduling: bool) -> list[SimRequest]:
+def _priority_self_preemption(
+    async_scheduling: bool, calls: list[tuple[float, int, bool]] | None = None
+) -> list[SimRequest]:
     """Low-priority a is admitted first, then b; a is the first to need a new block and is
     itself the priority victim, so that step schedules nothing (scheduler.py breaks out of
-    the running loop and admits no waiting request after a preemption)."""
+    the running loop and admits no waiting request after a preemption). `calls`, if given,
+    gets (time, steps in flight, only preempted) for each schedule."""
     env = simpy.Environment()
     core = engine(num_blocks=4, policy="priority", async_scheduling=async_scheduling,
                   max_model_len=64)
@@ -565,6 +568,16 @@ def _priority_self_preemption(async_scheduling: bool) -> list[SimRequest]:
     done: list[SimRequest] = []
     rep = Replica(env, 0, core, timer, Window(0.0, 1e9, [WorkloadRecorder()]),
                   lambda r, _rep, _seen: done.append(r))
+    if calls is not None:
+        schedule = core.schedule
+
+        def traced() -> StepPlan:
+            n = len(rep._inflight)
+            plan = schedule()
+            calls.append((env.now, n, plan.empty and bool(plan.preempted)))
+            return plan
+
+        core.schedule = traced  # type: ignore[method-assign]
     a = req(0, 16, 20, priority=1)
     b = req(1, 16, 40, priority=0)
 
@@ -592,32 +605,8 @@ def test_step_that_only_preempted_waits_for_the_step_in_flight() -> None:
     preempted) still joins the batch queue, so with async scheduling and a step in flight
     the queue is full and the core waits for that step's output before it schedules again,
     where the busy loop without a step in flight schedules again at once."""
-    env = simpy.Environment()
-    core = engine(num_blocks=4, policy="priority", async_scheduling=True, max_model_len=64)
-    timer = StepTimer(constant_profile(1.0), max_num_seqs=1024, max_num_batched_tokens=8192)
-    done: list[SimRequest] = []
-    rep = Replica(env, 0, core, timer, Window(0.0, 1e9, [WorkloadRecorder()]),
-                  lambda r, _rep, _seen: done.append(r))
-    calls: list[tuple[float, int, bool]] = []  # (time, steps in flight, only preempted)
-    schedule = core.schedule
-
-    def traced() -> StepPlan:
-        n = len(rep._inflight)
-        plan = schedule()
-        calls.append((env.now, n, plan.empty and bool(plan.preempted)))
-        return plan
-
-    core.schedule = traced  # type: ignore[method-assign]
-    a = req(0, 16, 20, priority=1)
-    b = req(1, 16, 40, priority=0)
-
-    def feed() -> Generator[simpy.Event, Any, None]:
-        rep.add_request(a)
-        yield env.timeout(1.5)
-        rep.add_request(b)
-
-    env.process(feed())
-    env.run(until=1000)
+    calls: list[tuple[float, int, bool]] = []
+    done = _priority_self_preemption(True, calls)
     after = [(c, calls[i + 1]) for i, c in enumerate(calls[:-1]) if c[2]]
     assert after and all(c[1] == 1 for c, _ in after)  # each with a step in flight
     assert all(nxt[1] == 0 and nxt[0] > c[0] for c, nxt in after)
