@@ -90,8 +90,8 @@ class SpeculativeConfig(BaseModel):
         if self.mean_acceptance_length is None:
             return self
         try:
-            alpha = round(alpha_from_mean_length(self.mean_acceptance_length,
-                                                 self.num_speculative_tokens), 6)
+            alpha = alpha_from_mean_length(self.mean_acceptance_length,
+                                           self.num_speculative_tokens)
         except ValueError as e:
             raise ValueError(f"mean_acceptance_length: {e}") from None
         # (a dumped config carries both, the one solved from the other)
