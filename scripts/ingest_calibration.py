@@ -57,8 +57,12 @@ def main(argv: list[str] | None = None) -> int:
                     "session's run supersedes")
     ap.add_argument("--runner-commit", help="the commit the GPU host ran (default: the last "
                     "one that touched the runner)")
+    ap.add_argument("--raw", type=Path, default=RAW, help="where the runs are stored "
+                    "(default calibration/_raw, the H200's; another GPU's go apart, e.g. "
+                    "calibration/_raw/h100, since run names do not name the GPU)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
+    raw: Path = args.raw
 
     plan: list[tuple[str, Path, str]] = []
     for lane in args.lanes:
@@ -69,9 +73,9 @@ def main(argv: list[str] | None = None) -> int:
                 "args", {}).get("kv_only")
             if not kv_only and not (lane / f"{name}.jsonl").exists():
                 sys.exit(f"{lane}: {name} ended rc=0 but its .jsonl is missing (a timed run)")
-            stored = (RAW / f"{name}.meta.json").exists()
+            stored = (raw / f"{name}.meta.json").exists()
             if stored and name not in args.replace:
-                sys.exit(f"{RAW / name} is stored already; pass --replace {name} to "
+                sys.exit(f"{raw / name} is stored already; pass --replace {name} to "
                          "supersede it, or store the new run as NAME--rN")
             plan.append((name, lane, line))
     unknown = set(args.replace) - {name for name, _, _ in plan}
@@ -85,42 +89,43 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return 0
 
-    logs, old = RAW / f"logs-{args.session}", RAW / f"superseded-{args.session}"
+    logs, old = raw / f"logs-{args.session}", raw / f"superseded-{args.session}"
+    raw.mkdir(parents=True, exist_ok=True)
     logs.mkdir(exist_ok=True)
-    rc_lines = (RAW / "rc.txt").read_text().splitlines()
+    rc_lines = (raw / "rc.txt").read_text().splitlines() if (raw / "rc.txt").exists() else []
     for name, lane, line in plan:
         if name in args.replace:
             old.mkdir(exist_ok=True)
             for suffix in (".jsonl.xz", ".jsonl.gz", ".meta.json"):
-                if (RAW / f"{name}{suffix}").exists():
-                    shutil.move(RAW / f"{name}{suffix}", old / f"{name}{suffix}")
+                if (raw / f"{name}{suffix}").exists():
+                    shutil.move(raw / f"{name}{suffix}", old / f"{name}{suffix}")
             moved = [x for x in rc_lines if x.split(" ", 1)[0] == name]
             rc_lines = [x for x in rc_lines if x.split(" ", 1)[0] != name]
             with open(old / "rc.txt", "a") as f:
                 f.writelines(x + "\n" for x in moved)
         if (lane / f"{name}.jsonl").exists():  # a KV-only engine times no steps
             with open(lane / f"{name}.jsonl", "rb") as src, lzma.open(
-                    RAW / f"{name}.jsonl.xz", "wb", preset=9 | lzma.PRESET_EXTREME) as dst:
+                    raw / f"{name}.jsonl.xz", "wb", preset=9 | lzma.PRESET_EXTREME) as dst:
                 shutil.copyfileobj(src, dst)
         traces = lane / f"{name}.traces"
         if traces.is_dir():
-            (RAW / traces.name).mkdir(exist_ok=True)
+            (raw / traces.name).mkdir(exist_ok=True)
             for f in sorted(traces.iterdir()):
                 if f.name.endswith((".json", ".jsonl")):
-                    with open(f, "rb") as src, lzma.open(RAW / traces.name / f"{f.name}.xz",
+                    with open(f, "rb") as src, lzma.open(raw / traces.name / f"{f.name}.xz",
                                                          "wb", preset=9) as dst:
                         shutil.copyfileobj(src, dst)
                 elif f.name.endswith(".txt"):
-                    shutil.copy(f, RAW / traces.name / f.name)
+                    shutil.copy(f, raw / traces.name / f.name)
         meta = json.loads((lane / f"{name}.meta.json").read_text())
         meta["runner_commit"] = commit
-        (RAW / f"{name}.meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+        (raw / f"{name}.meta.json").write_text(json.dumps(meta, indent=1) + "\n")
         if (lane / f"{name}.log").exists():
             with open(lane / f"{name}.log", "rb") as src, gzip.open(logs / f"{name}.log.gz",
                                                                      "wb") as dst:
                 shutil.copyfileobj(src, dst)
         rc_lines.append(line)
-    (RAW / "rc.txt").write_text("".join(x + "\n" for x in rc_lines))
+    (raw / "rc.txt").write_text("".join(x + "\n" for x in rc_lines))
     if (args.lanes[0] / "nvidia-smi.csv").exists():
         shutil.copy(args.lanes[0] / "nvidia-smi.csv", logs / "nvidia-smi.csv")
     print(f"stored {len(plan)} runs; logs in {logs}")

@@ -349,15 +349,18 @@ def test_config_overrides_apply_as_vllm_applies_a_dict() -> None:
 
 
 
-def test_the_next_sessions_suite_loads() -> None:
-    """validation/h200-next.yaml, the engines queued for the next GPU session, is a valid
-    suite (the CI gate requires only h200.yaml's engines to be stored)."""
+def test_the_next_sessions_suites_load() -> None:
+    """validation/h200-next.yaml and h100-next.yaml, the engines queued for the next GPU
+    sessions, are valid suites of their GPU (the CI gate requires only the engines of
+    h200.yaml to be stored), whose every pool runs on that GPU."""
     from pathlib import Path
 
     from capplan.validate.suite import load_suite
 
-    nxt = Path(__file__).resolve().parents[1] / "validation" / "h200-next.yaml"
-    assert load_suite(nxt).engines
+    for gpu in ("h200", "h100"):
+        suite = load_suite(Path(__file__).resolve().parents[1] / "validation" / f"{gpu}-next.yaml")
+        assert suite.engines and suite.gpu == gpu
+        assert {e.pool.gpu for e in suite.engines} == {gpu}
 
 
 def test_stored_chunk_times_round_trip_to_the_microsecond(tmp_path) -> None:
