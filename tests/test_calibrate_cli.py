@@ -17,6 +17,8 @@ from capplan.calibrate import cli as ccli
 from capplan.calibrate import store
 from capplan.cli import main
 from capplan.errors import CalibrationError, ConfigError
+from capplan.hardware import Precision
+from capplan.modelspec import load_model_spec
 from capplan.profile import Profile, StepModel, StepTimer
 
 RAW = store.CALIBRATION_DIR / "_raw"
@@ -174,6 +176,13 @@ def test_queue_allows_a_start_as_long_as_the_longest_measured(
     assert min_s("--gpu-memory-utilization", "0.95") == pytest.approx(1.15 * 240, abs=1)
     assert min_s("--spec-method", "mtp", "--spec-tokens", "4") == pytest.approx(
         1.15 * 300 + 60, abs=1)
+    # another GPU's starts are its own (_raw/<gpu>): the H200's do not count for an H100
+    (raw / "h100").mkdir()
+    (raw / "h100" / "gemma-4-31b--fp8--u85.meta.json").write_text(
+        json.dumps({"engine_start_s": 100.0}))
+    weights = 60 + 1.2 * load_model_spec("gemma-4-31b").weight_bytes(Precision("fp8")) / 1e9
+    assert min_s("--gpu-memory-utilization", "0.95", "--gpu", "h100") == pytest.approx(
+        max(weights, 1.15 * 100), abs=1)
 
 
 def test_prefix_cache_engine_times_cache_hits_and_is_not_fitted(

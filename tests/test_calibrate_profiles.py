@@ -97,7 +97,7 @@ def test_shared_prefix_saving_refits_from_its_cache_run(d: Path) -> None:
     (between 20 % and 70 % of it: neither nothing nor more than the reads cost)."""
     prof = Profile.load(d)
     prov = json.loads((d / "provenance.json").read_text())
-    raw = store.runner_jsonl(CALIBRATION_DIR / "_raw", prov["shared_ctx"]["run"])
+    raw = store.runner_jsonl(store.raw_dir(CALIBRATION_DIR, prof.gpu), prov["shared_ctx"]["run"])
     assert raw is not None
     df = store.read_runner_jsonl(raw).filter(~pl.col("warmup"))
     saving, pairs = F.shared_ctx_saving(store.samples_of(df), prof.step.decode_ctx_s)
@@ -120,7 +120,7 @@ def test_graph_terms_refit_from_their_graph_scan(d: Path) -> None:
     rate its fitted one, its sliding layers' from the scan)."""
     prof = Profile.load(d)
     prov = json.loads((d / "provenance.json").read_text())
-    raw = store.runner_jsonl(CALIBRATION_DIR / "_raw", prov["graph_scan"]["run"])
+    raw = store.runner_jsonl(store.raw_dir(CALIBRATION_DIR, prof.gpu), prov["graph_scan"]["run"])
     assert raw is not None
     sizes = cudagraph_capture_sizes(256, 8192, prof.spec_k)
     scan = F.graph_scan(store.samples_of(store.read_runner_jsonl(raw)),
@@ -166,7 +166,7 @@ def test_decode_step_respects_weight_streaming_bound(d: Path) -> None:
     at least a third of the bound (k draft passes come on top for spec decode)."""
     prof = Profile.load(d)
     spec = load_model_spec(prof.model)
-    bound = spec.weight_bytes(Precision(prof.precision)) / GPUS["h200"].hbm_bytes_per_s
+    bound = spec.weight_bytes(Precision(prof.precision)) / GPUS[prof.gpu].hbm_bytes_per_s
     timer = StepTimer(prof, max_num_seqs=256, max_num_batched_tokens=8192)
     k, st = prof.spec_k, prof.step
     t = timer.step_time_s(1 + k, 1, 0.0, 512)

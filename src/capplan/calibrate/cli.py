@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from capplan._cli import ProgressBar
+from capplan.calibrate import store
 from capplan.calibrate.build import UTILS, build_all
 from capplan.calibrate.jobs import RUNNER, SPEC_METHODS, Job
 from capplan.calibrate.store import CALIBRATION_DIR
@@ -201,7 +202,7 @@ def measured_start_s(raw: Path, job: Job) -> float:
     return longest
 
 
-def queue_line(job: Job, out: Path, budget_s: float) -> str:
+def queue_line(job: Job, out: Path, budget_s: float, gpu: str = store.RAW_HOME_GPU) -> str:
     """`NAME|MIN_S|runner args` for scripts/gpu_calibrate.sh (paths relative to here, as the
     script runs from the repository root); MIN_S: the engine's start plus the measuring
     budget, the start being the longest measured for such engines (`measured_start_s`, with
@@ -216,7 +217,7 @@ def queue_line(job: Job, out: Path, budget_s: float) -> str:
     args = job.runner_args(model_dir, plan, "-", "-", 0 if job.kv_only else budget_s)
     args = args[args.index("--gpu-memory-utilization"):]
     start = max(60 + 1.2 * job.spec.weight_bytes(job.precision) / 1e9,
-                START_MARGIN * measured_start_s(out / "_raw", job))
+                START_MARGIN * measured_start_s(store.raw_dir(out, gpu), job))
     min_s = start + (0 if job.kv_only else budget_s)
     if job.drain_scan:
         min_s += budget_s  # the traced pass runs two of the plan's points once more
@@ -249,7 +250,8 @@ def _refit(raw: Path, out: Path, gpu: str) -> list[Path]:
 @click.option("--out", type=click.Path(path_type=Path), default=CALIBRATION_DIR,
               show_default=True)
 @click.option("--raw", type=click.Path(path_type=Path), default=None,
-              help="where raw runner output goes [default: OUT/_raw]")
+              help="where raw runner output goes [default: OUT/_raw, or OUT/_raw/GPU for a "
+              "GPU other than the H200]")
 @click.option("--from-raw", type=click.Path(path_type=Path, exists=True, file_okay=False),
               default=None, help="no GPU: refit profiles from existing raw runner output")
 @click.option("--dry-run", is_flag=True, help="list the engines that would start, and stop")
@@ -298,7 +300,7 @@ def calibrate(model: str | None, precision: str, spec_tokens: str, spec_method: 
                      mixlen_scan, encoder_scan, drain_scan)
     if emit_queue is not None:
         emit_queue.parent.mkdir(parents=True, exist_ok=True)
-        emit_queue.write_text("".join(queue_line(j, out, budget_s) + "\n" for j in jobs))
+        emit_queue.write_text("".join(queue_line(j, out, budget_s, gpu) + "\n" for j in jobs))
         click.echo(str(emit_queue))
         return
     if dry_run:
@@ -308,7 +310,7 @@ def calibrate(model: str | None, precision: str, spec_tokens: str, spec_method: 
     if importlib.util.find_spec("vllm") is None:
         raise CalibrationError("vLLM is not installed here; run on a GPU host with "
                                "`pip install capplan[calibrate]` (vllm==0.26.0)")
-    raw = raw or out / "_raw"
+    raw = raw or store.raw_dir(out, gpu)
     for i, job in enumerate(jobs, 1):
         click.echo(f"engine {i}/{len(jobs)}: {job.name}", err=True)
         run_job(job, raw, budget_s)

@@ -31,6 +31,17 @@ def profile_dir(root: Path, gpu: str, vllm_version: str, model: str, key: str) -
     return root / gpu / f"vllm-{vllm_version}" / model / key
 
 
+RAW_HOME_GPU = "h200"
+"""The GPU whose raw runner output sits in `calibration/_raw` itself (the first measured)."""
+
+
+def raw_dir(root: Path, gpu: str) -> Path:
+    """Where the raw runner output of `gpu` lives under the calibration folder `root`: `_raw`
+    for the H200, `_raw/<gpu>` for any other, since a run's name (`<model>--<key>`) does not
+    name its GPU."""
+    return root / "_raw" if gpu == RAW_HOME_GPU else root / "_raw" / gpu
+
+
 def _text_lines(path: Path) -> list[str]:
     """A samples file's lines: plain, gzipped (as a GPU session brings it back) or xz'd (as
     shipped, a third smaller than gzip, so the tree travels to the GPU host:
