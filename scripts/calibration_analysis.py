@@ -32,7 +32,6 @@ from capplan.hardware import GPUS, Precision
 from capplan.modelspec import load_model_spec
 from capplan.profile import Profile, StepTimer, cudagraph_capture_sizes, eager_threshold
 
-HBM_BYTES_PER_S = 4.8e12  # the H200 datasheet's, as the table's header says
 PROFILES = Path(os.environ.get("CAPPLAN_PROFILES") or CALIBRATION_DIR / "h200" / "vllm-0.26.0")
 
 
@@ -92,10 +91,15 @@ def table() -> None:
               + f" / {prov['gpu_minutes']:.1f} |")
 
 
+def _tbs(profiles: Path) -> str:
+    """The HBM bandwidth of the GPU whose profiles `profiles` holds, in TB/s, for a header."""
+    return f"{GPUS[profiles.parent.name].hbm_bytes_per_s / 1e12:g}"
+
+
 def sanity() -> None:
     """Decode at batch 1 against the weight-streaming bound; three 8192-token prefill chunks
     against the matrix units' peak (weight-only 4-bit runs its MMA in BF16)."""
-    print("| profile | decode b=1 step (ms) | weights ÷ 4.8 TB/s (ms) | of bound "
+    print(f"| profile | decode b=1 step (ms) | weights ÷ {_tbs(PROFILES)} TB/s (ms) | of bound "
           "| prefill 3 × 8192 chunks, ctx 0–24k (ms) | FLOPs ÷ peak (ms) | of peak |")
     print("|---|---|---|---|---|---|---|")
     for folder in sorted(PROFILES.glob("*/*/samples.parquet")):
@@ -113,9 +117,10 @@ def sanity() -> None:
         precision = Precision(prof.precision)
         spec = load_model_spec(prof.model)
         decode_ms = float(dec["step_s"].median()) * 1e3  # type: ignore[arg-type]
-        bound_ms = spec.weight_bytes(precision) / HBM_BYTES_PER_S * 1e3
+        gpu = GPUS[prof.gpu]  # the datasheet's bandwidth and peak of the profile's GPU
+        bound_ms = spec.weight_bytes(precision) / gpu.hbm_bytes_per_s * 1e3
         prefill_ms = float(pre["step_s"].sum()) * 1e3
-        peak = GPUS["h200"].matmul_flops(precision)
+        peak = gpu.matmul_flops(precision)
         flops_ms = _prefill_flops(prof.model, 8192, 3) / peak * 1e3
         print(f"| {prof.model}/{prof.key} | {decode_ms:.2f} | {bound_ms:.2f} | "
               f"{bound_ms / decode_ms:.0%} | {prefill_ms:.0f} | {flops_ms:.0f} "

@@ -141,9 +141,11 @@ def test_suite_errors_name_the_field(tmp_path) -> None:
 
 
 def test_stored_runs_round_trip_to_the_suite(suite) -> None:
+    """Every stored run is its GPU's suite's engine (validation/<gpu>.yaml), with its runs."""
+    suites = {"h200": suite, "h100": load_suite(ROOT / "validation" / "h100.yaml")}
     for folder in stored_runs():
         run, reqs, measured = load_run(folder)
-        assert run == suite.engine(run.name)
+        assert run == suites[folder.parts[-5]].engine(run.name)
         assert set(reqs["run"].unique()) <= {r for e in run.experiments for r in e.runs()}
         assert measured["engine"]["kv_tokens"] > 0
 
@@ -158,7 +160,8 @@ def test_cli_emit_and_compare(tmp_path) -> None:
                                                         "chat-c16", "chat-c32"]
     assert job["experiments"][1]["workloads"][0]["concurrency"] == 32  # the peak it will see
     # the model's longest stored engine start, for gpu_validate.sh to leave time for
-    starts = [s["engine_start_s"] for f in stored_runs() if f.parts[-3] == "llama-3.1-8b"
+    starts = [s["engine_start_s"] for f in stored_runs()
+              if f.parts[-3] == "llama-3.1-8b" and f.parts[-5] == "h200"
               for s in json.loads((f / "provenance.json").read_text())["starts"]
               if s.get("engine_start_s")]
     assert job["expected_start_s"] == max(starts) > 0

@@ -24,9 +24,12 @@ def rows() -> list[Row]:
     return compare_all()
 
 
-def test_every_suite_engine_was_measured_and_stored() -> None:
-    suite = load_suite(ROOT / "validation" / "h200.yaml")
-    stored = {p.name for p in stored_runs()}
+@pytest.mark.parametrize("gpu", ["h200", "h100"])
+def test_every_suite_engine_was_measured_and_stored(gpu: str) -> None:
+    """Every engine of validation/<gpu>.yaml is stored, under that GPU's folder."""
+    suite = load_suite(ROOT / "validation" / f"{gpu}.yaml")
+    assert suite.gpu == gpu
+    stored = {p.name for p in stored_runs() if p.parts[-5] == gpu}
     assert {e.name for e in suite.engines} <= stored
 
 
@@ -74,24 +77,33 @@ def test_docs_table_is_current(rows: list[Row]) -> None:
 
 
 def test_shipped_fidelity_is_todays(rows: list[Row]) -> None:
-    """calibration/h200/vllm-0.26.0/fidelity.json, which plans quote, is what today's rows
-    give (capplan validate compare --fidelity); every row names the profile it used."""
+    """calibration/<gpu>/vllm-0.26.0/fidelity.json, which plans quote, is what today's rows
+    of that GPU give (capplan validate compare --fidelity calibration); every row names the
+    profile it used."""
     from capplan import fidelity
     from capplan.profiles import CALIBRATION_DIR
 
-    assert all(r.profile.startswith("h200/") for r in rows)
-    shipped = fidelity.load(fidelity.path_for(CALIBRATION_DIR, "h200"))
-    assert shipped == json.loads(json.dumps(fidelity.summarise(rows)))
+    assert all(r.profile.split("/")[0] in ("h200", "h100") for r in rows)
+    gpus = fidelity.by_gpu(rows)
+    assert set(gpus) == {"h200", "h100"}
+    for gpu, gpu_rows in gpus.items():
+        shipped = fidelity.load(fidelity.path_for(CALIBRATION_DIR, gpu))
+        assert shipped == json.loads(json.dumps(fidelity.summarise(gpu_rows))), (
+            f"{gpu}'s fidelity.json is stale: run `capplan validate compare --fidelity "
+            "calibration`")
+        assert all(p.startswith(f"{gpu}/") for p in shipped)
 
 
 def test_shipped_tails_are_todays(rows: list[Row]) -> None:
-    """calibration/h200/vllm-0.26.0/fidelity-tails.parquet, which `capplan size --guard`
-    reads, holds today's rows' measured and predicted shares past each threshold."""
+    """calibration/<gpu>/vllm-0.26.0/fidelity-tails.parquet, which `capplan size --guard`
+    reads, holds today's rows' measured and predicted shares past each threshold, for the
+    GPU's rows."""
     from capplan import fidelity
     from capplan.profiles import CALIBRATION_DIR
 
-    shipped = fidelity.load_tails(fidelity.tails_path_for(CALIBRATION_DIR, "h200"))
-    assert shipped is not None
-    assert shipped.equals(fidelity.tails(rows)), (
-        "fidelity-tails.parquet is stale: run `capplan validate compare --fidelity "
-        "calibration/h200/vllm-0.26.0/fidelity.json`")
+    for gpu, gpu_rows in fidelity.by_gpu(rows).items():
+        shipped = fidelity.load_tails(fidelity.tails_path_for(CALIBRATION_DIR, gpu))
+        assert shipped is not None
+        assert shipped.equals(fidelity.tails(gpu_rows)), (
+            f"{gpu}'s fidelity-tails.parquet is stale: run `capplan validate compare "
+            "--fidelity calibration`")

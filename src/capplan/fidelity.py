@@ -42,6 +42,16 @@ this factor of the share the percentile allows (1 % for a p99: 0.25-4 %)."""
 Table = dict[str, dict[str, dict[str, float]]]
 
 
+def by_gpu(rows: Iterable[Row]) -> dict[str, list[Row]]:
+    """The rows by the GPU of the profile their prediction used (`h100/llama-3.1-8b/bf16`:
+    h100), each GPU's to its own file (`path_for`); rows naming no profile are left out."""
+    out: defaultdict[str, list[Row]] = defaultdict(list)
+    for r in rows:
+        if r.profile:
+            out[r.profile.split("/")[0]].append(r)
+    return dict(sorted(out.items()))
+
+
 def summarise(rows: Iterable[Row]) -> Table:
     """{profile: {metric: {rows, p10, p50, p90, min, max, within_noise}}}: the signed
     errors' spread over the open-loop rows whose prediction used that profile (rows with no

@@ -169,14 +169,15 @@ def _fmt(metric: str, v: float) -> str:
 @click.option("--loosen", is_flag=True,
               help="with --ratchet: rows whose error grew past their bound take today's "
               "error plus the allowance (the rest still only tighten)")
-@click.option("--fidelity", "fidelity_out", type=click.Path(path_type=Path),
-              help="write the errors' spread per profile and metric here, for plans to quote "
-              "(calibration/h200/vllm-0.26.0/fidelity.json), and beside it each row's "
-              "shares past a grid of limits (fidelity-tails.parquet), for --guard")
+@click.option("--fidelity", "fidelity_root", type=click.Path(path_type=Path, file_okay=False),
+              help="under this calibration folder, for each GPU with stored rows, write the "
+              "errors' spread per profile and metric, for plans to quote "
+              "(<gpu>/vllm-0.26.0/fidelity.json), and beside it each row's shares past a "
+              "grid of limits (fidelity-tails.parquet), for --guard")
 @errors_as_lines
 def compare(root: Path, fmt: str, out: Path | None, write_docs: Path | None,
             plot: Path | None, ratchet: Path | None, loosen: bool,
-            fidelity_out: Path | None) -> None:
+            fidelity_root: Path | None) -> None:
     """Predict every stored validation run again and show measured vs predicted."""
     from capplan._cli import ProgressBar
     from capplan.validate import report
@@ -208,14 +209,16 @@ def compare(root: Path, fmt: str, out: Path | None, write_docs: Path | None,
         click.echo(f"{ratchet}: {len(bounds)} rows bounded; {len(bad)} over their bound", err=True)
         for line in bad:
             click.echo(f"  {line}", err=True)
-    if fidelity_out is not None:
+    if fidelity_root is not None:
         from capplan import fidelity
 
-        fidelity.save(fidelity_out, fidelity.summarise(rows))
-        tails_out = fidelity_out.with_name(fidelity.TAILS_FILE)
-        fidelity.tails(rows).write_parquet(tails_out)
-        click.echo(f"{fidelity_out}, {tails_out.name}: written", err=True)
-    if any(x is not None for x in (write_docs, plot, ratchet, fidelity_out)):
+        for gpu, gpu_rows in fidelity.by_gpu(rows).items():
+            path = fidelity.path_for(fidelity_root, gpu)
+            fidelity.save(path, fidelity.summarise(gpu_rows))
+            tails_out = fidelity.tails_path_for(fidelity_root, gpu)
+            fidelity.tails(gpu_rows).write_parquet(tails_out)
+            click.echo(f"{path}, {tails_out.name}: written", err=True)
+    if any(x is not None for x in (write_docs, plot, ratchet, fidelity_root)):
         return
     df = to_frame(rows)
     if fmt == "csv":
@@ -283,7 +286,7 @@ def measure(suite_file: Path, engines: tuple[str, ...], root: Path, time_budget_
                          vllm_version=suite.vllm, command=" ".join(sys.argv))
             click.echo(f"{name}: stored in {dest}", err=True)
     compare.callback(root=root, fmt="table", out=None, write_docs=None, plot=None,  # type: ignore[misc]
-                     ratchet=None, loosen=False, fidelity_out=None)
+                     ratchet=None, loosen=False, fidelity_root=None)
 
 
 PREDICTED = ("output_tok_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "e2e_p99_s")
