@@ -54,6 +54,10 @@ against its price, overlapped and with the core's time serial (twentieth session
 the workload with the highest TTFT p99, and measured against predicted TTFT and inter-token
 time through the run (docs/validation.md, "The production plan's decision, on the real
 engine").
+`recorded ENGINE` the engine's rows against the prediction recorded before its run
+(validation/queued/) and against today's: rows within target and the median absolute error
+per metric, each way (docs/validation.md, "The H100 (thirty-second session)": the analytic
+profile recorded before, the measured H100 profile today).
 `before COMMIT` predicts today's stored rows with the code and profiles of COMMIT (a git
 worktree of it, given today's suite and measurements) beside today's: the rows within target
 of each (and split into closed- and open-loop rows), and each named engine's rows, ITL p50,
@@ -2266,12 +2270,34 @@ def drainfit(which: str = "drains") -> None:
     print(f"  fitted without {which} ({len(rows)} rows): {_within(rows)}")
 
 
+def recorded(engine: str) -> None:
+    """`recorded ENGINE` (module docstring)."""
+    from capplan.validate.compare import METRICS, TARGETS
+    from capplan.validate.queued import load as load_queued
+
+    rec = load_queued()[engine]
+    rows = [r for r in compare_all(folders=[f for f in stored_runs() if f.name == engine])]
+    print(f"{engine}: {len(rows)} rows; recorded {rec['recorded']} at {rec['git_commit'][:7]}")
+    print("| metric | target | recorded before: within / median abs. error "
+          "| today: within / median abs. error |")
+    print("| --- | --- | --- | --- |")
+    for m in METRICS:
+        then = [rec["predictions"][r.run][r.workload][m] / r.measured[m] - 1 for r in rows]
+        now = [r.error(m) for r in rows]
+        cells = [f"{sum(abs(e) <= TARGETS[m] for e in es)} / {len(es)}, "
+                 f"{float(np.median(np.abs(es))) * 100:.1f} %" for es in (then, now)]
+        print(f"| {m} | ±{TARGETS[m]:.0%} | {cells[0]} | {cells[1]} |")
+
+
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
         before(sys.argv[2], sys.argv[3:])
         return
     if sys.argv[1:2] == ["pair"]:
         pair(sys.argv[2])
+        return
+    if sys.argv[1:2] == ["recorded"]:
+        recorded(sys.argv[2])
         return
     with_an_argument: dict[str, Callable[..., None]] = {
         "reach": reach, "eager": eager, "pictures": pictures, "sync": sync, "spread": spread,
