@@ -53,6 +53,24 @@ def test_exact_match_returns_the_measured_profile(tmp_path: Path) -> None:
     assert [q.key for q in list_profiles(tmp_path)] == ["bf16"]
 
 
+def test_each_gpu_takes_its_own_shipped_profile() -> None:
+    """The shipped calibration holds Llama-3.1-8B BF16 on the H200 and the H100: a pool takes
+    its GPU's, never the other's, and a model with no H100 profile falls back to analytic
+    there rather than borrowing the H200's."""
+    for gpu in ("h200", "h100"):
+        p = resolve_profile(_pool(gpu=gpu, precision="bf16"), LLAMA8)
+        assert (p.source, p.gpu, p.precision) == ("measured", gpu, "bf16")
+    h100 = resolve_profile(_pool(gpu="h100", precision="bf16"), LLAMA8)
+    h200 = resolve_profile(_pool(gpu="h200", precision="bf16"), LLAMA8)
+    # the H100 reads its KV more slowly (3.35 TB/s against 4.8) and holds half the tokens
+    assert h100.step.decode_ctx_s > h200.step.decode_ctx_s
+    assert h100.kv.tokens(0.9) < 0.6 * h200.kv.tokens(0.9)
+    qwen = load_model_spec("qwen3-32b")
+    p = resolve_profile(Pool.model_validate({"name": "q", "model": "qwen3-32b", "gpu": "h100",
+                                             "precision": "bf16"}), qwen)
+    assert (p.source, p.gpu) == ("analytic", "h100")
+
+
 @pytest.mark.parametrize(
     "pool_kw",
     [
