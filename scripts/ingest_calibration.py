@@ -12,7 +12,9 @@ ended rc=0 is stored as `calibration/_raw/NAME.jsonl.xz` + `NAME.meta.json` (the
 `_raw/logs-SESSION/NAME.log.gz`, its rc.txt line appended to `_raw/rc.txt`. A run already
 stored is kept unless named in --replace, when the stored files move to
 `_raw/superseded-SESSION/` first (with their rc.txt lines). Nothing is written until every
-check has passed. Then rebuild: `capplan calibrate --from-raw calibration/_raw`.
+check has passed. Then rebuild: `capplan calibrate --from-raw calibration/_raw`. Another GPU's
+runs go to their own folder (`--raw calibration/_raw/h100`; store.raw_dir), rebuilt with
+`capplan calibrate --gpu h100 --from-raw calibration/_raw/h100`.
 """
 
 from __future__ import annotations
