@@ -2276,7 +2276,7 @@ def recorded(engine: str) -> None:
     from capplan.validate.queued import load as load_queued
 
     rec = load_queued()[engine]
-    rows = [r for r in compare_all(folders=[f for f in stored_runs() if f.name == engine])]
+    rows = compare_all(folders=[f for f in stored_runs() if f.name == engine])
     print(f"{engine}: {len(rows)} rows; recorded {rec['recorded']} at {rec['git_commit'][:7]}")
     print("| metric | target | recorded before: within / median abs. error "
           "| today: within / median abs. error |")
