@@ -112,6 +112,9 @@ def parse_args(argv=None):
     ap.add_argument("--trace-chrome", action="store_true",
                     help="with --trace-points, also each point's Chrome trace (tens of MB: "
                     "more than a device call brings back)")
+    ap.add_argument("--trace-core", action="store_true",
+                    help="time vLLM's engine-core and model-runner calls in every step "
+                    "(validate/coretrace.py) into <out>.traces/coretrace/core-<pid>.jsonl")
     ap.add_argument("--hang-s", type=float, default=90.0,
                     help="a point running this long (or 10x its estimate) has hung the engine")
     return ap.parse_args(argv)
@@ -752,6 +755,14 @@ def main(argv=None):
     # script imports nothing of capplan)
     runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
                                 "vllm_patches.py"))["apply_all"]()
+    if args.trace_core:
+        # the serving runner's core trace, in this process (the engine core runs in it):
+        # which of the model runner's calls a step's launch spends its time in, at the cost
+        # of a clock read and two CUDA events a call (a profiler slows the host so much
+        # that the GPU always waits for it, and a call that waits for the GPU never does)
+        meta["trace_core"] = runpy.run_path(os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), "..", "validate", "coretrace.py"))[
+                "install"](os.path.splitext(args.out)[0] + ".traces/coretrace")
     if args.hf_overrides:
         kw["hf_overrides"] = args.hf_overrides
     meta["engine_kwargs"] = {k: v for k, v in kw.items()}

@@ -54,6 +54,19 @@ TARGETS = [
     ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "prepare_attn"),
     ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "sample"),
     ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "postprocess_sampled"),
+    # inside execute_model (model_runner.py), for the steps whose launch waits for the GPU
+    # (docs/calibration.md, "A point's drain"); a fourth field names a span whose method
+    # name another target has
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", "finish_requests"),
+    ("vllm.v1.worker.gpu.block_table", "BlockTables", "apply_staged_writes"),
+    ("vllm.v1.worker.gpu.cudagraph_utils", "CudaGraphManager", "dispatch"),
+    ("vllm.v1.worker.gpu.cudagraph_utils", "ModelCudaGraphManager", "run_fullgraph"),
+    ("vllm.v1.worker.gpu.cudagraph_utils", "CudaGraphManager", "run_pw_graph"),
+    ("vllm.v1.worker.gpu.model_states.default", "DefaultModelState", "prepare_inputs",
+     "state.prepare_inputs"),
+    ("vllm.v1.worker.gpu.model_states.default", "DefaultModelState", "prepare_attn",
+     "state.prepare_attn"),
+    ("vllm.v1.worker.gpu.async_utils", "AsyncOutput", "__init__", "AsyncOutput"),
     # the V1 model runner, which vLLM 0.26.0 still picks for a draft model's speculation
     # (vllm/config/vllm.py: _get_v2_model_runner_unsupported_features), and its drafter
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "execute_model"),
@@ -172,7 +185,7 @@ def install(folder):
     os.makedirs(folder, exist_ok=True)
     trace = _Trace(folder)
     wrapped = []
-    for mod, cls, meth in TARGETS:
+    for mod, cls, meth, *span in TARGETS:
         try:
             owner = getattr(importlib.import_module(mod), cls)
             fn = getattr(owner, meth)
@@ -180,7 +193,7 @@ def install(folder):
             continue
         if getattr(fn, "_coretrace", False):
             continue
-        timed = (_wrap_gpu if meth in GPU_TIMED else _wrap)(trace, fn, meth)
+        timed = (_wrap_gpu if meth in GPU_TIMED else _wrap)(trace, fn, span[0] if span else meth)
         timed._coretrace = True
         setattr(owner, meth, timed)
         wrapped.append(f"{cls}.{meth}")
