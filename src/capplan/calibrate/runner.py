@@ -229,8 +229,12 @@ class GpuClock:
 class Recorder:
     """Wraps the scheduler and the executor: one record per non-empty engine step."""
 
-    def __init__(self, sched, executor=None, clock=None):
+    def __init__(self, sched, executor=None, clock=None, alloc_counts=False):
         self.sched = sched
+        # --trace-core: torch's caching-allocator counters after each step's launch (a
+        # cudaFree, which the allocator makes when it must give cached memory back, waits
+        # for the whole device)
+        self.alloc_counts, self.alloc = alloc_counts, {}
         self.point = None
         self.step_no = 0
         self.records = []
@@ -269,6 +273,12 @@ class Recorder:
         if self.launched in self.gpu:
             self.gpu[self.launched][1] = self.clock.event()
             self.launch_s[self.launched] += time.perf_counter() - t0
+            if self.alloc_counts:
+                import torch
+                st = torch.cuda.memory_stats()
+                self.alloc[self.launched] = [st.get(k, 0) for k in (
+                    "num_alloc_retries", "num_device_alloc", "num_device_free",
+                    "num_sync_all_streams")]
         self.launched = None
         return out
 
@@ -345,6 +355,8 @@ class Recorder:
                 rec["_gpu"] = evs
             if launch is not None:
                 rec["cpu_launch_s"] = round(launch, 7)
+            if id(so) in self.alloc:  # cumulative: retries, cudaMallocs, cudaFrees, syncs
+                rec["alloc_counts"] = self.alloc.pop(id(so))
             self.records.append(rec)
             self.step_no += 1
         out = self._update(so, *a, **k)
@@ -386,7 +398,8 @@ class Driver:
             import torch
 
             clock = GpuClock(torch)
-        self.rec = Recorder(self.sched, self.core.model_executor, clock)
+        self.rec = Recorder(self.sched, self.core.model_executor, clock,
+                            alloc_counts=getattr(args, "trace_core", False))
         self.rng = np.random.default_rng(args.seed)
         self.vocab = vocab
         self.budget0 = self.sched.max_num_scheduled_tokens
@@ -716,7 +729,10 @@ def trace_point(drv, p, folder, chrome=False):
 
 def main(argv=None):
     args = parse_args(argv)
-    meta = {"argv": sys.argv, "args": vars(args), "started_unix": time.time()}
+    meta = {"argv": sys.argv, "args": vars(args), "started_unix": time.time(),
+            # the settings of the environment that change how a step runs
+            "env": {k: v for k, v in os.environ.items()
+                    if k.startswith(("VLLM_", "CUDA_", "TORCH_", "PYTORCH_"))}}
     try:
         import numpy  # noqa: F401
         import torch

@@ -67,6 +67,10 @@ TARGETS = [
     ("vllm.v1.worker.gpu.model_states.default", "DefaultModelState", "prepare_attn",
      "state.prepare_attn"),
     ("vllm.v1.worker.gpu.async_utils", "AsyncOutput", "__init__", "AsyncOutput"),
+    # inside GPUModelRunner.sample, which a drain's launches wait in (thirty-third session)
+    ("vllm.model_executor.models.llama", "LlamaForCausalLM", "compute_logits"),
+    ("vllm.v1.worker.gpu.sample.sampler", "Sampler", "__call__", "Sampler"),
+    ("vllm.v1.worker.gpu.sample.sampler", "Sampler", "sample", "Sampler.sample"),
     # the V1 model runner, which vLLM 0.26.0 still picks for a draft model's speculation
     # (vllm/config/vllm.py: _get_v2_model_runner_unsupported_features), and its drafter
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "execute_model"),
