@@ -929,11 +929,13 @@ def drainscan(raw: Path | None = None) -> None:
     CUDA runtime call or an aten op) was made from."""
     import lzma
 
-    raw = raw or CALIBRATION_DIR / "_raw"
-    runs = sorted(raw.glob("*--drain.jsonl*"))
+    top = CALIBRATION_DIR / "_raw"
+    folders = [raw] if raw else [top, *sorted(p for p in top.iterdir() if (p / "rc.txt").exists()
+                                              and not p.name.startswith("superseded"))]
+    runs = [(folder, path) for folder in folders for path in sorted(folder.glob("*--drain.jsonl*"))]
     if not runs:
-        print(f"  no drain scans in {raw} (queued: calibration/_plans/queue-next-s31.txt)")
-    for path in runs:
+        print(f"  no drain scans in {', '.join(map(str, folders))}")
+    for raw, path in runs:
         name = path.name.split(".jsonl")[0]
         df = store.read_runner_jsonl(path)
         s = store.samples_of(df)
@@ -969,6 +971,112 @@ def drainscan(raw: Path | None = None) -> None:
                 worst = max(blocking, key=lambda c: c["ms"])
                 print(f"      longest blocking call: {worst['name']} {worst['ms']:.1f} ms, from "
                       + " <- ".join(worst["stack"][:4]))
+        _drain_core_trace(raw, name, df, s, only)
+
+
+CORE_CALLS = ("execute_model", "prepare_inputs", "run_fullgraph", "sample_tokens", "sample",
+              "compute_logits", "Sampler", "postprocess_sampled")
+"""The calls of a drain scan's core trace (runner.py --trace-core) that drainscan prints."""
+
+
+def _drain_core_trace(raw: Path, name: str, df: pl.DataFrame, s: dict, only: np.ndarray) -> None:
+    """A drain scan's core trace: each call's time in each step's window (from its schedule
+    to the engine's update with its output, which with async scheduling holds the launch of
+    the step after it), the median over the decode-only steps of the points' drains
+    (fit.drain_steps, each a batch size the engine had not run) against the others; and
+    torch's caching-allocator counters (`alloc_counts`: retries, cudaMallocs, cudaFrees)
+    over the scan."""
+    import lzma
+
+    paths = sorted((raw / f"{name}.traces" / "coretrace").glob("core-*.jsonl*"))
+    if not paths:
+        return
+    spans = []
+    for path in paths:
+        with (lzma.open if path.suffix == ".xz" else open)(path, "rt") as f:
+            spans += [x for x in map(json.loads, f) if x[1] != "gpu"]
+    lo, hi = df["t_sched1"].to_numpy(), df["t_done"].to_numpy()
+    per = {n: np.zeros(len(df)) for n in CORE_CALLS}
+    for call, _, t0, t1 in spans:
+        i = np.searchsorted(lo, t0, side="right") - 1
+        if call in per and i >= 0 and t0 <= hi[i]:
+            per[call][i] += t1 - t0
+    drained = only & F.drain_steps(s)
+    rest = only & ~drained
+    long = {n: v >= 5e-3 for n, v in per.items()}
+    print(f"    core trace, {drained.sum()} decode-only drain steps / {rest.sum()} others: "
+          "median ms, steps of 5 ms or more: " + ", ".join(
+              f"{n} {np.median(v[drained]) * 1e3:.1f} / {np.median(v[rest]) * 1e3:.1f} ms, "
+              f"{(long[n] & drained).sum()} / {(long[n] & rest).sum()}"
+              for n, v in per.items() if v.any()))
+    k = drained & long["compute_logits"]
+    if k.any():
+        print(f"      compute_logits of 5 ms or more: {np.median(per['compute_logits'][k]) * 1e3:.1f}"
+              f" ms at the median, for steps whose GPU took {np.median(s['step_s'][k]) * 1e3:.1f}"
+              " ms; the requests of those steps: " + ", ".join(map(str, s["seqs"][k])))
+    if "alloc_counts" in df.columns:
+        counts = np.array([c for c in df["alloc_counts"].to_list() if c is not None])
+        if len(counts):
+            moved = counts.max(axis=0) - counts.min(axis=0)
+            print(f"    allocator over the scan's steps: {moved[0]} retries, {moved[1]} "
+                  f"cudaMallocs, {moved[2]} cudaFrees")
+
+
+def newsizes() -> None:
+    """First uses of a batch size (fit.after_new_size). Over every run of a timed or scan
+    engine stored under calibration/_raw (another GPU's folder too): its decode-only steps
+    that began after the GPU idled (fit.STALL_S), split by whether they follow a first use.
+    Then, per shipped profile, the held-out units of its designed steps (less its drains,
+    fit.heldout_in_drain) split by whether they hold a step that follows a first use."""
+    raw = CALIBRATION_DIR / "_raw"
+    total = {True: [0, 0], False: [0, 0]}
+    for folder in [raw, *sorted(p for p in raw.iterdir() if (p / "rc.txt").exists()
+                                and not p.name.startswith("superseded"))]:
+        for meta in sorted(folder.glob("*.meta.json")):
+            name = meta.name.removesuffix(".meta.json")
+            path = store.runner_jsonl(folder, name)
+            if path is None or "--graphs" in name or "--encoder" in name:
+                continue
+            s = store.samples_of(store.read_runner_jsonl(path))
+            only = F._decode_only(s)
+            stalled, after = only & (s["gpu_gap_s"] >= F.STALL_S), only & F.after_new_size(s)
+            # engines whose launches are slow on every step (docs/calibration.md, "A point's
+            # drain"): the draft model's and MTP k = 2's
+            drafted = "draft_model" in name or "mtp2" in name
+            if not drafted:
+                for k in (True, False):
+                    m = after if k else only & ~after
+                    total[k][0] += int((stalled & m).sum())
+                    total[k][1] += int(m.sum())
+            print(f"  {folder.name}/{name}: stalled after a first use {(stalled & after).sum()} "
+                  f"of {after.sum()}, after a size run before {(stalled & ~after).sum()} of "
+                  f"{(only & ~after).sum()}" + (" (slow launches: not in the total)"
+                                                 if drafted else ""))
+    for k, label in ((True, "after a first use"), (False, "after a size run before")):
+        n, of = total[k]
+        print(f"  all but the draft-model and MTP k = 2 engines, {label}: {n} of {of} stalled "
+              f"({n / of:.1%})")
+    for d in sorted(CALIBRATION_DIR.glob("*/vllm-0.26.0/*/*/samples.parquet")):
+        d = d.parent
+        prof = Profile.load(d)
+        f = json.loads((d / "provenance.json").read_text()).get("fit", {})
+        df = pl.read_parquet(d / "samples.parquet")
+        w = prof.step.window_tokens or 0
+        s = store.samples_of(df, w)
+        eng, seed = prof.engine, f.get("seed", 0)
+        ape = F.heldout_ape(s, prof.step, max_num_seqs=eng["max_num_seqs"],
+                            max_num_batched_tokens=eng["max_num_batched_tokens"],
+                            spec_k=prof.spec_k, seed=seed, window=w)
+        run = df["run"].to_numpy() if "run" in df.columns else None
+        designed = ~F.heldout_in_drain(s, seed=seed)
+        new = F.heldout_holding(s, F.after_new_size(s, run), seed=seed)
+        rest, firsts = ape[designed & ~new], ape[designed & new]
+        print(f"  {d.parts[-4]}/{d.parent.name}/{d.name}: designed steps "
+              f"{np.median(ape[designed]):.1%} / {np.percentile(ape[designed], 95):.1%} "
+              f"({designed.sum()} units); less those after a first use {np.median(rest):.1%} / "
+              f"{np.percentile(rest, 95):.1%} ({len(rest)}); those "
+              + (f"{np.median(firsts):.1%} / {np.percentile(firsts, 95):.1%} ({len(firsts)})"
+                 if len(firsts) else "none"))
 
 
 def main() -> None:
@@ -989,7 +1097,7 @@ def main() -> None:
          "floor": floor, "drafter": drafter, "stairs": stairs, "graphs": graphs,
          "idle": idle, "mixlen": mixlen, "specgraphs": specgraphs, "encoder": encoder,
          "kvstarts": kvstarts, "starts": starts, "pictures": pictures, "probe": probe,
-         "drain": drain, "drainscan": drainscan}[name]()
+         "drain": drain, "drainscan": drainscan, "newsizes": newsizes}[name]()
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ Each LANE_DIR is an unpacked `raw.tgz` of scripts/gpu_calibrate.sh (NAME.jsonl, 
 NAME.log, rc.txt; a KV-only engine has no NAME.jsonl; a drain scan's NAME.traces/, the
 runner's --trace-points, whose step records and long calls are stored xz-compressed and
 whose table is stored as it is, under `_raw/NAME.traces/`, the Chrome traces left in the
-lane: tens of MB, for a local viewer). Every run there whose rc.txt line
+lane: tens of MB, for a local viewer; and a core trace's `coretrace/core-<pid>.jsonl`,
+xz-compressed, from runner.py --trace-core). Every run there whose rc.txt line
 ended rc=0 is stored as `calibration/_raw/NAME.jsonl.xz` + `NAME.meta.json` (the meta gains
 `runner_commit`: the last commit that touched the runner, or --runner-commit), its log as
 `_raw/logs-SESSION/NAME.log.gz`, its rc.txt line appended to `_raw/rc.txt`. A run already
@@ -112,13 +113,15 @@ def main(argv: list[str] | None = None) -> int:
         traces = lane / f"{name}.traces"
         if traces.is_dir():
             (raw / traces.name).mkdir(exist_ok=True)
-            for f in sorted(traces.iterdir()):
+            # the profiler's files, and a core trace's (runner.py --trace-core: coretrace/)
+            for f in sorted([*traces.iterdir(), *traces.glob("coretrace/core-*.jsonl")]):
+                dest = raw / traces.name / f.relative_to(traces)
                 if f.name.endswith((".json", ".jsonl")):
-                    with open(f, "rb") as src, lzma.open(raw / traces.name / f"{f.name}.xz",
-                                                         "wb", preset=9) as dst:
+                    dest.parent.mkdir(exist_ok=True)
+                    with open(f, "rb") as src, lzma.open(f"{dest}.xz", "wb", preset=9) as dst:
                         shutil.copyfileobj(src, dst)
                 elif f.name.endswith(".txt"):
-                    shutil.copy(f, raw / traces.name / f.name)
+                    shutil.copy(f, dest)
         meta = json.loads((lane / f"{name}.meta.json").read_text())
         meta["runner_commit"] = commit
         (raw / f"{name}.meta.json").write_text(json.dumps(meta, indent=1) + "\n")

@@ -367,3 +367,16 @@ def test_a_stall_is_a_drain_step_the_gpu_idled_before() -> None:
     assert F.drain_steps(s).tolist() == [False, False, True, True, True, True, False, False]
     assert F.stalled_steps(s).tolist() == [False, False, False, True, False, False, False,
                                            False]
+
+
+def test_the_steps_after_a_first_use_of_a_batch_size_are_marked_per_engine() -> None:
+    """after_new_size: the two steps after each step whose request count its engine had not
+    run before; a size first run by one engine is new again to the next."""
+    seqs = np.array([8, 8, 8, 128, 128, 128, 112, 128, 8, 8, 8])
+    run = np.array([1] * 8 + [2] * 3)
+    marked = F.after_new_size({"seqs": seqs}, run)
+    #          8      8     8      128    128   128   112    128   | 8      8     8
+    assert marked.tolist() == [False, True, True, False, True, True, False, True, True,
+                               True, True]
+    # one engine: the second engine's 8s were run before
+    assert F.after_new_size({"seqs": seqs}).tolist()[8:] == [True, False, False]

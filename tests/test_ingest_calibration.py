@@ -47,3 +47,29 @@ def test_another_gpus_runs_are_stored_in_their_own_folder(tmp_path: Path) -> Non
     again = _ingest(tmp_path, str(lane), "--raw", str(raw))
     assert not (tmp_path / "calibration").exists()  # nothing went to the default folder
     assert again.returncode != 0 and "stored already" in again.stderr
+
+
+def test_a_drain_scans_traces_are_stored_compressed_with_its_core_trace(tmp_path: Path) -> None:
+    """A drain scan's NAME.traces/: the profiler's step records and calls xz-compressed, its
+    table as it is, and the core trace of runner.py --trace-core (coretrace/core-<pid>.jsonl)
+    xz-compressed in its own folder; nothing else of the lane."""
+    lane = tmp_path / "lane0"
+    traces = lane / "m--bf16--drain.traces"
+    (traces / "coretrace").mkdir(parents=True)
+    (lane / "m--bf16--drain.jsonl").write_text('{"step": 1}\n')
+    (lane / "m--bf16--drain.meta.json").write_text(json.dumps({"args": {}}))
+    (lane / "rc.txt").write_text("m--bf16--drain rc=0 s=100\n")
+    (traces / "p.calls.json").write_text("[]")
+    (traces / "p.table.txt").write_text("Name ...\n")
+    (traces / "p.trace.json.gz").write_bytes(b"chrome")
+    (traces / "coretrace" / "core-7.jsonl").write_text('["sample", "MainThread", 1.0, 2.0]\n')
+    raw = tmp_path / "_raw"
+    out = _ingest(tmp_path, str(lane), "--raw", str(raw))
+    assert out.returncode == 0, out.stderr
+    stored = raw / "m--bf16--drain.traces"
+    assert lzma.decompress((stored / "p.calls.json.xz").read_bytes()) == b"[]"
+    assert (stored / "p.table.txt").read_text() == "Name ...\n"
+    assert lzma.decompress((stored / "coretrace" / "core-7.jsonl.xz").read_bytes()).startswith(
+        b'["sample"')
+    assert sorted(p.name for p in stored.rglob("*") if p.is_file()) == [
+        "core-7.jsonl.xz", "p.calls.json.xz", "p.table.txt"]

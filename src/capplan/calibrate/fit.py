@@ -195,11 +195,33 @@ def stalled_steps(s: Samples) -> np.ndarray:
     `cpu_launch_s`; 2-4 ms in a steady step), so the stream ran dry while the core updated,
     scheduled and prepared this one. Such a step's time is the host's wait, not the batch's
     cost: in a drain whose steps kept the stream busy the profiles price the GPU's work
-    within a millisecond (docs/calibration.md, "A point's drain")."""
+    within a millisecond (docs/calibration.md, "A point's drain"). The wait comes with a
+    batch size the engine had not run before (`after_new_size`), as every drain step's is."""
     gap = s.get("gpu_gap_s")
     if gap is None:
         return np.zeros(len(s["point"]), dtype=bool)
     return drain_steps(s) & (gap >= STALL_S)
+
+
+def after_new_size(s: Samples, run: np.ndarray | None = None) -> np.ndarray:
+    """The steps launched just after the engine first ran a step of as many requests: the
+    next two after each step whose request count its engine had not run before (`run`
+    numbers each step's engine; one engine if None). The step that follows such a first
+    use is where a drain's stall shows: in the H100 drain scans (thirty-third session) the
+    engine core's launch of a step of a new size waited in the model's `compute_logits`, the
+    lm_head product the CUDA graph leaves out, for about the GPU's step (13-23 ms against
+    0.3 ms), and over every timed and scan run the GPU idled before 21.8 % of the
+    decode-only steps that follow a first use and before 0.5 % of the others, the engines
+    whose every launch is slow (a draft model's, MTP k = 2's) aside (docs/calibration.md,
+    "A point's drain"). A serving engine meets each size for the first time once."""
+    seqs = s["seqs"]
+    run = np.zeros(len(seqs), dtype=int) if run is None else run
+    first = np.zeros(len(seqs), dtype=bool)
+    seen: set[tuple[int, int]] = set()
+    for i, key in enumerate(zip(run.tolist(), seqs.tolist(), strict=True)):
+        first[i] = key not in seen
+        seen.add(key)
+    return np.r_[False, first[:-1]] | np.r_[False, False, first[:-2]]
 
 
 def windows(s: Samples, seed: int, width: int | None = None) -> np.ndarray:

@@ -92,6 +92,11 @@ def read_runner_jsonl(path: Path) -> pl.DataFrame:
         # fourteenth session on (runner.py)
         df = df.with_columns(pl.Series(c, [r.get(c) for r in rows], dtype=pl.Float64)
                              for c in ("cpu_launch_s", "cpu_update_s"))
+    if any("alloc_counts" in r for r in rows):
+        # torch's caching-allocator counters after the step's launch (runner.py --trace-core,
+        # thirty-third session): retries, cudaMallocs, cudaFrees, all-stream syncs
+        df = df.with_columns(pl.Series("alloc_counts", [r.get("alloc_counts") for r in rows],
+                                       dtype=pl.List(pl.Int64)))
     if any("encoder_tokens" in r for r in rows):
         # image tokens whose encoder ran in the step (picture points, runner.py `describe`)
         df = df.with_columns(pl.Series("encoder_tokens",
