@@ -1,7 +1,9 @@
-"""Write calibration/_raw/core-launch/<model>.json: the serving engine core's own time a
-step, measured from the validation engines whose core was traced (validate/corelaunch.py;
-traces in validation/logs/s13-coretrace and s14-coretrace). `capplan calibrate --from-raw`
-puts the figures in every profile of the model (calibrate/build.py: core_launch).
+"""Write calibration/_raw/core-launch/<model>.json (another GPU's in its own raw folder,
+calibration/_raw/h100/core-launch/): the serving engine core's own time a step, measured
+from the validation engines whose core was traced (validate/corelaunch.py; the H200's
+traces in validation/logs/s13-coretrace and s14-coretrace, the H100's in s33-coretrace).
+`capplan calibrate [--gpu G] --from-raw` puts the figures in every profile of the model
+(calibrate/build.py: core_launch).
 
     python scripts/core_launch.py          # write the files, print what they hold
 
@@ -16,7 +18,9 @@ five of the six leases that ran the experiment, 13.3 ms on the other), and Qwen3
 the same host. The other traced engines, on three other leases, are kept beside it as
 `also_measured` (the fifth lease's Llama BF16 engine, measured after the figures were chosen,
 took 2.93 and 12.14 ms; the fourteenth session's, 2.86 and 12.56 ms). Gemma 4 31B takes its
-one traced engine, FP8 (fourteenth session).
+one traced engine, FP8 (fourteenth session). On the H100, Llama-3.1-8B takes its one
+step-traced serving engine, FP8 (thirty-third session), for both precisions, as the H200's
+BF16 engine serves the H200's FP8 profile.
 """
 
 from __future__ import annotations
@@ -24,38 +28,62 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from capplan.validate.corelaunch import measure
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = [ROOT / "validation" / "logs" / d for d in ("s13-coretrace", "s14-coretrace")]
-VALIDATION = ROOT / "calibration" / "h200" / "vllm-0.26.0"
-OUT = ROOT / "calibration" / "_raw" / "core-launch"
-CHOSEN = {
-    "llama-3.1-8b": ("llama-3.1-8b-bf16-hostb",
-                     ["llama-3.1-8b-bf16-core2", "llama-3.1-8b-fp8-core2",
-                      "llama-3.1-8b-fp8-hostc", "llama-3.1-8b-bf16-oos13",
-                      "llama-3.1-8b-fp8-oos13", "llama-3.1-8b-bf16-core3"]),
-    "qwen3-32b": ("qwen3-32b-bf16-core", ["qwen3-32b-fp8-core"]),
-    "gemma-4-31b": ("gemma-4-31b-fp8-core", []),
+
+
+@dataclass(frozen=True)
+class Host:
+    """One GPU's traced serving engines: where their traces and validation folders are, where
+    the figures go (the GPU's raw folder, store.raw_dir), and each model's chosen engine
+    with the others measured beside it."""
+
+    traces: tuple[Path, ...]
+    validation: Path
+    out: Path
+    chosen: dict[str, tuple[str, list[str]]]
+
+    def trace_dir(self, engine: str) -> Path:
+        """The folder holding the engine's stored core trace."""
+        return next(d for d in self.traces if (d / f"{engine}.parquet").exists())
+
+
+HOSTS = {
+    "h200": Host(
+        traces=tuple(ROOT / "validation" / "logs" / d for d in ("s13-coretrace", "s14-coretrace")),
+        validation=ROOT / "calibration" / "h200" / "vllm-0.26.0",
+        out=ROOT / "calibration" / "_raw" / "core-launch",
+        chosen={
+            "llama-3.1-8b": ("llama-3.1-8b-bf16-hostb",
+                             ["llama-3.1-8b-bf16-core2", "llama-3.1-8b-fp8-core2",
+                              "llama-3.1-8b-fp8-hostc", "llama-3.1-8b-bf16-oos13",
+                              "llama-3.1-8b-fp8-oos13", "llama-3.1-8b-bf16-core3"]),
+            "qwen3-32b": ("qwen3-32b-bf16-core", ["qwen3-32b-fp8-core"]),
+            "gemma-4-31b": ("gemma-4-31b-fp8-core", []),
+        }),
+    # the H100's one step-traced serving engine (thirty-third session); its other traced
+    # engines recorded no step records (trace_steps), which `measure` needs
+    "h100": Host(
+        traces=(ROOT / "validation" / "logs" / "s33-coretrace",),
+        validation=ROOT / "calibration" / "h100" / "vllm-0.26.0",
+        out=ROOT / "calibration" / "_raw" / "h100" / "core-launch",
+        chosen={"llama-3.1-8b": ("llama-3.1-8b-fp8-h100", [])}),
 }
 
 
-def trace_dir(engine: str) -> Path:
-    """The folder holding the engine's stored core trace."""
-    return next(d for d in TRACES if (d / f"{engine}.parquet").exists())
-
-
-def model_figures(model: str) -> dict[str, object]:
-    engine, others = CHOSEN[model]
+def model_figures(host: Host, model: str) -> dict[str, object]:
+    engine, others = host.chosen[model]
 
     def one(name: str) -> dict[str, object]:
-        return measure(trace_dir(name), name, VALIDATION / model / "validation" / name)
+        return measure(host.trace_dir(name), name, host.validation / model / "validation" / name)
 
     out = one(engine)
-    out["trace"] = str((trace_dir(engine) / f"{engine}.parquet").relative_to(ROOT))
+    out["trace"] = str((host.trace_dir(engine) / f"{engine}.parquet").relative_to(ROOT))
     out["command"] = "python scripts/core_launch.py"
     out["also_measured"] = [one(o) for o in others]
     out["spread"], out["spread_from"] = spread(out)
@@ -87,20 +115,24 @@ def spread(fig: dict[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
 
 
 def main() -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    for model in CHOSEN:
-        fig = model_figures(model)
-        (OUT / f"{model}.json").write_text(json.dumps(fig, indent=1) + "\n")
-        rows = [fig, *fig["also_measured"]]  # type: ignore[list-item]
-        for r in rows:
-            print(f"{model:14s} {r['engine']:26s} decode-only {r['core_graph_s'] * 1e3:5.2f} ms "
-                  f"({r['graph_steps']} steps), piecewise {r['core_piecewise_s'] * 1e3:5.2f} ms "
-                  f"({r['piecewise_steps']} steps), eager {r.get('eager_steps', 0)} steps; "
-                  "sigma " + " / ".join(str(r.get(f"{k}_sigma", "-"))
-                                        for k in ("graph", "piecewise", "eager")))
-        print(f"{model:14s} spread taken: " + ", ".join(
-            f"{k} {v} ({fig['spread_from'][k]})" for k, v in fig["spread"].items()))
+    for gpu, host in HOSTS.items():
+        host.out.mkdir(parents=True, exist_ok=True)
+        for model in host.chosen:
+            write(gpu, host, model)
 
+
+def write(gpu: str, host: Host, model: str) -> None:
+    fig = model_figures(host, model)
+    (host.out / f"{model}.json").write_text(json.dumps(fig, indent=1) + "\n")
+    rows = [fig, *fig["also_measured"]]  # type: ignore[list-item]
+    for r in rows:
+        print(f"{gpu} {model:14s} {r['engine']:26s} decode-only {r['core_graph_s'] * 1e3:5.2f} "
+              f"ms ({r['graph_steps']} steps), piecewise {r['core_piecewise_s'] * 1e3:5.2f} ms "
+              f"({r['piecewise_steps']} steps), eager {r.get('eager_steps', 0)} steps; "
+              "sigma " + " / ".join(str(r.get(f"{k}_sigma", "-"))
+                                    for k in ("graph", "piecewise", "eager")))
+    print(f"{gpu} {model:14s} spread taken: " + ", ".join(
+        f"{k} {v} ({fig['spread_from'][k]})" for k, v in fig["spread"].items()))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -71,6 +71,22 @@ def test_each_gpu_takes_its_own_shipped_profile() -> None:
     assert (p.source, p.gpu) == ("analytic", "h100")
 
 
+def test_a_shared_prefix_priced_in_full_says_so() -> None:
+    """A pool whose requests hit the prefix cache, on a measured profile no prefix-cache
+    engine measured (the H100's Llama-3.1-8B BF16: shared_ctx_saving 0), is told that the
+    context they read in common is priced in full; the H200's, which measured it, is not,
+    nor is a pool with no hits."""
+    from capplan.sim.run import _source
+
+    h100 = resolve_profile(_pool(gpu="h100", precision="bf16"), LLAMA8)
+    h200 = resolve_profile(_pool(gpu="h200", precision="bf16"), LLAMA8)
+    assert h100.step.shared_ctx_saving == 0 < h200.step.shared_ctx_saving
+    assert _source(h100, text_only=True, shared=True) == (
+        "measured (shared-prefix saving: not measured, none assumed)")
+    assert _source(h100, text_only=True, shared=False) == "measured"
+    assert _source(h200, text_only=True, shared=True) == "measured"
+
+
 @pytest.mark.parametrize(
     "pool_kw",
     [
