@@ -334,6 +334,37 @@ def floors() -> None:
               + "; mean abs. error " + ", ".join(f"{m} {v:.1%}" for m, v in mean.items()))
 
 
+def borrowsaving(engine: str = "llama-3.1-8b-bf16-prefixrep-h100") -> None:
+    """The engine's stored rows predicted as shipped and with the shared-prefix saving of
+    the same model and precision's H200 profile in its profile (thirty-third session): the
+    H100 profiles measured none (no prefix-cache engine ran there, calibration/_plans/h100/
+    queue-next.txt), so they price the context requests read in common in full. A what-if,
+    not a shipped figure: each metric measured / predicted (error) per row."""
+    import capplan.profiles as profiles
+
+    folders = [f for f in stored_runs() if f.name == engine]
+    if not folders:
+        raise SystemExit(f"borrowsaving: no stored engine {engine!r}")
+    resolve = profiles.resolve_profile
+
+    def borrowed(pool: Any, spec: Any, *a: Any, **k: Any) -> Profile:
+        prof = resolve(pool, spec, *a, **k)
+        h200 = resolve(pool.model_copy(update={"gpu": "h200"}), spec, *a, **k)
+        return prof.model_copy(update={"step": prof.step.model_copy(
+            update={"shared_ctx_saving": h200.step.shared_ctx_saving})})
+
+    for label, fn in (("as shipped", resolve), ("the H200's saving", borrowed)):
+        profiles.resolve_profile = fn
+        try:
+            df = to_frame(compare_all(folders=folders))
+        finally:
+            profiles.resolve_profile = resolve
+        for r in df.iter_rows(named=True):
+            print(f"  {label:18s} {r['run']}: " + ", ".join(
+                f"{m} {r[f'{m}_measured']:.4g} / {r[f'{m}_predicted']:.4g} "
+                f"({r[f'{m}_error']:+.0%})" for m in TARGETS))
+
+
 def idle() -> None:
     """Calibration steps that started on an idle GPU (nothing to hide the host's work
     behind) against the fit, which pipelined steps dominate."""
@@ -2301,7 +2332,8 @@ def main() -> None:
         return
     with_an_argument: dict[str, Callable[..., None]] = {
         "reach": reach, "eager": eager, "pictures": pictures, "sync": sync, "spread": spread,
-        "probe": probe, "edge": edge, "routed": routed, "drainfit": drainfit}
+        "probe": probe, "edge": edge, "routed": routed, "drainfit": drainfit,
+        "borrowsaving": borrowsaving}
     if sys.argv[1:2] and sys.argv[1] in with_an_argument:  # [ENGINE], or spread's [RHO]
         with_an_argument[sys.argv[1]](*sys.argv[2:3])
         return

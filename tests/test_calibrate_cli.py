@@ -622,10 +622,12 @@ def test_drain_scan_engine_traces_its_points_and_is_not_fitted(tmp_path: Path) -
     ids = [p["id"] for p in drain_points()]
     assert args[args.index("--trace-points") + 1].split(",") == ids[:2] == [
         "decode-b128-c512", "drain-b128-c512"]
+    assert "--trace-core" in args  # what names the call a drain's launch waits in
     plan = ccli._plan(drain[0], 60)
     assert [p["id"] for p in plan["points"] if not p.get("warmup")] == ids
     plain = next(j for j in jobs if j.name == "llama-3.1-8b--bf16")
-    assert "--trace-points" not in plain.runner_args("m", "p.json", "o", "meta", 60)
+    assert not {"--trace-points", "--trace-core"} & set(
+        plain.runner_args("m", "p.json", "o", "meta", 60))
     lines = {ln.split("|")[0]: float(ln.split("|")[1])
              for ln in (ccli.queue_line(j, tmp_path, 60) for j in (plain, drain[0]))}
     assert lines["llama-3.1-8b--bf16--drain"] == pytest.approx(lines["llama-3.1-8b--bf16"] + 60)

@@ -60,8 +60,8 @@ class Job:
     length (sweep.mixlen_points): a test of the step model's summed context, not fitted."""
     drain_scan: bool = False
     """An engine that times decode points' ends, their requests finishing 16 a step and all
-    at once, then runs two of them again under torch's profiler (sweep.drain_points,
-    sweep.drain_traced): not fitted."""
+    at once, with the engine core's calls traced (runner.py --trace-core), then runs two of
+    them again under torch's profiler (sweep.drain_points, sweep.drain_traced): not fitted."""
     encoder_scan: bool = False
     """A multimodal model's engine with images allowed that times only its vision encoder
     (sweep.encoder_points); its run gives the profile's `encoder_token_s`."""
@@ -164,7 +164,10 @@ class Job:
         else:
             a += ["--plan", plan]
         if self.drain_scan and plan is not None:
-            a += ["--trace-points", ",".join(drain_traced())]
+            # the core trace names the call a drain's launch waits in; the profiler, which
+            # slows the host past the GPU, cannot see a wait (docs/calibration.md, "A point's
+            # drain")
+            a += ["--trace-points", ",".join(drain_traced()), "--trace-core"]
         return a
 
 
