@@ -1011,9 +1011,10 @@ def _drain_core_trace(raw: Path, name: str, df: pl.DataFrame, s: dict, only: np.
               for n, v in per.items() if v.any()))
     k = drained & long["compute_logits"]
     if k.any():
-        print(f"      compute_logits of 5 ms or more: {np.median(per['compute_logits'][k]) * 1e3:.1f}"
-              f" ms at the median, for steps whose GPU took {np.median(s['step_s'][k]) * 1e3:.1f}"
-              " ms; the requests of those steps: " + ", ".join(map(str, s["seqs"][k])))
+        logits, gpu = per["compute_logits"][k], s["step_s"][k]
+        print(f"      compute_logits of 5 ms or more: {np.median(logits) * 1e3:.1f} ms at the "
+              f"median, for steps whose GPU took {np.median(gpu) * 1e3:.1f} ms; the requests "
+              "of those steps: " + ", ".join(map(str, s["seqs"][k])))
     if "alloc_counts" in df.columns:
         counts = np.array([c for c in df["alloc_counts"].to_list() if c is not None])
         if len(counts):

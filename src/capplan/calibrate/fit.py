@@ -221,7 +221,8 @@ def after_new_size(s: Samples, run: np.ndarray | None = None) -> np.ndarray:
     for i, key in enumerate(zip(run.tolist(), seqs.tolist(), strict=True)):
         first[i] = key not in seen
         seen.add(key)
-    return np.r_[False, first[:-1]] | np.r_[False, False, first[:-2]]
+    after: np.ndarray = np.r_[False, first[:-1]] | np.r_[False, False, first[:-2]]
+    return after
 
 
 def windows(s: Samples, seed: int, width: int | None = None) -> np.ndarray:
