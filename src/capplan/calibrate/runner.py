@@ -774,8 +774,9 @@ def main(argv=None):
     if args.trace_core:
         # the serving runner's core trace, in this process (the engine core runs in it):
         # which of the model runner's calls a step's launch spends its time in, at the cost
-        # of a clock read and two CUDA events a call (a profiler slows the host so much
-        # that the GPU always waits for it, and a call that waits for the GPU never does)
+        # of two clock reads a call and two CUDA events a launch (a profiler slows the host
+        # so much that the GPU always waits for it, and a call that waits for the GPU never
+        # does)
         meta["trace_core"] = runpy.run_path(os.path.join(
             os.path.dirname(os.path.abspath(__file__)), "..", "validate", "coretrace.py"))[
                 "install"](os.path.splitext(args.out)[0] + ".traces/coretrace")
