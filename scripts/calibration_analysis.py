@@ -921,17 +921,24 @@ def drain() -> None:
                       for k, v in sorted(by_finished.items())))
 
 
-def drainscan(raw: Path | None = None) -> None:
+def _raw_folders() -> list[Path]:
+    """calibration/_raw and each other GPU's raw folder under it (store.raw_dir), the
+    superseded runs' folders left out."""
+    top = CALIBRATION_DIR / "_raw"
+    return [top, *sorted(p for p in top.iterdir() if (p / "rc.txt").exists()
+                         and not p.name.startswith("superseded"))]
+
+
+def drainscan() -> None:
     """The drain scans (`capplan calibrate --drain-scan`, sweep.drain_points): per point, how
     many of its decode-only steps began after the GPU idled and the core's launch of the
     step before each; then, per point the runner traced (`--trace-points`), the host's calls
     of 2 ms or more by name (count, median, longest) and where the longest blocking call (a
-    CUDA runtime call or an aten op) was made from."""
+    CUDA runtime call or an aten op) was made from, and how long the GPU idled before the
+    traced pass's decode-only steps (the profiler's own cost on the host)."""
     import lzma
 
-    top = CALIBRATION_DIR / "_raw"
-    folders = [raw] if raw else [top, *sorted(p for p in top.iterdir() if (p / "rc.txt").exists()
-                                              and not p.name.startswith("superseded"))]
+    folders = _raw_folders()
     runs = [(folder, path) for folder in folders for path in sorted(folder.glob("*--drain.jsonl*"))]
     if not runs:
         print(f"  no drain scans in {', '.join(map(str, folders))}")
@@ -971,6 +978,18 @@ def drainscan(raw: Path | None = None) -> None:
                 worst = max(blocking, key=lambda c: c["ms"])
                 print(f"      longest blocking call: {worst['name']} {worst['ms']:.1f} ms, from "
                       + " <- ".join(worst["stack"][:4]))
+            steps_path = next(iter(sorted((raw / f"{name}.traces").glob(
+                calls_path.name.split(".calls")[0] + ".steps.jsonl*"))), None)
+            if steps_path is not None:
+                with (lzma.open if steps_path.suffix == ".xz" else open)(steps_path, "rt") as f:
+                    recs = [r for r in map(json.loads, f) if r.get("kind") == "step"]
+                # the GPU's idle before each decode-only step of the traced pass
+                idle_ms = np.array([(b["gpu_t0"] - a["gpu_t1"]) * 1e3 for a, b in pairwise(recs)
+                                    if b["prefill_tokens"] == 0])
+                long = idle_ms[idle_ms >= 10]
+                print(f"      under the profiler the GPU idled 10 ms or more before {len(long)} "
+                      f"of the pass's {len(idle_ms)} decode-only steps"
+                      + (f" ({long.min():.1f}-{long.max():.1f} ms)" if len(long) else ""))
         _drain_core_trace(raw, name, df, s, only)
 
 
@@ -1012,9 +1031,10 @@ def _drain_core_trace(raw: Path, name: str, df: pl.DataFrame, s: dict, only: np.
     k = drained & long["compute_logits"]
     if k.any():
         logits, gpu = per["compute_logits"][k], s["step_s"][k]
-        print(f"      compute_logits of 5 ms or more: {np.median(logits) * 1e3:.1f} ms at the "
-              f"median, for steps whose GPU took {np.median(gpu) * 1e3:.1f} ms; the requests "
-              "of those steps: " + ", ".join(map(str, s["seqs"][k])))
+        print(f"      compute_logits of 5 ms or more: {logits.min() * 1e3:.1f}-"
+              f"{logits.max() * 1e3:.1f} ms ({np.median(logits) * 1e3:.1f} at the median), for "
+              f"steps whose GPU took {np.median(gpu) * 1e3:.1f} ms; the requests of those "
+              "steps: " + ", ".join(map(str, s["seqs"][k])))
     if "alloc_counts" in df.columns:
         counts = np.array([c for c in df["alloc_counts"].to_list() if c is not None])
         if len(counts):
@@ -1029,10 +1049,8 @@ def newsizes() -> None:
     that began after the GPU idled (fit.STALL_S), split by whether they follow a first use.
     Then, per shipped profile, the held-out units of its designed steps (less its drains,
     fit.heldout_in_drain) split by whether they hold a step that follows a first use."""
-    raw = CALIBRATION_DIR / "_raw"
     total = {True: [0, 0], False: [0, 0]}
-    for folder in [raw, *sorted(p for p in raw.iterdir() if (p / "rc.txt").exists()
-                                and not p.name.startswith("superseded"))]:
+    for folder in _raw_folders():
         for meta in sorted(folder.glob("*.meta.json")):
             name = meta.name.removesuffix(".meta.json")
             path = store.runner_jsonl(folder, name)
