@@ -2313,7 +2313,7 @@ def recorded(engine: str) -> None:
           "| today: within / median abs. error |")
     print("| --- | --- | --- | --- |")
     for m in METRICS:
-        then = [rec["predictions"][r.run][r.workload][m] / r.measured[m] - 1 for r in rows]
+        then = [rec["predictions"][r.experiment][r.workload][m] / r.measured[m] - 1 for r in rows]
         now = [r.error(m) for r in rows]
         cells = [f"{sum(abs(e) <= TARGETS[m] for e in es)} / {len(es)}, "
                  f"{float(np.median(np.abs(es))) * 100:.1f} %" for es in (then, now)]

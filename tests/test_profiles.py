@@ -55,8 +55,8 @@ def test_exact_match_returns_the_measured_profile(tmp_path: Path) -> None:
 
 def test_each_gpu_takes_its_own_shipped_profile() -> None:
     """The shipped calibration holds Llama-3.1-8B BF16 on the H200 and the H100: a pool takes
-    its GPU's, never the other's, and a model with no H100 profile falls back to analytic
-    there rather than borrowing the H200's."""
+    its GPU's, never the other's, and a precision with no H100 profile (Qwen3-32B BF16; its
+    FP8 has one) falls back to analytic there rather than borrowing the H200's."""
     for gpu in ("h200", "h100"):
         p = resolve_profile(_pool(gpu=gpu, precision="bf16"), LLAMA8)
         assert (p.source, p.gpu, p.precision) == ("measured", gpu, "bf16")
@@ -69,22 +69,29 @@ def test_each_gpu_takes_its_own_shipped_profile() -> None:
     p = resolve_profile(Pool.model_validate({"name": "q", "model": "qwen3-32b", "gpu": "h100",
                                              "precision": "bf16"}), qwen)
     assert (p.source, p.gpu) == ("analytic", "h100")
+    p = resolve_profile(Pool.model_validate({"name": "q", "model": "qwen3-32b", "gpu": "h100",
+                                             "precision": "fp8"}), qwen)
+    assert (p.source, p.gpu, p.precision) == ("measured", "h100", "fp8")
 
 
 def test_a_shared_prefix_priced_in_full_says_so() -> None:
     """A pool whose requests hit the prefix cache, on a measured profile no prefix-cache
-    engine measured (the H100's Llama-3.1-8B BF16: shared_ctx_saving 0), is told that the
-    context they read in common is priced in full; the H200's, which measured it, is not,
-    nor is a pool with no hits."""
+    engine measured (the H200's Llama-3.1-8B BF16 with an FP8 KV cache: shared_ctx_saving 0),
+    is told that the context they read in common is priced in full; one that measured it
+    (the H200's and, since the thirty-fourth session, the H100's BF16) is not, nor is a pool
+    with no hits."""
     from capplan.sim.run import _source
 
-    h100 = resolve_profile(_pool(gpu="h100", precision="bf16"), LLAMA8)
-    h200 = resolve_profile(_pool(gpu="h200", precision="bf16"), LLAMA8)
-    assert h100.step.shared_ctx_saving == 0 < h200.step.shared_ctx_saving
-    assert _source(h100, text_only=True, shared=True) == (
+    kvfp8 = resolve_profile(_pool(gpu="h200", precision="bf16",
+                                  engine={"kv_cache_dtype": "fp8"}), LLAMA8)
+    assert (kvfp8.source, kvfp8.step.shared_ctx_saving) == ("measured", 0)
+    assert _source(kvfp8, text_only=True, shared=True) == (
         "measured (shared-prefix saving: not measured, none assumed)")
-    assert _source(h100, text_only=True, shared=False) == "measured"
-    assert _source(h200, text_only=True, shared=True) == "measured"
+    assert _source(kvfp8, text_only=True, shared=False) == "measured"
+    for gpu in ("h200", "h100"):
+        p = resolve_profile(_pool(gpu=gpu, precision="bf16"), LLAMA8)
+        assert p.step.shared_ctx_saving > 0
+        assert _source(p, text_only=True, shared=True) == "measured"
 
 
 @pytest.mark.parametrize(

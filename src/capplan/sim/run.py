@@ -626,9 +626,9 @@ def _source(profile: Profile, *, text_only: bool, shared: bool = False) -> str:
     timed the core, calibrate/build.py) says so too: its steps charge none. So does one
     without a shared-prefix saving (StepModel.shared_ctx_saving: no prefix-cache engine
     measured it) in a pool whose requests hit the prefix cache (`shared`): it prices the
-    context they read in common in full, which on the H100's Llama-3.1-8B BF16 put the ITL
-    p50 of a 90 % shared prefix at 44 req/s at 26.5 ms where vLLM took 12.7 (thirty-third
-    session, docs/validation.md)."""
+    context they read in common in full, which on the H100's Llama-3.1-8B BF16, before its
+    prefix-cache engine ran, put the ITL p50 of a 90 % shared prefix at 44 req/s at 26.5 ms
+    where vLLM took 12.7 (thirty-third session, docs/validation.md)."""
     terms = () if text_only else profile.provenance.analytic_terms
     parts = [f"{', '.join(terms)}: analytic"] if terms else []
     step = profile.step
