@@ -54,6 +54,9 @@ against its price, overlapped and with the core's time serial (twentieth session
 the workload with the highest TTFT p99, and measured against predicted TTFT and inter-token
 time through the run (docs/validation.md, "The production plan's decision, on the real
 engine").
+`borrowsaving [ENGINE]` and `borrowcore [ENGINE]` an H100 engine's rows with the H200 profile's
+shared-prefix saving or engine-core time in its profile (what-ifs); `tokengaps ENGINE` each
+run's measured inter-token gaps (thirty-third and thirty-fourth sessions).
 `recorded ENGINE` the engine's rows against the prediction recorded before its run
 (validation/queued/) and against today's: rows within target and the median absolute error
 per metric, each way (docs/validation.md, "The H100 (thirty-second session)": the analytic
@@ -334,35 +337,68 @@ def floors() -> None:
               + "; mean abs. error " + ", ".join(f"{m} {v:.1%}" for m, v in mean.items()))
 
 
-def borrowsaving(engine: str = "llama-3.1-8b-bf16-prefixrep-h100") -> None:
-    """The engine's stored rows predicted as shipped and with the shared-prefix saving of
-    the same model and precision's H200 profile in its profile (thirty-third session): the
-    H100 profiles measured none (no prefix-cache engine ran there, calibration/_plans/h100/
-    queue-next.txt), so they price the context requests read in common in full. A what-if,
-    not a shipped figure: each metric measured / predicted (error) per row."""
+def _borrow(engine: str, terms: tuple[str, ...], label: str) -> None:
+    """The engine's stored rows predicted as shipped and with `terms` of its step model taken
+    from the same model and precision's H200 profile: each metric measured / predicted
+    (error) per row. A what-if, not a shipped figure."""
     import capplan.profiles as profiles
 
     folders = [f for f in stored_runs() if f.name == engine]
     if not folders:
-        raise SystemExit(f"borrowsaving: no stored engine {engine!r}")
+        raise SystemExit(f"no stored engine {engine!r}")
     resolve = profiles.resolve_profile
 
     def borrowed(pool: Any, spec: Any, *a: Any, **k: Any) -> Profile:
         prof = resolve(pool, spec, *a, **k)
         h200 = resolve(pool.model_copy(update={"gpu": "h200"}), spec, *a, **k)
         return prof.model_copy(update={"step": prof.step.model_copy(
-            update={"shared_ctx_saving": h200.step.shared_ctx_saving})})
+            update={t: getattr(h200.step, t) for t in terms})})
 
-    for label, fn in (("as shipped", resolve), ("the H200's saving", borrowed)):
+    for name, fn in (("as shipped", resolve), (label, borrowed)):
         profiles.resolve_profile = fn
         try:
             df = to_frame(compare_all(folders=folders))
         finally:
             profiles.resolve_profile = resolve
         for r in df.iter_rows(named=True):
-            print(f"  {label:18s} {r['run']}: " + ", ".join(
+            print(f"  {name:18s} {r['run']}: " + ", ".join(
                 f"{m} {r[f'{m}_measured']:.4g} / {r[f'{m}_predicted']:.4g} "
                 f"({r[f'{m}_error']:+.0%})" for m in TARGETS))
+
+
+def borrowsaving(engine: str = "llama-3.1-8b-bf16-prefixrep-h100") -> None:
+    """The engine's rows with the shared-prefix saving of the H200's profile (thirty-third
+    session, when the H100 profiles had measured none; since the thirty-fourth they measure
+    their own, 56-63 % against the H200's 36-41 %)."""
+    _borrow(engine, ("shared_ctx_saving",), "the H200's saving")
+
+
+def borrowcore(engine: str = "qwen3-32b-fp8-h100") -> None:
+    """The engine's rows with the H200 profile's engine-core time a step (core_graph_s,
+    core_piecewise_s: its serving core trace's) in place of the engine's own profile's
+    (thirty-fourth session: the H100's Qwen3-32B FP8 takes its calibration engine's)."""
+    _borrow(engine, ("core_graph_s", "core_piecewise_s"), "the H200's core")
+
+
+def tokengaps(engine: str) -> None:
+    """Each stored run of the engine: its measured inter-token gaps' percentiles (ms) and the
+    share of gaps of 30 ms or more (thirty-fourth session: Qwen3-32B FP8 on the H100 at 9 and
+    12 req/s)."""
+    folders = [f for f in stored_runs() if f.name == engine]
+    if not folders:
+        raise SystemExit(f"tokengaps: no stored engine {engine!r}")
+    qs = (10, 25, 50, 75, 90, 99)
+    print(f"  {'run':18s} {'gaps':>6s}  " + "  ".join(f"p{q:<5d}" for q in qs) + "  >= 30 ms")
+    for folder in folders:
+        reqs = read_requests(folder)
+        for run in dict.fromkeys(reqs["run"].to_list()):
+            chunks = reqs.filter(pl.col("run") == run)["chunk_t"].to_list()
+            gaps = np.concatenate([np.diff(c) for c in chunks if len(c) > 1] or [np.empty(0)])
+            if not gaps.size:
+                continue
+            p = np.percentile(gaps * 1e3, qs)
+            print(f"  {run:18s} {gaps.size:6d}  " + "  ".join(f"{v:6.1f}" for v in p)
+                  + f"  {np.mean(gaps >= 0.030):6.1%}")
 
 
 def idle() -> None:
@@ -2333,7 +2369,7 @@ def main() -> None:
     with_an_argument: dict[str, Callable[..., None]] = {
         "reach": reach, "eager": eager, "pictures": pictures, "sync": sync, "spread": spread,
         "probe": probe, "edge": edge, "routed": routed, "drainfit": drainfit,
-        "borrowsaving": borrowsaving}
+        "borrowsaving": borrowsaving, "borrowcore": borrowcore, "tokengaps": tokengaps}
     if sys.argv[1:2] and sys.argv[1] in with_an_argument:  # [ENGINE], or spread's [RHO]
         with_an_argument[sys.argv[1]](*sys.argv[2:3])
         return
