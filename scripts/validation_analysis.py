@@ -381,24 +381,29 @@ def borrowcore(engine: str = "qwen3-32b-fp8-h100") -> None:
 
 
 def tokengaps(engine: str) -> None:
-    """Each stored run of the engine: its measured inter-token gaps' percentiles (ms) and the
-    share of gaps of 30 ms or more (thirty-fourth session: Qwen3-32B FP8 on the H100 at 9 and
-    12 req/s)."""
+    """Each stored run of the engine: its inter-token gaps' percentiles (ms) and share of gaps
+    of 30 ms or more, measured and predicted (thirty-fourth session: Qwen3-32B FP8 on the H100
+    at 9 and 12 req/s)."""
     folders = [f for f in stored_runs() if f.name == engine]
     if not folders:
         raise SystemExit(f"tokengaps: no stored engine {engine!r}")
     qs = (10, 25, 50, 75, 90, 99)
-    print(f"  {'run':18s} {'gaps':>6s}  " + "  ".join(f"p{q:<5d}" for q in qs) + "  >= 30 ms")
+    print(f"  {'run':18s} {'':9s}  " + "  ".join(f"p{q:<5d}" for q in qs) + "  >= 30 ms")
     for folder in folders:
-        reqs = read_requests(folder)
-        for run in dict.fromkeys(reqs["run"].to_list()):
-            chunks = reqs.filter(pl.col("run") == run)["chunk_t"].to_list()
-            gaps = np.concatenate([np.diff(c) for c in chunks if len(c) > 1] or [np.empty(0)])
-            if not gaps.size:
-                continue
-            p = np.percentile(gaps * 1e3, qs)
-            print(f"  {run:18s} {gaps.size:6d}  " + "  ".join(f"{v:6.1f}" for v in p)
-                  + f"  {np.mean(gaps >= 0.030):6.1%}")
+        run, reqs, _ = load_run(folder)
+        for exp in run.experiments:
+            for name in exp.runs():
+                chunks = reqs.filter(pl.col("run") == name)["chunk_t"].to_list()
+                gaps = np.concatenate([np.diff(c) for c in chunks if len(c) > 1] or [[]])
+                if not gaps.size:
+                    continue
+                rec = _recorders(simulate, run.mix(exp), "validate", 1, decode_cohort=False)[0]
+                for label, p, above in (
+                        ("measured", np.percentile(gaps * 1e3, qs), np.mean(gaps >= 0.030)),
+                        ("predicted", [rec.itl.percentile(q) * 1e3 for q in qs],
+                         rec.itl.share_above(0.030))):
+                    print(f"  {name:18s} {label:9s}  " + "  ".join(f"{v:6.1f}" for v in p)
+                          + f"  {above:6.1%}")
 
 
 def idle() -> None:
