@@ -5,12 +5,14 @@ Defaults are vLLM 0.26.0's for `vllm serve` on a GPU with >= 70 GiB (H100/H200):
 1024 seqs), `vllm/config/cache.py` (gpu_memory_utilization 0.92, prefix caching on),
 block size 16 (FlashAttention's), `vllm/config/scheduler.py` (fcfs, async scheduling on).
 
-A traffic file may leave `precision`, `engine.speculative` and `engine.max_num_seqs` open
-(`auto`) for `capplan size` to choose. An open engine setting is not a value of its field:
-the field keeps its type (an int, a SpeculativeConfig or None) and holds vLLM's default as a
-placeholder, the engine remembers which settings are open (`EngineConfig.auto`) and dumps
-them as `auto`. Nothing may simulate or deploy an engine with open settings
-(`profiles.resolve_profile` and deploy refuse it); `EngineConfig.fixed` closes them.
+A traffic file may leave `gpu`, `precision`, `engine.speculative` and `engine.max_num_seqs`
+open (`auto`) for `capplan size` to choose; an open `gpu` takes its candidates and their prices
+from `price_per_gpu_hour`, given per GPU (`{h100: 2.9, h200: 3.7}`). An open engine setting
+is not a value of its field: the field keeps its type (an int, a SpeculativeConfig or None)
+and holds vLLM's default as a placeholder, the engine remembers which settings are open
+(`EngineConfig.auto`) and dumps them as `auto`. Nothing may simulate or deploy an engine with
+open settings (`profiles.resolve_profile` and deploy refuse it); `EngineConfig.fixed` closes
+them.
 """
 
 from __future__ import annotations
@@ -236,11 +238,14 @@ class Pool(BaseModel):
     model_config = _FROZEN
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     model: str
-    gpu: str = "h200"
+    gpu: str = Field(default="h200", description="h200 or h100; auto: `capplan size` tries "
+                     "every GPU that price_per_gpu_hour prices")
     precision: Precision | Literal["auto"] = Precision.BF16
     tp: int = Field(default=1, ge=1)
     router: Literal["round_robin", "least_outstanding", "prefix_affinity"] = "least_outstanding"
-    price_per_gpu_hour: float = Field(default=3.5, ge=0, description="USD per GPU-hour")
+    price_per_gpu_hour: float | dict[str, float] = Field(
+        default=3.5, description="USD per GPU-hour, or per GPU type ({h100: 2.9, h200: 3.7}): "
+        "with gpu auto the GPUs to choose from, else the pool's gpu's price is taken")
     max_replicas: int = Field(default=64, ge=1, description="search cap when sizing")
     profile: str | None = Field(default=None, description="profile folder; default: best match")
     engine: EngineConfig = Field(default_factory=EngineConfig)
@@ -248,16 +253,61 @@ class Pool(BaseModel):
     @field_validator("gpu")
     @classmethod
     def _gpu_known(cls, gpu: str) -> str:
-        if gpu not in GPUS:
-            raise ValueError(f"unknown gpu {gpu!r}; known: {', '.join(sorted(GPUS))}")
+        if gpu != "auto" and gpu not in GPUS:
+            raise ValueError(f"unknown gpu {gpu!r}; known: {', '.join(sorted(GPUS))}, or auto")
         return gpu
+
+    @model_validator(mode="after")
+    def _one_price_per_gpu(self) -> Pool:
+        """Prices per GPU type: each known and not negative; with `gpu: auto` they are the
+        candidates, else the pool's gpu's price is the pool's (a float from here on)."""
+        prices = self.price_per_gpu_hour
+        if not isinstance(prices, dict):
+            if prices < 0:
+                raise ValueError(f"price_per_gpu_hour must be >= 0, got {prices}")
+            if self.gpu == "auto":
+                raise ValueError(
+                    "gpu auto chooses among the GPUs price_per_gpu_hour prices: give it per GPU "
+                    f"type, e.g. {{h100: 2.9, h200: 3.7}} (known: {', '.join(sorted(GPUS))})")
+            return self
+        if not prices:
+            raise ValueError("price_per_gpu_hour per GPU type is empty: price at least one GPU")
+        for gpu, price in prices.items():
+            if gpu not in GPUS:
+                raise ValueError(f"price_per_gpu_hour prices unknown gpu {gpu!r}; known: "
+                                 f"{', '.join(sorted(GPUS))}")
+            if price < 0:
+                raise ValueError(f"price_per_gpu_hour.{gpu} must be >= 0, got {price}")
+        if self.gpu == "auto":
+            return self
+        if self.gpu not in prices:
+            raise ValueError(f"price_per_gpu_hour has no price for the pool's gpu {self.gpu!r}: "
+                             f"add {self.gpu}: <USD per GPU-hour>, or set gpu auto")
+        object.__setattr__(self, "price_per_gpu_hour", float(prices[self.gpu]))
+        return self
+
+    @property
+    def gpu_prices(self) -> dict[str, float]:
+        """USD per GPU-hour per GPU type the pool may run on: its gpu's, or with `gpu: auto`
+        every GPU priced."""
+        p = self.price_per_gpu_hour
+        return dict(p) if isinstance(p, dict) else {self.gpu: p}
+
+    @property
+    def price(self) -> float:
+        """USD per GPU-hour of a pool whose gpu is fixed."""
+        p = self.price_per_gpu_hour
+        if isinstance(p, dict):
+            raise ValueError(f"pool {self.name!r} leaves gpu auto: it has no one price")
+        return p
 
     @model_validator(mode="after")
     def _pinned_profile_is_fixed(self) -> Pool:
         opened = [f for f in self.open_settings if f != "engine.max_num_seqs"]
         if self.profile is not None and opened:
             raise ValueError(
-                f"profile {self.profile!r} pins the step times of one precision and drafter, "
+                f"profile {self.profile!r} pins the step times of one GPU, precision and "
+                f"drafter, "
                 f"so {opened[0]} cannot be auto; drop profile or set {opened[0]}"
             )
         return self
@@ -265,11 +315,13 @@ class Pool(BaseModel):
     @property
     def open_settings(self) -> list[str]:
         """Settings left `auto` for `capplan size`, as dotted field names."""
-        out = ["precision"] if self.precision == "auto" else []
+        out = ["gpu"] if self.gpu == "auto" else []
+        out += ["precision"] if self.precision == "auto" else []
         return out + [f"engine.{k}" for k in AUTO_SETTINGS if k in self.engine.auto]
 
 
 _HOW_TO_FIX = {
+    "gpu": f"set one of {', '.join(sorted(GPUS))}",
     "precision": "set bf16, fp8, nvfp4 or awq",
     "engine.speculative": "set null (no speculative decoding) or {method: ..., "
     "num_speculative_tokens: k}",

@@ -1,22 +1,26 @@
 """What the mix leaves open: a pool's candidate configurations, and the one chosen.
 
-A pool may leave `precision`, `engine.speculative` and `engine.max_num_seqs` `auto`. The
-candidates are the product of the open settings' values: every precision (a measured profile,
-else the analytic one); no speculation plus every speculative configuration measured for the
-model at that precision; the `max_num_seqs` ladder. The seeds' rule decides: throughput
-*under the SLO*, not peak throughput, so the fewest GPUs that meet every SLO win, and among
-equal GPU counts the best SLO margin (the most headroom for the same money).
+A pool may leave `gpu`, `precision`, `engine.speculative` and `engine.max_num_seqs` `auto`.
+The candidates are the product of the open settings' values: every GPU the pool prices
+(`price_per_gpu_hour` per GPU type); every precision (a measured profile, else the analytic
+one); no speculation plus every speculative configuration measured for the model on that GPU
+at that precision; the `max_num_seqs` ladder. The seeds' rule decides: throughput *under the
+SLO*, not peak throughput, so the cheapest configuration that meets every SLO wins (on one GPU
+type, the fewest GPUs), and among equal costs the best SLO margin (the most headroom for the
+same money).
 
 The product can be large (4 precisions x 3 drafters x 5 ladder steps), so with more than
 FINALISTS candidates each is first sized by the quick search (`--quick`'s short probes),
 and only the best FINALISTS get the full probe search, seeded with the quick answer.
 Confirmation (every seed at confirmation length) runs on the leader and on every finalist
 whose probe answer is cheaper than the best confirmed so far, or as cheap (to compare
-margins).
+margins); with `gpu: auto`, also on each other GPU's best, so that the plan says what each
+GPU would cost.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -28,7 +32,7 @@ from capplan.pool import EngineConfig, Pool, SpeculativeConfig
 from capplan.profiles import measured_speculative
 from capplan.sim.results import SimResult
 from capplan.sim.run import PoolSetup, setup_pool
-from capplan.solve.plan import Candidate, PoolPlan, setting_text
+from capplan.solve.plan import HOURS_PER_MONTH, Candidate, PoolPlan, setting_text
 from capplan.solve.search import PoolSizing, SearchSettings, Sizer
 
 AUTO_PRECISIONS = (Precision.BF16, Precision.FP8, Precision.NVFP4, Precision.AWQ)
@@ -57,9 +61,11 @@ def with_pool(mix: TrafficMix, pool: Pool) -> TrafficMix:
 
 
 def as_planned(pool: Pool, planned: PoolPlan) -> Pool:
-    """The mix's pool at the plan's precision and with the values the plan chose for the
-    engine settings the pool leaves open."""
+    """The mix's pool on the plan's GPU (at its price), at the plan's precision and with the
+    values the plan chose for the engine settings the pool leaves open."""
     update: dict[str, Any] = {}
+    if pool.gpu != planned.gpu:
+        update.update(gpu=planned.gpu, price_per_gpu_hour=pool.gpu_prices[planned.gpu])
     if precision_of(pool) != planned.precision:
         update["precision"] = Precision(planned.precision)
     if pool.engine.auto:
@@ -74,11 +80,13 @@ def precision_of(pool: Pool) -> str:
 
 
 def label(pool: Pool, opened: list[str]) -> str:
-    """The candidate's precision and the values of its open engine settings (`bf16,
-    draft_model k=4, max_num_seqs 256`); the precision alone when no engine setting is open."""
+    """The candidate's GPU where the mix left it open, its precision and the values of its
+    open engine settings (`h100, bf16, draft_model k=4, max_num_seqs 256`); the precision
+    alone when nothing else is open."""
     engine = pool.engine.model_dump(mode="json")
     keys = [f.removeprefix("engine.") for f in opened if f.startswith("engine.")]
-    return ", ".join([precision_of(pool), *(setting_text(k, engine[k]) for k in keys)])
+    gpu = [pool.gpu] if "gpu" in opened else []
+    return ", ".join([*gpu, precision_of(pool), *(setting_text(k, engine[k]) for k in keys)])
 
 
 def candidates(pool: Pool) -> list[Pool]:
@@ -88,9 +96,12 @@ def candidates(pool: Pool) -> list[Pool]:
     auto = pool.engine.auto
     precisions = AUTO_PRECISIONS if pool.precision == "auto" else (Precision(pool.precision),)
     out = []
-    for precision in precisions:
+    # cheapest GPU first: ties in cost and margin keep the earlier candidate
+    gpus = sorted(pool.gpu_prices.items(), key=lambda kv: (kv[1], kv[0]))
+    for (gpu, price), precision in itertools.product(gpus, precisions):
+        on_gpu = pool.model_copy(update={"gpu": gpu, "price_per_gpu_hour": price})
         drafters: list[SpeculativeConfig | None] = (
-            [None, *measured_speculative(pool, precision)] if "speculative" in auto
+            [None, *measured_speculative(on_gpu, precision)] if "speculative" in auto
             else [pool.engine.speculative]
         )
         # largest first: among candidates equal in GPUs and margin the earlier one is kept, and
@@ -103,7 +114,7 @@ def candidates(pool: Pool) -> list[Pool]:
             for n in seqs:
                 values: dict[str, Any] = {"speculative": sc, "max_num_seqs": n}
                 engine = pool.engine.fixed(**{k: v for k, v in values.items() if k in auto})
-                out.append(pool.model_copy(update={"precision": precision, "engine": engine}))
+                out.append(on_gpu.model_copy(update={"precision": precision, "engine": engine}))
     return out
 
 
@@ -133,13 +144,13 @@ class _Option:
     def cost(self) -> float:
         if self.replicas is None:
             return math.inf
-        return self.replicas * self.pool.tp * max(self.pool.price_per_gpu_hour, 1e-12)
+        return self.replicas * self.pool.tp * max(self.pool.price, 1e-12)
 
     def rank(self) -> tuple[float, float, bool]:
-        """Fewest GPUs first (cost: the price per GPU is the pool's, the same for every
+        """Cheapest first (on one GPU type the fewest GPUs: its price is the same for every
         candidate), then the widest SLO margin (to 0.01 %: closer is a tie), then step times
-        inside the calibrated box; further ties keep the candidates' order (no speculation
-        first, the largest max_num_seqs first)."""
+        inside the calibrated box; further ties keep the candidates' order (the cheapest GPU,
+        no speculation, the largest max_num_seqs first)."""
         return self.cost(), -round(self.margin, 4), self.extrapolated > 0
 
     def size(self, mix: TrafficMix, settings: SearchSettings, *, level: str, floor: int,
@@ -257,6 +268,16 @@ def choose(
         o.confirm()
         if best is None or o.rank() < best.rank():
             best, best_probe = o, probe_rank
+    if "gpu" in opened and best is not None:
+        # which GPU is the question: each other GPU's best is confirmed too, so the plan says
+        # what it would cost, not a short probe's guess (and a confirmation that comes in
+        # lower than its probe can still win)
+        for gpu in dict.fromkeys(o.pool.gpu for o in ranked):
+            o = min((x for x in ranked if x.pool.gpu == gpu), key=_Option.rank)
+            if o.level != "confirmed":
+                o.confirm()
+                if o.rank() < best.rank():
+                    best = o
     assert best is not None and best.sizing is not None and best.sizer is not None
     assert best.probe_replicas is not None
     # confirmed answers first, then probe estimates, then quick-screen ones: like with like
@@ -277,7 +298,7 @@ def _candidate(o: _Option, best: _Option, spare: int, opened: list[str]) -> Cand
     """A runner-up, with the same N+k spares as the chosen configuration."""
     n = o.replicas
     gpus = (n + spare) * o.pool.tp if n is not None else None
-    usd = round(gpus * 730.0 * o.pool.price_per_gpu_hour, 2) if gpus is not None else None
+    usd = round(gpus * HOURS_PER_MONTH * o.pool.price, 2) if gpus is not None else None
     if o.note and o.replicas is None:
         note = o.note
     elif o.level == "confirmed":
@@ -298,6 +319,7 @@ def _candidate(o: _Option, best: _Option, spare: int, opened: list[str]) -> Cand
                 f"one: {best.screen_replicas}); not among the best {FINALISTS} searched in full")
     engine = o.pool.engine.model_dump(mode="json")
     return Candidate(
+        gpu=o.pool.gpu if "gpu" in opened else None,
         precision=precision_of(o.pool),
         engine={k: engine[k] for k in (f.removeprefix("engine.") for f in opened
                                        if f.startswith("engine."))},
@@ -314,16 +336,26 @@ def _reasoning(best: _Option, opts: list[_Option], opened: list[str], screen: bo
     gpus = best.replicas * best.pool.tp if best.replicas is not None else 0
     equal = [o for o in opts if o is not best and o.level == "confirmed"
              and o.cost() == best.cost()]
-    dearer = [o.replicas * o.pool.tp for o in opts
-              if o.replicas is not None and o.cost() > best.cost()]
-    text = (f"{', '.join(opened)} auto: {len(opts)} candidate(s); chose {best.label}: the "
-            f"fewest GPUs ({gpus})")
     gpus_text = f"{gpus} GPU{'s' * (gpus != 1)}"
+    if "gpu" in opened:  # GPU types differ in price: the cost decides, not the count
+        def month(o: _Option) -> str:
+            return f"${o.cost() * HOURS_PER_MONTH:,.0f} a month"
+        dearer = [f"{month(o)} ({o.label})" for o in sorted(opts, key=_Option.rank)
+                  if o.replicas is not None and o.cost() > best.cost()]
+        text = (f"{', '.join(opened)} auto: {len(opts)} candidate(s); chose {best.label}: the "
+                f"lowest cost ({month(best)} on {gpus_text})")
+        same = f"also cost {month(best)}"
+    else:
+        dearer = [str(n) for n in sorted(o.replicas * o.pool.tp for o in opts
+                                         if o.replicas is not None and o.cost() > best.cost())]
+        text = (f"{', '.join(opened)} auto: {len(opts)} candidate(s); chose {best.label}: the "
+                f"fewest GPUs ({gpus})")
+        same = f"also need {gpus_text}"
     if equal:
         runner = min(equal, key=_Option.rank)
-        text += f"; {len(equal)} other(s) confirmed also need {gpus_text}"
+        text += f"; {len(equal)} other(s) confirmed {same}"
         if runner.rank()[1] != best.rank()[1]:
-            text += (f", and among equal GPU counts the widest SLO margin wins "
+            text += (f", and among equal costs the widest SLO margin wins "
                      f"({_pct(best.margin)} vs {_pct(runner.margin)} for {runner.label})")
         elif runner.rank() != best.rank():
             text += (f" with the same SLO margin ({_pct(best.margin)}); this one's steps stay "
@@ -332,7 +364,7 @@ def _reasoning(best: _Option, opts: list[_Option], opened: list[str], screen: bo
             text += (f" with the same SLO margin ({_pct(best.margin)}): the settings that differ "
                      "do not bind at this traffic, so the one nearest vLLM's defaults is kept")
     elif dearer:
-        text += f"; the next best needs {min(dearer)}"
+        text += f"; the next best needs {dearer[0]}"
     if screen:
         confirmed = sum(o.level == "confirmed" for o in opts)
         text += (f" (every candidate sized by the quick search, the best {FINALISTS} by the "

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from capplan import fidelity
-from capplan.errors import CapplanError
+from capplan.errors import CapplanError, ConfigError
 from capplan.mix import TrafficMix
 from capplan.modelspec import load_model_spec
 from capplan.pool import Pool
@@ -70,6 +70,12 @@ def guarded(mix: TrafficMix, guard: Guard) -> tuple[TrafficMix, list[str]]:
     or `kept at` with the reason; then `; then p99.1 -> p99.5 ...` where rows the
     prediction did not see past the limit take more of the share (`_unseen`)."""
     stat = "p10" if guard == "p10" else "min"
+    for i, p in enumerate(mix.pools):
+        if p.gpu == "auto":  # each GPU's validated error is its own (fidelity_table)
+            raise ConfigError(
+                f"--guard tightens SLOs by one GPU's validated error, and pool {p.name!r} "
+                "leaves gpu auto: size without --guard to choose the GPU, then set it and guard",
+                file=mix.source or None, field=f"pools.{i}.gpu")
     lines: list[str] = []
     workloads: list[Workload] = []
     profiles = {p.name: _profiles(p) for p in mix.pools}

@@ -158,6 +158,7 @@ class Candidate(BaseModel):
     values of the open engine settings, and what the search found."""
 
     model_config = _FROZEN
+    gpu: str | None = Field(default=None, description="the GPU, where the mix left gpu auto")
     precision: str
     engine: dict[str, Any] = Field(
         default_factory=dict, description="the open engine settings' values in this candidate"
@@ -173,7 +174,8 @@ class Candidate(BaseModel):
 
     @property
     def label(self) -> str:
-        return ", ".join([self.precision, *(setting_text(k, v) for k, v in self.engine.items())])
+        return ", ".join([*([self.gpu] if self.gpu else []), self.precision,
+                          *(setting_text(k, v) for k, v in self.engine.items())])
 
 
 class Advice(BaseModel):
@@ -490,7 +492,7 @@ def pool_plan(
     wl, check = found if found else ("", None)
     replicas = sz.replicas + spare
     gpus = replicas * pool.tp
-    usd = gpus * HOURS_PER_MONTH * pool.price_per_gpu_hour
+    usd = gpus * HOURS_PER_MONTH * pool.price
     avg = {w.name: average_fraction(w) for w in workloads}
     tokens_per_s = sum(
         (w.output_tokens_per_s + w.input_tokens_per_s) * avg.get(w.name, 1.0)

@@ -1,0 +1,162 @@
+"""`gpu: auto`: a pool priced per GPU type (`price_per_gpu_hour: {h100: ..., h200: ...}`) is
+sized on each GPU's profiles and the cheapest configuration that holds every SLO is kept;
+a fixed pool takes its GPU's price from the same mapping; bad prices are one-line errors."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from capplan.cli import main
+from capplan.deploy import PoolDeploy
+from capplan.errors import ConfigError
+from capplan.mix import TrafficMix, load_mix
+from capplan.pool import Pool
+from capplan.report.runs import planned_mix
+from capplan.solve.choose import candidates, label
+from capplan.solve.options import size_mix, with_pool
+from capplan.solve.plan import Plan
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU = ROOT / "tests" / "data" / "size-gpu.yaml"
+
+
+@cache
+def gpu_mix() -> TrafficMix:
+    return load_mix(GPU)
+
+
+@cache
+def gpu_plan() -> Plan:
+    return size_mix(gpu_mix(), quick=True, advice=False)
+
+
+def _write(tmp_path: Path, old: str, new: str) -> Path:
+    text = GPU.read_text()
+    assert old in text
+    out = tmp_path / GPU.name
+    out.write_text(text.replace(old, new))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "fix"),
+    [
+        ("    price_per_gpu_hour: {h100: 2.0, h200: 3.0}\n", "", "give it per GPU type"),
+        ("{h100: 2.0, h200: 3.0}", "{h100: 2.0, a100: 3.0}", "unknown gpu 'a100'"),
+        ("{h100: 2.0, h200: 3.0}", "{}", "price at least one GPU"),
+        ("{h100: 2.0, h200: 3.0}", "{h100: -1, h200: 3.0}", "must be >= 0"),
+        ("gpu: auto", "gpu: b200", "unknown gpu 'b200'"),
+    ],
+)
+def test_bad_gpu_or_prices_are_one_line_errors(tmp_path: Path, old: str, new: str,
+                                               fix: str) -> None:
+    """gpu auto without prices per GPU, a price for an unknown GPU, no price, a negative one:
+    one line naming the file, the pool and what to write; exit 2 from `capplan size`."""
+    bad = _write(tmp_path, old, new)
+    with pytest.raises(ConfigError) as e:
+        load_mix(bad)
+    assert str(e.value).startswith(f"{bad}: pools.0") and "\n" not in str(e.value)
+    assert fix in str(e.value)
+    r = CliRunner().invoke(main, ["size", "--traffic", str(bad), "--quick"])
+    assert r.exit_code == 2
+    assert len([x for x in r.output.splitlines() if x.strip()]) == 1
+
+
+def test_a_fixed_gpu_takes_its_price_from_the_mapping(tmp_path: Path) -> None:
+    """A pool on one GPU may keep the mix's price list: it pays its GPU's price, and a list
+    without its GPU is refused with the fix."""
+    pool = load_mix(_write(tmp_path, "gpu: auto", "gpu: h200")).pool("chat")
+    assert (pool.gpu, pool.price, pool.open_settings) == ("h200", 3.0, [])
+    bad = tmp_path / "fixed.yaml"
+    bad.write_text(GPU.read_text().replace("gpu: auto", "gpu: h200")
+                   .replace("{h100: 2.0, h200: 3.0}", "{h100: 2.0}"))
+    with pytest.raises(ConfigError, match="no price for the pool's gpu 'h200'"):
+        load_mix(bad)
+
+
+def test_candidates_span_the_priced_gpus_cheapest_first() -> None:
+    """Each candidate is fixed on one GPU at that GPU's price, the cheapest GPU's first (ties
+    keep the earlier); speculative: auto takes the drafters measured on that GPU."""
+    pool = gpu_mix().pool("chat")
+    assert pool.open_settings == ["gpu"] and pool.gpu_prices == {"h100": 2.0, "h200": 3.0}
+    cands = candidates(pool)
+    assert [(c.gpu, c.price) for c in cands] == [("h100", 2.0), ("h200", 3.0)]
+    assert all(not c.open_settings for c in cands)
+    assert [label(c, pool.open_settings) for c in cands] == ["h100, bf16", "h200, bf16"]
+    spec = pool.model_copy(update={"engine": pool.engine.model_validate(
+        {**pool.engine.model_dump(mode="json"), "speculative": "auto"})})
+    drafts = {(c.gpu, c.engine.speculative.num_speculative_tokens if c.engine.speculative
+               else 0) for c in candidates(spec)}
+    # the H200 measured draft_model k = 2 and 4 for Llama-3.1-8B BF16, the H100 k = 4
+    assert drafts == {("h100", 0), ("h100", 4), ("h200", 0), ("h200", 2), ("h200", 4)}
+
+
+def _fixed_usd(gpu: str, prices: dict[str, float]) -> float:
+    mix = gpu_mix()
+    pool = Pool.model_validate({**mix.pool("chat").model_dump(mode="json"), "gpu": gpu,
+                                "price_per_gpu_hour": prices})
+    return size_mix(with_pool(mix, pool), quick=True, advice=False).usd_per_month
+
+
+@pytest.mark.parametrize("prices", [{"h100": 2.0, "h200": 3.0}, {"h100": 3.0, "h200": 2.0}])
+def test_the_cheapest_gpu_wins(prices: dict[str, float]) -> None:
+    """Property: with the GPU open, the plan costs no more than the same pool sized on each
+    GPU alone (same search, same seeds), and it is the cheaper one's plan."""
+    mix = gpu_mix()
+    pool = mix.pool("chat").model_copy(update={"price_per_gpu_hour": prices})
+    plan = size_mix(with_pool(mix, pool), quick=True, advice=False)
+    alone = {g: _fixed_usd(g, prices) for g in prices}
+    assert plan.usd_per_month == min(alone.values())
+    p = plan.pools[0]
+    assert p.gpu == min(alone, key=lambda g: (alone[g], prices[g]))
+    assert p.auto == ["gpu"] and "lowest cost" in p.reasoning and p.gpu in p.reasoning
+    assert [r.gpu for r in p.runners_up] == [g for g in prices if g != p.gpu]
+    # each other GPU's best is confirmed: the plan says what it would cost
+    assert all(r.note.startswith("confirmed") for r in p.runners_up)
+    assert all(r.usd_per_month == alone[r.gpu] for r in p.runners_up)
+    assert p.cost.usd_per_month == pytest.approx(p.gpus * 730.0 * prices[p.gpu])
+
+
+def test_the_plan_deploys_and_resimulates_on_its_gpu() -> None:
+    """The plan names one GPU (never `auto`); re-read from JSON, it deploys on that GPU and
+    the report re-simulates the mix's pool on it at its price."""
+    plan = gpu_plan()
+    p = plan.pools[0]
+    assert p.gpu in ("h100", "h200") and p.profile.startswith(f"{p.gpu}/")
+    again = Plan.from_json(plan.to_json())
+    assert again == plan
+    assert PoolDeploy.from_pool_plan(again.pools[0]).gpu == p.gpu
+    planned, setups, errors = planned_mix(plan, gpu_mix())
+    assert not errors and set(setups) == {"chat"}
+    chosen = planned.pool("chat")
+    assert (chosen.gpu, chosen.price, chosen.open_settings) == (
+        p.gpu, gpu_mix().pool("chat").gpu_prices[p.gpu], [])
+
+
+def test_simulate_and_guard_refuse_an_open_gpu() -> None:
+    """Nothing simulates `auto`; --guard, which tightens SLOs by one GPU's validated error,
+    asks for the GPU to be chosen first. One line each, exit 2."""
+    r = CliRunner().invoke(main, ["simulate", "--traffic", str(GPU), "--pool", "chat",
+                                  "--replicas", "1"])
+    assert r.exit_code == 2 and "pools.0.gpu" in r.output and "set one of h100, h200" in r.output
+    r = CliRunner().invoke(main, ["size", "--traffic", str(GPU), "--quick", "--guard", "p10"])
+    assert r.exit_code == 2, r.output
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and "pools.0.gpu" in lines[0] and "leaves gpu auto" in lines[0]
+
+
+def test_example_which_gpu_mix_loads() -> None:
+    """examples/which-gpu.yaml leaves the GPU open between two GPUs whose Qwen3-32B FP8
+    profiles are both measured."""
+    from capplan.modelspec import load_model_spec
+    from capplan.profiles import resolve_profile
+
+    pool = load_mix(ROOT / "examples" / "which-gpu.yaml").pool("chat")
+    assert pool.open_settings == ["gpu"]
+    spec = load_model_spec(pool.model)
+    assert {c.gpu: resolve_profile(c, spec).source for c in candidates(pool)} == {
+        "h100": "measured", "h200": "measured"}
