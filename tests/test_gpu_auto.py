@@ -160,3 +160,21 @@ def test_example_which_gpu_mix_loads() -> None:
     spec = load_model_spec(pool.model)
     assert {c.gpu: resolve_profile(c, spec).source for c in candidates(pool)} == {
         "h100": "measured", "h200": "measured"}
+
+
+def test_each_gpu_is_confirmed_when_the_screen_picks_finalists() -> None:
+    """With more candidates than finalists (gpu and precision open: 2 x 4), the quick screen
+    picks the best few for the full search; each GPU's best gets it too, and confirmation, so
+    the plan prices every GPU by a confirmed answer whichever GPU the best few were on."""
+    mix = gpu_mix()
+    # the H100 so cheap that its 4-bit candidates, at twice the GPUs, still undercut the
+    # H200: the best three by the quick screen are all H100s
+    pool = mix.pool("chat").model_copy(update={
+        "precision": "auto", "price_per_gpu_hour": {"h100": 1.0, "h200": 3.0}})
+    p = size_mix(with_pool(mix, pool), advice=False).pools[0]
+    assert p.auto == ["gpu", "precision"] and "quick search" in p.reasoning
+    assert p.gpu == "h100"
+    h200 = [r for r in p.runners_up if r.gpu == "h200"]
+    assert sum(r.note.startswith("confirmed") for r in h200) == 1
+    assert min(r.usd_per_month for r in h200 if r.usd_per_month is not None) == next(
+        r.usd_per_month for r in h200 if r.note.startswith("confirmed"))

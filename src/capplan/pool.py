@@ -307,8 +307,7 @@ class Pool(BaseModel):
         if self.profile is not None and opened:
             raise ValueError(
                 f"profile {self.profile!r} pins the step times of one GPU, precision and "
-                f"drafter, "
-                f"so {opened[0]} cannot be auto; drop profile or set {opened[0]}"
+                f"drafter, so {opened[0]} cannot be auto; drop profile or set {opened[0]}"
             )
         return self
 

@@ -14,8 +14,8 @@ FINALISTS candidates each is first sized by the quick search (`--quick`'s short 
 and only the best FINALISTS get the full probe search, seeded with the quick answer.
 Confirmation (every seed at confirmation length) runs on the leader and on every finalist
 whose probe answer is cheaper than the best confirmed so far, or as cheap (to compare
-margins); with `gpu: auto`, also on each other GPU's best, so that the plan says what each
-GPU would cost.
+margins); with `gpu: auto`, each GPU's best gets the full search and confirmation too, so
+that the plan says what each GPU would cost.
 """
 
 from __future__ import annotations
@@ -239,6 +239,16 @@ def choose(
                    label=tag[o.label])
             if o.replicas is not None:
                 finalists.append(o)
+        if "gpu" in opened:  # and each GPU's best, whichever GPU the best few are on
+            for gpu in dict.fromkeys(o.pool.gpu for o in ranked):
+                if any(f.pool.gpu == gpu for f in finalists):
+                    continue
+                for o in (x for x in ranked if x.pool.gpu == gpu):
+                    o.size(mix, settings, level="probe", floor=floor[o.label],
+                           start=o.replicas, label=tag[o.label])
+                    if o.replicas is not None:
+                        finalists.append(o)
+                        break
         ranked = sorted(finalists, key=_Option.rank)
     if not ranked:
         if len(opts) == 1 and opts[0].error is not None:
@@ -310,7 +320,8 @@ def _candidate(o: _Option, best: _Option, spare: int, opened: list[str]) -> Cand
             note += (f": same GPUs and SLO margin ({_pct(o.margin)}), but {o.extrapolated} "
                      "step(s) outside the profile's calibrated box")
         elif o.cost() == best.cost():
-            note += (f": same GPUs, smaller SLO margin ({_pct(o.margin)} vs "
+            same = "same cost" if "gpu" in opened else "same GPUs"
+            note += (f": {same}, smaller SLO margin ({_pct(o.margin)} vs "
                      f"{_pct(best.margin)})")
     elif o.level == "probe":
         note = f"{o.note or 'probe estimate'}, not confirmed"
