@@ -178,3 +178,22 @@ def test_each_gpu_is_confirmed_when_the_screen_picks_finalists() -> None:
     assert sum(r.note.startswith("confirmed") for r in h200) == 1
     assert min(r.usd_per_month for r in h200 if r.usd_per_month is not None) == next(
         r.usd_per_month for r in h200 if r.note.startswith("confirmed"))
+
+
+def test_sweep_names_the_gpu_and_floors_match_the_candidates(tmp_path: Path) -> None:
+    """The floors a sweep carries to higher growth are keyed as the search names its
+    candidates (`h100, bf16`), so they are found again; the curve says which GPU each pool
+    took at each growth."""
+    from capplan.solve.options import floors_of
+
+    plan = gpu_plan()
+    p = plan.pools[0]
+    names = {label(c, ["gpu"]) for c in candidates(gpu_mix().pool("chat"))}
+    assert {k for pool, k in floors_of(plan)} <= names
+    assert ("chat", f"{p.gpu}, bf16") in floors_of(plan)
+    out = tmp_path / "curve.csv"
+    r = CliRunner().invoke(main, ["sweep", "--traffic", str(GPU), "--quick", "--growth", "1",
+                                  "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert f"{p.gpus} {p.gpu}" in r.output
+    assert f'"{p.gpu}, bf16"' in out.read_text()

@@ -334,13 +334,14 @@ def _growths(text: str) -> list[float]:
 
 
 def sweep_rows(plans: list[Plan]) -> list[dict[str, Any]]:
-    """One row per (growth, pool): the capacity curve; `configuration` is the precision and
-    the values chosen for engine settings left auto (they may change as traffic grows)."""
+    """One row per (growth, pool): the capacity curve; `configuration` is the GPU where the
+    mix left it open, the precision and the values chosen for engine settings left auto
+    (they may change as traffic grows)."""
     return [
         {"growth": plan.growth, "pool": p.pool, "gpus": p.gpus, "replicas": p.replicas,
          "precision": p.precision, "binding_workload": p.binding_workload,
          "binding_slo": p.binding_slo, "usd_per_month": p.cost.usd_per_month,
-         "configuration": p.label}
+         "configuration": p.candidate}
         for plan in plans for p in plan.pools
     ]
 
@@ -432,7 +433,9 @@ def sweep(traffic: Path, growth_text: str, out: Path | None, plot: Path | None, 
     table.add_column("total", justify="right")
     table.add_column("$/month", justify="right")
     for plan in plans:
-        by = {p.pool: p.gpus for p in plan.pools}
-        table.add_row(f"×{plan.growth:g}", *(str(by.get(p, "-")) for p in pools),
+        # a pool that leaves its GPU open may change GPU as traffic grows: say which
+        by = {p.pool: f"{p.gpus} {p.gpu}" if "gpu" in p.auto else str(p.gpus)
+              for p in plan.pools}
+        table.add_row(f"×{plan.growth:g}", *(by.get(p, "-") for p in pools),
                       str(plan.gpus), f"{plan.usd_per_month:,.0f}")
     console.print(table)

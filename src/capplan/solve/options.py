@@ -379,7 +379,7 @@ def _side_by_side(
 
 def floors_of(plan: Plan) -> dict[tuple[str, str], int]:
     """Replicas each (pool, candidate label) of `plan` needed: the floor at higher traffic."""
-    out = {(p.pool, p.label): p.replicas_for_slo for p in plan.pools}
+    out = {(p.pool, p.candidate): p.replicas_for_slo for p in plan.pools}
     for p in plan.pools:
         for r in p.runners_up:
             if r.replicas is not None and r.note.startswith("confirmed"):

@@ -340,6 +340,12 @@ class PoolPlan(BaseModel):
         keys = [a.removeprefix("engine.") for a in self.auto if a.startswith("engine.")]
         return ", ".join([self.precision, *(setting_text(k, self.engine.get(k)) for k in keys)])
 
+    @property
+    def candidate(self) -> str:
+        """The chosen candidate as the search and its runners-up name it: the label, after
+        the GPU where the mix left the GPU open (`h100, fp8`)."""
+        return f"{self.gpu}, {self.label}" if "gpu" in self.auto else self.label
+
 
 FRAME_COLUMNS = {
     "pool": "String", "gpus": "Int64", "replicas": "Int64", "precision": "String",
