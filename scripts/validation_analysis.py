@@ -392,12 +392,15 @@ def tokengaps(engine: str) -> None:
     for folder in folders:
         run, reqs, _ = load_run(folder)
         for exp in run.experiments:
+            rec = None  # one prediction serves every repeated run of the experiment
             for name in exp.runs():
                 chunks = reqs.filter(pl.col("run") == name)["chunk_t"].to_list()
                 gaps = np.concatenate([np.diff(c) for c in chunks if len(c) > 1] or [[]])
                 if not gaps.size:
                     continue
-                rec = _recorders(simulate, run.mix(exp), "validate", 1, decode_cohort=False)[0]
+                if rec is None:
+                    rec = _recorders(simulate, run.mix(exp), "validate", 1,
+                                     decode_cohort=False)[0]
                 for label, p, above in (
                         ("measured", np.percentile(gaps * 1e3, qs), np.mean(gaps >= 0.030)),
                         ("predicted", [rec.itl.percentile(q) * 1e3 for q in qs],
