@@ -56,7 +56,8 @@ time through the run (docs/validation.md, "The production plan's decision, on th
 engine").
 `borrowsaving [ENGINE]` and `borrowcore [ENGINE]` an H100 engine's rows with the H200 profile's
 shared-prefix saving or engine-core time in its profile (what-ifs); `tokengaps ENGINE` each
-run's measured inter-token gaps (thirty-third and thirty-fourth sessions).
+run's measured inter-token gaps (thirty-third and thirty-fourth sessions); `wavesplit ENGINE
+[RUN]` a closed-loop run's first wave as the engine and the simulator split it.
 `recorded ENGINE` the engine's rows against the prediction recorded before its run
 (validation/queued/) and against today's: rows within target and the median absolute error
 per metric, each way (docs/validation.md, "The H100 (thirty-second session)": the analytic
@@ -407,6 +408,31 @@ def tokengaps(engine: str) -> None:
                          rec.itl.share_above(0.030))):
                     print(f"  {name:18s} {label:9s}  " + "  ".join(f"{v:6.1f}" for v in p)
                           + f"  {above:6.1%}")
+
+
+def wavesplit(engine: str, name: str = "chat-c64") -> None:
+    """A closed-loop run's first wave (as many requests as its users, sent together): how the
+    engine and the simulator split it into prefill steps, as groups of requests whose first
+    tokens came within 20 ms of each other, the size and TTFT of each (thirty-fourth session:
+    Qwen3-32B FP8 on the H100 at concurrency 64, the median on a group's edge)."""
+    folder = next((f for f in stored_runs() if f.name == engine), None)
+    if folder is None:
+        raise SystemExit(f"wavesplit: no stored engine {engine!r}")
+    run, reqs, _ = load_run(folder)
+    exp = next(e for e in run.experiments if name in e.runs())
+    users = sum(getattr(w.arrival, "concurrency", 0) for w in exp.workloads)
+    measured = reqs.filter(pl.col("run") == name).sort("send_s")["ttft_s"].to_numpy()
+    predicted = run.simulate(exp).requests().sort("arrival_s")["ttft_s"].to_numpy()
+
+    def groups(ttft: Any) -> str:
+        first = np.sort(np.asarray(ttft[:users], dtype=float))
+        cuts = np.flatnonzero(np.diff(first) > 0.020) + 1
+        return " + ".join(f"{len(g)} at {g[0]:.2f} s" for g in np.split(first, cuts))
+
+    print(f"  {engine} {name}: first wave of {users}")
+    print(f"    measured   {groups(measured)}; TTFT p50 over the run {np.median(measured):.3f} s")
+    print(f"    predicted  {groups(predicted)}; TTFT p50 over the run "
+          f"{np.median(predicted):.3f} s")
 
 
 def idle() -> None:
@@ -2378,6 +2404,9 @@ def main() -> None:
         "reach": reach, "eager": eager, "pictures": pictures, "sync": sync, "spread": spread,
         "probe": probe, "edge": edge, "routed": routed, "drainfit": drainfit,
         "borrowsaving": borrowsaving, "borrowcore": borrowcore, "tokengaps": tokengaps}
+    if sys.argv[1:2] == ["wavesplit"]:
+        wavesplit(*sys.argv[2:4])
+        return
     if sys.argv[1:2] and sys.argv[1] in with_an_argument:  # [ENGINE], or spread's [RHO]
         with_an_argument[sys.argv[1]](*sys.argv[2:3])
         return
