@@ -216,9 +216,11 @@ def render() -> str:
         if heading == "Pools":
             parts.append(
                 f"Precisions: {precision}, or `auto` to let `capplan size` choose. "
-                "`engine.speculative` and `engine.max_num_seqs` may be `auto` too: `capplan "
-                "size` sizes every candidate and keeps the fewest GPUs, then the widest SLO "
-                "margin; `capplan simulate` needs them set.\n"
+                "`gpu` (with `price_per_gpu_hour` per GPU type), `engine.speculative` and "
+                "`engine.max_num_seqs` may be `auto` too: `capplan size` sizes every candidate "
+                "and keeps the cheapest (on one GPU type, the fewest GPUs), then a measured "
+                "profile over the roofline, then the widest SLO margin; `capplan simulate` "
+                "needs them set.\n"
             )
         parts += [_model(n, defs) for n in names]
     parts.append(_SLO)

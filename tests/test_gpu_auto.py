@@ -197,3 +197,44 @@ def test_sweep_names_the_gpu_and_floors_match_the_candidates(tmp_path: Path) -> 
     assert r.exit_code == 0, r.output
     assert f"{p.gpus} {p.gpu}" in r.output
     assert f'"{p.gpu}, bf16"' in out.read_text()
+
+
+def test_a_runner_up_on_the_analytic_profile_says_so(tmp_path: Path) -> None:
+    """Gemma 4 31B is measured on the H200 only: its H100 candidate runs on the datasheet
+    roofline, and the runner-up line says so (its cost is an estimate, not a measurement's)."""
+    mix = tmp_path / "gemma.yaml"
+    mix.write_text(GPU.read_text().replace("model: llama-3.1-8b", "model: gemma-4-31b")
+                   .replace("precision: bf16", "precision: fp8")
+                   .replace("rate_rps: 12", "rate_rps: 2")
+                   .replace("{h100: 2.0, h200: 3.0}", "{h100: 3.0, h200: 3.0}"))
+    plan = size_mix(load_mix(mix), quick=True, advice=False)
+    p = plan.pools[0]
+    assert (p.gpu, p.profile_source) == ("h200", "measured")
+    assert [(r.gpu, r.profile_source) for r in p.runners_up] == [("h100", "analytic")]
+    r = CliRunner().invoke(main, ["size", "--traffic", str(mix), "--quick"])
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.output.splitlines() if "runner-up" in x)
+    assert "runner-up h100, fp8" in line and "ANALYTIC profile" in line
+
+
+def test_at_equal_cost_a_measured_profile_beats_the_roofline(tmp_path: Path) -> None:
+    """Priced so that Gemma 4 on the H100 (analytic: no H100 profile) costs what it costs on
+    the H200 (measured), the measured one wins whatever the roofline's margin, and the plan
+    says why."""
+    mix = tmp_path / "gemma.yaml"
+    mix.write_text(GPU.read_text().replace("model: llama-3.1-8b", "model: gemma-4-31b")
+                   .replace("precision: bf16", "precision: fp8")
+                   .replace("rate_rps: 12", "rate_rps: 2"))
+    base = load_mix(mix)
+    reps = {}
+    for gpu in ("h100", "h200"):
+        pool = Pool.model_validate({**base.pool("chat").model_dump(mode="json"), "gpu": gpu})
+        reps[gpu] = size_mix(with_pool(base, pool), quick=True, advice=False).pools[0].gpus
+    tied = {g: 6.0 / n for g, n in reps.items()}  # every GPU's answer costs $6 an hour
+    pool = base.pool("chat").model_copy(update={"price_per_gpu_hour": tied})
+    p = size_mix(with_pool(base, pool), quick=True, advice=False).pools[0]
+    assert (p.gpu, p.profile_source) == ("h200", "measured")
+    (r,) = p.runners_up
+    assert r.gpu == "h100" and r.profile_source == "analytic"
+    assert r.usd_per_month == pytest.approx(p.cost.usd_per_month)
+    assert "on the analytic profile" in r.note and "measured profile wins" in p.reasoning

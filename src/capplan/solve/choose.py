@@ -6,8 +6,8 @@ The candidates are the product of the open settings' values: every GPU the pool 
 one); no speculation plus every speculative configuration measured for the model on that GPU
 at that precision; the `max_num_seqs` ladder. The seeds' rule decides: throughput *under the
 SLO*, not peak throughput, so the cheapest configuration that meets every SLO wins (on one GPU
-type, the fewest GPUs), and among equal costs the best SLO margin (the most headroom for the
-same money).
+type, the fewest GPUs), and among equal costs a measured profile before the analytic
+roofline, then the best SLO margin (the most headroom for the same money).
 
 The product can be large (4 precisions x 3 drafters x 5 ladder steps), so with more than
 FINALISTS candidates each is first sized by the quick search (`--quick`'s short probes),
@@ -146,12 +146,18 @@ class _Option:
             return math.inf
         return self.replicas * self.pool.tp * max(self.pool.price, 1e-12)
 
-    def rank(self) -> tuple[float, float, bool]:
+    @property
+    def analytic(self) -> bool:
+        """Its step times are the datasheet roofline's: no profile was measured for it."""
+        return self.setup is not None and self.setup.profile.source == "analytic"
+
+    def rank(self) -> tuple[float, bool, float, bool]:
         """Cheapest first (on one GPU type the fewest GPUs: its price is the same for every
-        candidate), then the widest SLO margin (to 0.01 %: closer is a tie), then step times
-        inside the calibrated box; further ties keep the candidates' order (the cheapest GPU,
-        no speculation, the largest max_num_seqs first)."""
-        return self.cost(), -round(self.margin, 4), self.extrapolated > 0
+        candidate), then a measured profile before the analytic roofline (a margin on the
+        roofline is no measurement's), then the widest SLO margin (to 0.01 %: closer is a
+        tie), then step times inside the calibrated box; further ties keep the candidates'
+        order (the cheapest GPU, no speculation, the largest max_num_seqs first)."""
+        return self.cost(), self.analytic, -round(self.margin, 4), self.extrapolated > 0
 
     def size(self, mix: TrafficMix, settings: SearchSettings, *, level: str, floor: int,
              start: int | None = None, label: str | None = None) -> None:
@@ -261,7 +267,7 @@ def choose(
             + "; ".join(why[:SHOWN_REASONS]) + more
         )
     best: _Option | None = None
-    best_probe: tuple[float, float, bool] | None = None
+    best_probe: tuple[float, bool, float, bool] | None = None
     equal = 0
     for o in ranked:
         if best is not None:
@@ -316,13 +322,17 @@ def _candidate(o: _Option, best: _Option, spare: int, opened: list[str]) -> Cand
         if o.rank() == best.rank():
             note += (f": same GPUs and SLO margin ({_pct(o.margin)}); the chosen one is nearer "
                      "vLLM's defaults")
-        elif o.rank()[:2] == best.rank()[:2]:
+        elif o.rank()[:3] == best.rank()[:3]:
             note += (f": same GPUs and SLO margin ({_pct(o.margin)}), but {o.extrapolated} "
                      "step(s) outside the profile's calibrated box")
         elif o.cost() == best.cost():
             same = "same cost" if "gpu" in opened else "same GPUs"
-            note += (f": {same}, smaller SLO margin ({_pct(o.margin)} vs "
-                     f"{_pct(best.margin)})")
+            if o.analytic and not best.analytic:
+                note += (f": {same}, but on the analytic profile (SLO margin {_pct(o.margin)}; "
+                         "the chosen one's is measured)")
+            else:
+                note += (f": {same}, smaller SLO margin ({_pct(o.margin)} vs "
+                         f"{_pct(best.margin)})")
     elif o.level == "probe":
         note = f"{o.note or 'probe estimate'}, not confirmed"
     else:
@@ -365,7 +375,10 @@ def _reasoning(best: _Option, opts: list[_Option], opened: list[str], screen: bo
     if equal:
         runner = min(equal, key=_Option.rank)
         text += f"; {len(equal)} other(s) confirmed {same}"
-        if runner.rank()[1] != best.rank()[1]:
+        if runner.analytic and not best.analytic:
+            text += (f", and among equal costs a measured profile wins over the analytic "
+                     f"roofline ({runner.label}'s, SLO margin {_pct(runner.margin)})")
+        elif runner.rank()[2] != best.rank()[2]:
             text += (f", and among equal costs the widest SLO margin wins "
                      f"({_pct(best.margin)} vs {_pct(runner.margin)} for {runner.label})")
         elif runner.rank() != best.rank():

@@ -200,7 +200,10 @@ def _print_pool(p: PoolPlan, console: Console) -> None:
         gpus = "—"
         if r.gpus is not None:
             gpus = f"{r.gpus} GPU{'s' * (r.gpus != 1)}, ${r.usd_per_month or 0:,.0f}/month"
-        console.print(f"  runner-up {r.label}: {gpus} ({_one_line(r.note)})", highlight=False)
+        # a runner-up on the analytic roofline (no profile measured there) is an estimate
+        rough = "; ANALYTIC profile" if r.profile_source == "analytic" else ""
+        console.print(f"  runner-up {r.label}: {gpus} ({_one_line(r.note)}{rough})",
+                      highlight=False)
     if len(p.runners_up) > len(shown):
         console.print(f"  … {len(p.runners_up) - len(shown)} more runners-up in the JSON plan "
                       "(--out plan.json) and the report")
