@@ -88,7 +88,8 @@ def print_plan(plan: Plan, console: Console, elapsed_s: float | None = None) -> 
     for p in plan.pools:
         reps = f"{p.replicas}" + (f" ({p.replicas_for_slo}+{p.spare})" if p.spare else "")
         table.add_row(
-            p.pool, str(p.gpus), reps, p.precision, f"{p.binding_workload} / {p.binding_slo}",
+            p.pool, f"{p.gpus} {p.gpu}", reps, p.precision,
+            f"{p.binding_workload} / {p.binding_slo}",
             _pct(p.binding_margin), _pct(p.utilisation), f"{p.cost.usd_per_month:,.0f}",
         )
     for x in plan.infeasible:
