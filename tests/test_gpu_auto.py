@@ -238,3 +238,13 @@ def test_at_equal_cost_a_measured_profile_beats_the_roofline(tmp_path: Path) -> 
     assert r.gpu == "h100" and r.profile_source == "analytic"
     assert r.usd_per_month == pytest.approx(p.cost.usd_per_month)
     assert "on the analytic profile" in r.note and "measured profile wins" in p.reasoning
+
+
+def test_no_gpu_meets_the_slo_is_an_answer(tmp_path: Path) -> None:
+    """An SLO no GPU can meet is an infeasible pool naming the GPUs tried and each one's
+    reason, not a crash."""
+    bad = _write(tmp_path, "itl_p99_s: 0.04", "itl_p99_s: 0.001")
+    plan = size_mix(load_mix(bad), quick=True, advice=False)
+    (x,) = plan.infeasible
+    assert x.gpu == "h100 or h200" and not plan.pools
+    assert "h100, bf16: " in x.reason and "h200, bf16: " in x.reason

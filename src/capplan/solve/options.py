@@ -297,7 +297,9 @@ def size_mix(
         except InfeasibleError as e:
             if settings.log is not None:
                 settings.log(f"infeasible: {e}")
-            return InfeasiblePool(pool=pool.name, model=pool.model, gpu=pool.gpu,
+            # an open GPU: the GPUs its candidates ran on (`h100 or h200`)
+            gpu = " or ".join(pool.gpu_prices) if pool.gpu == "auto" else pool.gpu
+            return InfeasiblePool(pool=pool.name, model=pool.model, gpu=gpu,
                                   precision=str(pool.precision), reason=str(e))
         notes: list[Advice] = []
         if advice:
