@@ -319,14 +319,14 @@ def _candidate(o: _Option, best: _Option, spare: int, opened: list[str]) -> Cand
         note = o.note
     elif o.level == "confirmed":
         note = "confirmed"
+        same = "same cost" if "gpu" in opened else "same GPUs"  # GPU types differ in price
         if o.rank() == best.rank():
-            note += (f": same GPUs and SLO margin ({_pct(o.margin)}); the chosen one is nearer "
+            note += (f": {same} and SLO margin ({_pct(o.margin)}); the chosen one is nearer "
                      "vLLM's defaults")
         elif o.rank()[:3] == best.rank()[:3]:
-            note += (f": same GPUs and SLO margin ({_pct(o.margin)}), but {o.extrapolated} "
+            note += (f": {same} and SLO margin ({_pct(o.margin)}), but {o.extrapolated} "
                      "step(s) outside the profile's calibrated box")
         elif o.cost() == best.cost():
-            same = "same cost" if "gpu" in opened else "same GPUs"
             if o.analytic and not best.analytic:
                 note += (f": {same}, but on the analytic profile (SLO margin {_pct(o.margin)}; "
                          "the chosen one's is measured)")
