@@ -36,9 +36,14 @@ probe=
 if [[ ${PROBE:-} == 1 ]]; then python3 scripts/cpu_probe.py /tmp/cpuprobe.jsonl & probe=$!; fi
 echo "pinned: ${pin0[*]:-no}" > "$OUT/lane0.log"; echo "pinned: ${pin1[*]:-no}" > "$OUT/lane1.log"
 (
+  # LANE0_FIRST=validate: lane 0 runs its validation jobs before its calibration queue
+  if [[ ${LANE0_FIRST:-} == validate && -n $lane0 ]]; then
+    "${pin0[@]}" bash scripts/gpu_validate.sh 0 "$deadline" $lane0; lane0=
+  fi
+  left=$(( deadline - (SECONDS - start) ))
   if [[ -n $queue0 ]]; then
     CUDA_VISIBLE_DEVICES=0 CAL=/tmp/capplan-cal0 PACK=raw0.tgz \
-      "${pin0[@]}" bash scripts/gpu_calibrate.sh "$queue0" "$deadline"
+      "${pin0[@]}" bash scripts/gpu_calibrate.sh "$queue0" "$left"
   fi
   left=$(( deadline - (SECONDS - start) ))
   [[ -n $lane0 ]] && "${pin0[@]}" bash scripts/gpu_validate.sh 0 "$left" $lane0
