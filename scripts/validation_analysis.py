@@ -58,6 +58,9 @@ engine").
 shared-prefix saving or engine-core time in its profile (what-ifs); `tokengaps ENGINE` each
 run's measured inter-token gaps (thirty-third and thirty-fourth sessions); `wavesplit ENGINE
 [RUN]` a closed-loop run's first wave as the engine and the simulator split it.
+`leasecalls [EXPERIMENT]` the same experiment (prefix90-on-p44 unless named) on every lease
+whose engine core was traced: the core's four calls a step, median ms, beside the run's
+measured and predicted TTFT p50 / p99 and ITL p99.
 `recorded ENGINE` the engine's rows against the prediction recorded before its run
 (validation/queued/) and against today's: rows within target and the median absolute error
 per metric, each way (docs/validation.md, "The H100 (thirty-second session)": the analytic
@@ -1709,7 +1712,7 @@ def reach(engine: str = "llama-3.1-8b-bf16-plan4t") -> None:
                       max_num_batched_tokens=eng.max_num_batched_tokens)
     print(f"{engine}: priced by {prof.model}/{prof.key}")
     for run in dict.fromkeys(steps_all["run"].to_list()):
-        _reach_run(f"{engine} {run}", timer, reqs_all.filter(pl.col("experiment") == run),
+        _reach_run(f"{engine} {run}", timer, reqs_all.filter(pl.col("run") == run),
                    steps_all.filter(pl.col("run") == run).sort("step"),
                    eng.max_num_batched_tokens, run_.pool.model,
                    eager_threshold(eng.max_num_seqs, eng.max_num_batched_tokens))
@@ -2390,6 +2393,36 @@ def recorded(engine: str) -> None:
         print(f"| {m} | ±{TARGETS[m]:.0%} | {cells[0]} | {cells[1]} |")
 
 
+CORE_CALLS = ("execute_model", "schedule", "sample_tokens", "update_from_output")
+
+
+def leasecalls(experiment: str = "prefix90-on-p44") -> None:
+    """The same experiment on every lease whose engine core was traced: the host's own time
+    for the core's four calls a step (medians of every call over the engine's trace, its
+    warm-ups included) beside the experiment's measured and predicted TTFT p50 / p99 and ITL
+    p99 (docs/validation.md, "Two more leases (thirty-fifth session)")."""
+    folders = {f.name: f for f in stored_runs()}
+    print(f"lease / engine: median ms of {', '.join(CORE_CALLS)}; then each run of {experiment}: "
+          "TTFT p50, TTFT p99, ITL p99 measured / predicted (ms)")
+    for path in sorted((ROOT / "validation" / "logs").glob("s*-coretrace/*.parquet")):
+        engine = path.stem
+        if engine not in folders:
+            continue
+        rows = [r for r in compare_all(folders=[folders[engine]]) if r.experiment == experiment]
+        if not rows:
+            continue
+        trace = read_trace(path)
+        med = (trace.group_by("name").agg(pl.col("dur_us").median())
+               .with_columns(pl.col("name").cast(pl.String)))
+        by = dict(zip(med["name"].to_list(), med["dur_us"].to_list(), strict=True))
+        calls = " / ".join(f"{by[c] / 1e3:.2f}" if c in by else "-" for c in CORE_CALLS)
+        print(f"{path.parent.name.split('-')[0]} {engine} ({rows[0].profile}): {calls}")
+        for r in rows:
+            cells = ", ".join(f"{r.measured[m] * 1e3:.1f} / {r.predicted[m] * 1e3:.1f}"
+                              for m in ("ttft_p50_s", "ttft_p99_s", "itl_p99_s"))
+            print(f"    {r.run}: {cells}")
+
+
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
         before(sys.argv[2], sys.argv[3:])
@@ -2403,7 +2436,8 @@ def main() -> None:
     with_an_argument: dict[str, Callable[..., None]] = {
         "reach": reach, "eager": eager, "pictures": pictures, "sync": sync, "spread": spread,
         "probe": probe, "edge": edge, "routed": routed, "drainfit": drainfit,
-        "borrowsaving": borrowsaving, "borrowcore": borrowcore, "tokengaps": tokengaps}
+        "borrowsaving": borrowsaving, "borrowcore": borrowcore, "tokengaps": tokengaps,
+        "leasecalls": leasecalls}
     if sys.argv[1:2] == ["wavesplit"]:
         wavesplit(*sys.argv[2:4])
         return
