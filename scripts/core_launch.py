@@ -142,6 +142,7 @@ def write(gpu: str, host: Host, model: str) -> None:
     print(f"{gpu} {model:14s} spread taken: " + ", ".join(
         f"{k} {v} ({fig['spread_from'][k]})" for k, v in fig["spread"].items()))
 
+
 def show(gpu: str, model: str, r: dict[str, Any], tag: str = "") -> None:
     print(f"{gpu} {model:14s} {r['engine']:26s} decode-only {r['core_graph_s'] * 1e3:5.2f} "
           f"ms ({r['graph_steps']} steps), piecewise {r['core_piecewise_s'] * 1e3:5.2f} ms "

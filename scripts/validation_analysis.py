@@ -2406,7 +2406,8 @@ def leasecalls(experiment: str = "prefix90-on-p44") -> None:
           "TTFT p50, TTFT p99, ITL p99 measured / predicted (ms)")
     for path in sorted((ROOT / "validation" / "logs").glob("s*-coretrace/*.parquet")):
         engine = path.stem
-        if engine not in folders:
+        if engine not in folders or pl.scan_parquet(folders[engine] / "requests.parquet").filter(
+                pl.col("experiment") == experiment).head(1).collect().is_empty():
             continue
         rows = [r for r in compare_all(folders=[folders[engine]]) if r.experiment == experiment]
         if not rows:
