@@ -2193,8 +2193,10 @@ def _drafter_traces() -> Iterator[tuple[dict[str, Any], pl.DataFrame, pl.DataFra
         trace = read_trace(path)
         if "propose" not in trace["name"].cast(pl.Utf8).unique().to_list():
             continue
-        meta = json.loads(path.with_suffix(".json").read_text())
-        folder = next((p for p in stored_runs() if p.name == meta["engine"]), None)
+        # the engine as stored (the trace's own name: a job run on another GPU is stored
+        # under another name than the one its runner recorded, `-draft4-plen-h100`)
+        meta = {**json.loads(path.with_suffix(".json").read_text()), "engine": path.stem}
+        folder = next((p for p in stored_runs() if p.name == path.stem), None)
         yield meta, trace, load_run(folder)[1] if folder is not None else None
 
 
@@ -2246,17 +2248,19 @@ def drafter() -> None:
                 f"({r.measured['itl_p50_s'] / r.predicted['itl_p50_s']:.2f}x)" for r in rows))
 
 
-def firsttoken() -> None:
+def firsttoken(experiment: str = "chat-c1") -> None:
     """Where a lone request's first token goes on the core-traced draft-model engines
-    (twenty-eighth session): per engine, the medians over its concurrency-1 requests of the
-    core's lead from the arrival to the prefill step, that step (the target's forward and
-    the drafter's pass over the prompt, on the core's thread), the next step, which the core
-    launches before it hands out the prefill's token, and the drafter's pass in each."""
+    (twenty-eighth session; `firsttoken p2048-c1` and the other prompt lengths of the
+    `-draft4-plen` engines, thirty-fifth): per engine, the medians over the experiment's
+    concurrency-1 requests of the core's lead from the arrival to the prefill step, that step
+    (the target's forward and the drafter's pass over the prompt, on the core's thread), the
+    next step, which the core launches before it hands out the prefill's token, and the
+    drafter's pass in each."""
     for meta, trace, stored in _drafter_traces():
-        if "chat-c1" not in meta["experiments"] or stored is None:
+        if experiment not in meta["experiments"] or stored is None:
             continue
-        reqs = stored.filter(pl.col("run") == "chat-c1").sort("send_s")
-        t0 = (meta["experiments"]["chat-c1"]["t0_perf"] - meta["clock_base_s"]) * 1e6
+        reqs = stored.filter(pl.col("run") == experiment).sort("send_s")
+        t0 = (meta["experiments"][experiment]["t0_perf"] - meta["clock_base_s"]) * 1e6
         main = trace.filter(pl.col("thread").cast(pl.Utf8) == "MainThread")
 
         def spans(name: str, main: pl.DataFrame = main) -> np.ndarray:
@@ -2399,7 +2403,8 @@ CORE_CALLS = ("execute_model", "schedule", "sample_tokens", "update_from_output"
 def leasecalls(experiment: str = "prefix90-on-p44") -> None:
     """The same experiment on every lease whose engine core was traced: the host's own time
     for the core's four calls a step (medians of every call over the engine's trace, its
-    warm-ups included) beside the experiment's measured and predicted TTFT p50 / p99 and ITL
+    warm-ups included) and for a million-iteration Python loop at the engine's start (the
+    runner's `py_loop_1m_ms`), beside the experiment's measured and predicted TTFT p50 / p99 and ITL
     p99 (docs/validation.md, "Two more leases (thirty-fifth session)")."""
     folders = {f.name: f for f in stored_runs()}
     print(f"lease / engine: median ms of {', '.join(CORE_CALLS)}; then each run of {experiment}: "
@@ -2417,11 +2422,23 @@ def leasecalls(experiment: str = "prefix90-on-p44") -> None:
                .with_columns(pl.col("name").cast(pl.String)))
         by = dict(zip(med["name"].to_list(), med["dur_us"].to_list(), strict=True))
         calls = " / ".join(f"{by[c] / 1e3:.2f}" if c in by else "-" for c in CORE_CALLS)
-        print(f"{path.parent.name.split('-')[0]} {engine} ({rows[0].profile}): {calls}")
+        host = json.loads(path.with_suffix(".json").read_text()).get("host") or {}
+        print(f"{path.parent.name.split('-')[0]} {engine} ({rows[0].profile}): {calls}; the "
+              f"host's Python loop {host.get('py_loop_1m_ms', '-')} ms")
         for r in rows:
             cells = ", ".join(f"{r.measured[m] * 1e3:.1f} / {r.predicted[m] * 1e3:.1f}"
                               for m in ("ttft_p50_s", "ttft_p99_s", "itl_p99_s"))
             print(f"    {r.run}: {cells}")
+    loops = {p.parent.name.split("-")[0]: [] for p in (ROOT / "validation" / "logs").glob(
+        "s*-coretrace/*.json")}
+    for p in (ROOT / "validation" / "logs").glob("s*-coretrace/*.json"):
+        ms = (json.loads(p.read_text()).get("host") or {}).get("py_loop_1m_ms")
+        if ms is not None:
+            loops[p.parent.name.split("-")[0]].append(ms)
+    every = sorted(ms for v in loops.values() for ms in v)
+    print(f"the host's Python loop at every traced engine's start: {len(every)} starts, "
+          f"{every[0]}-{every[-1]} ms, median {float(np.median(every)):.1f}; by session: "
+          + ", ".join(f"{k} {min(v)}-{max(v)}" for k, v in sorted(loops.items()) if v))
 
 
 def main() -> None:
@@ -2438,7 +2455,7 @@ def main() -> None:
         "reach": reach, "eager": eager, "pictures": pictures, "sync": sync, "spread": spread,
         "probe": probe, "edge": edge, "routed": routed, "drainfit": drainfit,
         "borrowsaving": borrowsaving, "borrowcore": borrowcore, "tokengaps": tokengaps,
-        "leasecalls": leasecalls}
+        "leasecalls": leasecalls, "firsttoken": firsttoken}
     if sys.argv[1:2] == ["wavesplit"]:
         wavesplit(*sys.argv[2:4])
         return
