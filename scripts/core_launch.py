@@ -54,6 +54,11 @@ class Host:
         """The folder holding the engine's stored core trace."""
         return next(d for d in self.traces if (d / f"{engine}.parquet").exists())
 
+    def measure(self, model: str, engine: str) -> dict[str, Any]:
+        """The engine's core time a step, from its stored trace and steps (`measure`)."""
+        return measure(self.trace_dir(engine), engine, self.validation / model / "validation"
+                       / engine)
+
 
 HOSTS = {
     "h200": Host(
@@ -85,14 +90,10 @@ HOSTS = {
 
 def model_figures(host: Host, model: str) -> dict[str, object]:
     engine, others = host.chosen[model]
-
-    def one(name: str) -> dict[str, object]:
-        return measure(host.trace_dir(name), name, host.validation / model / "validation" / name)
-
-    out = one(engine)
+    out: dict[str, Any] = host.measure(model, engine)
     out["trace"] = str((host.trace_dir(engine) / f"{engine}.parquet").relative_to(ROOT))
     out["command"] = "python scripts/core_launch.py"
-    out["also_measured"] = [one(o) for o in others]
+    out["also_measured"] = [host.measure(model, o) for o in others]
     out["spread"], out["spread_from"] = spread(out)
     return out
 
@@ -128,9 +129,7 @@ def main() -> None:
             write(gpu, host, model)
         for model, engines in host.unchosen.items():
             for name in engines:
-                show(gpu, model, measure(host.trace_dir(name), name,
-                                         host.validation / model / "validation" / name),
-                     "not chosen")
+                show(gpu, model, host.measure(model, name), "not chosen")
 
 
 def write(gpu: str, host: Host, model: str) -> None:

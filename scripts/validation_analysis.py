@@ -2404,42 +2404,36 @@ def leasecalls(experiment: str = "prefix90-on-p44") -> None:
     """The same experiment on every lease whose engine core was traced: the host's own time
     for the core's four calls a step (medians of every call over the engine's trace, its
     warm-ups included) and for a million-iteration Python loop at the engine's start (the
-    runner's `py_loop_1m_ms`), beside the experiment's measured and predicted TTFT p50 / p99 and ITL
-    p99 (docs/validation.md, "Two more leases (thirty-fifth session)")."""
+    runner's `py_loop_1m_ms`), beside the experiment's measured and predicted TTFT p50 / p99
+    and ITL p99; then that loop at every traced start, by session (docs/validation.md, "Two
+    more leases (thirty-fifth session)")."""
     folders = {f.name: f for f in stored_runs()}
+    loops: dict[str, list[float]] = {}
     print(f"lease / engine: median ms of {', '.join(CORE_CALLS)}; then each run of {experiment}: "
           "TTFT p50, TTFT p99, ITL p99 measured / predicted (ms)")
     for path in sorted((ROOT / "validation" / "logs").glob("s*-coretrace/*.parquet")):
-        engine = path.stem
+        engine, lease = path.stem, path.parent.name.split("-")[0]
+        host = json.loads(path.with_suffix(".json").read_text()).get("host") or {}
+        if host.get("py_loop_1m_ms") is not None:
+            loops.setdefault(lease, []).append(host["py_loop_1m_ms"])
         if engine not in folders or pl.scan_parquet(folders[engine] / "requests.parquet").filter(
                 pl.col("experiment") == experiment).head(1).collect().is_empty():
             continue
         rows = [r for r in compare_all(folders=[folders[engine]]) if r.experiment == experiment]
-        if not rows:
-            continue
-        trace = read_trace(path)
-        med = (trace.group_by("name").agg(pl.col("dur_us").median())
+        med = (read_trace(path).group_by("name").agg(pl.col("dur_us").median())
                .with_columns(pl.col("name").cast(pl.String)))
         by = dict(zip(med["name"].to_list(), med["dur_us"].to_list(), strict=True))
         calls = " / ".join(f"{by[c] / 1e3:.2f}" if c in by else "-" for c in CORE_CALLS)
-        host = json.loads(path.with_suffix(".json").read_text()).get("host") or {}
-        print(f"{path.parent.name.split('-')[0]} {engine} ({rows[0].profile}): {calls}; the "
-              f"host's Python loop {host.get('py_loop_1m_ms', '-')} ms")
+        print(f"{lease} {engine} ({rows[0].profile}): {calls}; the host's Python loop "
+              f"{host.get('py_loop_1m_ms', '-')} ms")
         for r in rows:
             cells = ", ".join(f"{r.measured[m] * 1e3:.1f} / {r.predicted[m] * 1e3:.1f}"
                               for m in ("ttft_p50_s", "ttft_p99_s", "itl_p99_s"))
             print(f"    {r.run}: {cells}")
-    loops = {p.parent.name.split("-")[0]: [] for p in (ROOT / "validation" / "logs").glob(
-        "s*-coretrace/*.json")}
-    for p in (ROOT / "validation" / "logs").glob("s*-coretrace/*.json"):
-        ms = (json.loads(p.read_text()).get("host") or {}).get("py_loop_1m_ms")
-        if ms is not None:
-            loops[p.parent.name.split("-")[0]].append(ms)
     every = sorted(ms for v in loops.values() for ms in v)
     print(f"the host's Python loop at every traced engine's start: {len(every)} starts, "
-          f"{every[0]}-{every[-1]} ms, median {float(np.median(every)):.1f}; by session: "
-          + ", ".join(f"{k} {min(v)}-{max(v)}" for k, v in sorted(loops.items()) if v))
-
+          f"{every[0]}-{every[-1]} ms, median {float(np.median(every)):.1f}; by session (starts): "
+          + ", ".join(f"{k} {min(v)}-{max(v)} ({len(v)})" for k, v in sorted(loops.items())))
 
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
