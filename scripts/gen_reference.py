@@ -72,11 +72,16 @@ that is `<ttft|itl|tpot|e2e>_p<percentile>_s`, with the percentile in (0, 100) (
 # Rules the validators check across fields (the JSON schema cannot say them).
 _RULES: dict[str, list[str]] = {
     "TrafficMix": ["pool and workload names are unique; every workload's `pool` names a pool",
-                   "every request fits the pool's `max_model_len` (input + image + output)"],
+                   "every request fits the pool's `max_model_len` (input + image + output; "
+                   "of a replay file, every row, its prompt below it)"],
     "SimulationSettings": ["`warmup_s` < `duration_s`"],
     "Pool": ["`gpu` is one of " + ", ".join(f"`{g}`" for g in sorted(GPUS)),
-             "a pinned `profile` fixes the precision and drafter: neither `precision` nor "
-             "`engine.speculative` may then be `auto`"],
+             "`price_per_gpu_hour` is ≥ 0; given per GPU type, its keys are known GPUs and "
+             "include the pool's `gpu`",
+             "`gpu: auto` needs `price_per_gpu_hour` per GPU type (the candidates are the "
+             "GPUs it prices)",
+             "a pinned `profile` fixes the GPU, precision and drafter: none of `gpu`, "
+             "`precision` and `engine.speculative` may then be `auto`"],
     "EngineConfig": ["`max_num_batched_tokens` ≥ `max_num_seqs` (vLLM 0.26.0 refuses to start "
                      "otherwise; `auto` tries only caps within the budget)",
                      "`max_model_len` at most the model's context length (vLLM refuses more)",
@@ -87,6 +92,8 @@ _RULES: dict[str, list[str]] = {
     "PrefixSpec": ["exactly one of `shared_tokens`, `shared_fraction`, `target_hit_rate`"],
     "DailyArrival": ["every fraction lies in [0, 1] and the peak hour is 1.0"],
     "Uniform": ["`high` ≥ `low`"],
+    "Normal": ["`max` ≥ `min`"],
+    "LogNormal": ["`max` ≥ `min`"],
     "Empirical": ["`values` and `weights` have the same length; values ≥ 1; weights ≥ 0 "
                   "with a positive sum"],
 }

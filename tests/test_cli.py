@@ -97,6 +97,21 @@ def test_negative_rate_is_rejected(tmp_path: Path) -> None:
     assert_one_line_error(sim(path), ConfigError.exit_code, "rate_rps", str(path))
 
 
+@pytest.mark.parametrize(("bounds", "fragment"), [
+    ({"max": 0}, "output_tokens.lognormal.max"),
+    ({"min": 500, "max": 100}, "max (100) must be >= min (500)"),
+])
+def test_clipped_length_bounds_are_checked(tmp_path: Path, bounds: dict[str, int],
+                                           fragment: str) -> None:
+    """A normal or lognormal length's [min, max] must hold a token: a max below 1 or below
+    the min is a ConfigError, not a workload whose every request asks for nothing."""
+    bad = json.loads(json.dumps(MIX))
+    bad["workloads"][0]["output_tokens"] = {"kind": "lognormal", "mean": 200, "sigma": 0.7,
+                                            **bounds}
+    path = write_mix(tmp_path, bad)
+    assert_one_line_error(sim(path), ConfigError.exit_code, fragment, str(path))
+
+
 @pytest.mark.parametrize("command", ["size", "sweep"])
 def test_sizing_bad_input_is_one_line_from_a_real_process(tmp_path: Path, command: str) -> None:
     """`size` and `sweep` start worker processes; bad input is refused before they start, so

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -309,6 +310,39 @@ def test_replay_errors_name_file_and_column(
         generate(replay(path), 0, 10.0, rng())
     assert e.value.file == str(path) and e.value.field == field
     assert str(path) in str(e.value) and field in str(e.value)
+
+
+@pytest.mark.parametrize(("tokens", "column", "fix"), [
+    ((16384, 1), "input_tokens", "has a 16384-token prompt, which vLLM refuses"),
+    ((16000, 385), "output_tokens", "asks for 16000 + 385 tokens (prompt + output)"),
+])
+def test_a_replayed_request_must_fit_max_model_len(
+    tmp_path: Path, tokens: tuple[int, int], column: str, fix: str
+) -> None:
+    """A recorded request that the pool's max_model_len cannot hold is refused when the
+    traffic file is read, naming the file's row (not its place in arrival order): vLLM
+    refuses such a prompt, or stops its output short, so the replay would not be the trace.
+    A request that fits exactly (prompt + output = max_model_len) is kept."""
+    from capplan.mix import load_mix
+
+    rows = [{"arrival_s": 2.0, "input_tokens": 100, "output_tokens": 10},
+            {"arrival_s": 3.0, "input_tokens": 16000, "output_tokens": 384},
+            {"arrival_s": 1.0, "input_tokens": tokens[0], "output_tokens": tokens[1]}]
+    write_csv(tmp_path / "trace.csv", rows)
+    mix = tmp_path / "mix.yaml"
+    mix.write_text(json.dumps({
+        "schema_version": 1,
+        "pools": [{"name": "p", "model": "llama-3.1-8b", "gpu": "h200", "precision": "bf16",
+                   "engine": {"max_model_len": 16384}}],
+        "workloads": [{"name": "w", "pool": "p", "slo": {"ttft_p99_s": 1.0},
+                       "arrival": {"kind": "replay", "path": "trace.csv"}}],
+    }))
+    with pytest.raises(ConfigError, match=re.escape(fix)) as e:
+        load_mix(mix)
+    assert e.value.file == str(tmp_path / "trace.csv") and e.value.field == column
+    assert "row 3 " in str(e.value) and "max_model_len of pool 'p'" in str(e.value)
+    write_csv(tmp_path / "trace.csv", rows[:2])
+    assert load_mix(mix).workloads[0].name == "w"
 
 
 def test_replay_missing_file_and_bad_suffix(tmp_path: Path) -> None:

@@ -76,9 +76,15 @@ class _Clipped(_Dist):
 
     mean_tokens: float = Field(gt=0, alias="mean")
     min_tokens: int = Field(default=1, ge=1, alias="min")
-    max_tokens: int = Field(alias="max")
+    max_tokens: int = Field(ge=1, alias="max")
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _order(self) -> _Clipped:
+        if self.max_tokens < self.min_tokens:
+            raise ValueError(f"max ({self.max_tokens}) must be >= min ({self.min_tokens})")
+        return self
 
     def _draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         raise NotImplementedError

@@ -10,12 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from capplan._yaml import load_model, read_mapping
 from capplan.errors import ConfigError
 from capplan.modelspec import ModelSpec, load_model_spec
 from capplan.pool import Pool, refuse_open
+from capplan.replay import read_trace
 from capplan.traffic import ReplayArrival, Workload
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -181,7 +183,10 @@ def check_lengths(mix: TrafficMix, specs: dict[str, ModelSpec]) -> None:
     for i, w in enumerate(mix.workloads):
         pool = mix.pool(w.pool)
         limit = max_model_len(pool, specs[pool.model])
-        if isinstance(w.arrival, ReplayArrival) or w.input_tokens is None:
+        if isinstance(w.arrival, ReplayArrival):
+            _check_replay(w, pool, limit, mix.base_dir)
+            continue
+        if w.input_tokens is None:
             continue
         assert w.output_tokens is not None
         image = w.image.images_per_request * w.image.tokens_per_image if w.image else 0
@@ -194,6 +199,27 @@ def check_lengths(mix: TrafficMix, specs: dict[str, ModelSpec]) -> None:
                 file=mix.source,
                 field=f"workloads.{i}.input_tokens",
             )
+
+
+def _check_replay(w: Workload, pool: Pool, limit: int, base_dir: Path) -> None:
+    """A recorded request must fit the pool too: vLLM 0.26.0 refuses a prompt of
+    max_model_len tokens or more (vllm/v1/engine/input_processor.py, _validate_prompt_len),
+    and one whose output would run past max_model_len is stopped there
+    (vllm/v1/core/sched/utils.py check_stop), so the replay would not be the recorded
+    traffic. The error names the file's first such row."""
+    trace = read_trace(w, base_dir)
+    fix = f"raise engine.max_model_len of pool {pool.name!r} or drop the row"
+    prompt, output = trace.input_tokens, trace.output_tokens
+    for column, bad in (("input_tokens", prompt >= limit),
+                        ("output_tokens", prompt + output > limit)):
+        if not bad.any():
+            continue
+        k = int(np.argmin(np.where(bad, trace.row, np.iinfo(np.int64).max)))
+        what = (f"has a {prompt[k]}-token prompt, which vLLM refuses at max_model_len "
+                f"{limit} or more" if column == "input_tokens" else
+                f"asks for {prompt[k]} + {output[k]} tokens (prompt + output), past "
+                f"max_model_len {limit}")
+        raise ConfigError(f"row {trace.row[k]} {what}; {fix}", file=trace.file, field=column)
 
 
 def load_mix(path: str | Path) -> TrafficMix:

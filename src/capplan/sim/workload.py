@@ -8,15 +8,13 @@ caller's `rng`, drawn in a fixed order, so the same seed gives the same arrays.
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from capplan.errors import ConfigError
+from capplan.replay import NO_PREFIX, ReplayTrace, read_trace
 from capplan.traffic import (
     ClosedLoop,
     DailyArrival,
@@ -25,9 +23,6 @@ from capplan.traffic import (
     ReplayArrival,
     Workload,
 )
-
-if TYPE_CHECKING:
-    import polars as pl
 
 __all__ = [
     "NO_PREFIX",
@@ -40,17 +35,9 @@ __all__ = [
     "offered_tokens_per_s",
 ]
 
-NO_PREFIX = -1
-"""`prefix_group` of a request that shares no prefix with any other."""
 TARGET_HIT_RATE = -2
 """`prefix_group` of a request whose `prefix_tokens` are treated as cached (target_hit_rate)."""
 
-_REQUIRED = ("arrival_s", "input_tokens", "output_tokens")
-_OPTIONAL = ("prefix_group", "prefix_tokens")
-_COLUMNS_HELP = (
-    "a replay file needs columns arrival_s, input_tokens, output_tokens "
-    "(optional: prefix_group, prefix_tokens)"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,149 +296,9 @@ class ClosedLoopSampler:
 # --- replay -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _Trace:
-    arrival_s: np.ndarray  # sorted, in trace time (before time_scale)
-    input_tokens: np.ndarray
-    output_tokens: np.ndarray
-    prefix_group: np.ndarray
-    prefix_tokens: np.ndarray
-    has_prefix: bool  # the file recorded prompt structure (prefix columns present)
-    file: str
 
 
-def _resolve(workload: Workload, base_dir: Path | None) -> Path:
-    assert isinstance(workload.arrival, ReplayArrival)
-    path = workload.arrival.path
-    if not path.is_absolute() and base_dir is not None:
-        path = base_dir / path
-    return path
-
-
-def _read_trace(workload: Workload, base_dir: Path | None) -> _Trace:
-    """Read and check a replay file, scanning lazily and only the columns needed."""
-    path = _resolve(workload, base_dir)
-    file = str(path)
-    field = f"{workload.name}.arrival.path"
-    if not path.is_file():
-        where = f" (relative paths resolve against {base_dir})" if base_dir else ""
-        raise ConfigError(f"replay file not found{where}; fix arrival.path", file=file, field=field)
-    suffix = path.suffix.lower()
-    if suffix not in (".csv", ".jsonl", ".ndjson"):
-        raise ConfigError(
-            f"replay file must end in .csv, .jsonl or .ndjson, not {suffix or '(none)'!r}",
-            file=file,
-            field=field,
-        )
-
-    import polars as pl  # only replayed traces need it
-
-    def scan(overrides: Mapping[str, type[pl.DataType]] | None) -> pl.LazyFrame:
-        if suffix == ".csv":
-            return pl.scan_csv(path, schema_overrides=overrides)
-        return pl.scan_ndjson(path, schema_overrides=overrides)
-
-    try:
-        names = scan(None).collect_schema().names()
-    except pl.exceptions.PolarsError as e:
-        raise ConfigError(f"cannot read replay file: {_first_line(e)}", file=file) from e
-    for col in _REQUIRED:
-        if col not in names:
-            raise ConfigError(f"column missing; {_COLUMNS_HELP}", file=file, field=col)
-    present = [c for c in _OPTIONAL if c in names]
-    if len(present) == 1:
-        other = next(c for c in _OPTIONAL if c not in present)
-        raise ConfigError(
-            f"column missing; give prefix_group and prefix_tokens together "
-            f"(found only {present[0]})",
-            file=file,
-            field=other,
-        )
-    cols = [*_REQUIRED, *present]
-    # Float64 everywhere so "12.0" parses; integrality is checked below.
-    overrides = dict.fromkeys(cols, pl.Float64)
-    try:
-        df = scan(overrides).select(cols).collect()
-    except pl.exceptions.PolarsError as e:
-        m = re.search(r"column '([^']+)'", str(e))
-        raise ConfigError(
-            f"not a number: {_first_line(e)}; every value must be numeric",
-            file=file,
-            field=m[1] if m else None,
-        ) from e
-    if df.height == 0:
-        raise ConfigError("replay file has no rows", file=file, field=field)
-
-    def column(
-        name: str, *, integer: bool, minimum: float, nullable: bool = False, fill: float = 0.0
-    ) -> np.ndarray:
-        s = df.get_column(name)
-        if s.null_count() and not nullable:
-            row = int(s.is_null().arg_max() or 0)
-            raise ConfigError(f"empty value at row {row + 1}; fill it in", file=file, field=name)
-        x = s.fill_null(fill).to_numpy().astype(np.float64)
-        bad = ~np.isfinite(x) | (x < minimum)
-        if integer:
-            bad |= x != np.floor(x)
-        if bad.any():
-            row = int(np.argmax(bad))
-            kind = "an integer" if integer else "a number"
-            raise ConfigError(
-                f"row {row + 1} has {x[row]!r}; values must be {kind} >= {minimum:g}",
-                file=file,
-                field=name,
-            )
-        return x.astype(np.int64) if integer else x
-
-    arrival = column("arrival_s", integer=False, minimum=0.0)
-    input_tokens = column("input_tokens", integer=True, minimum=1)
-    output_tokens = column("output_tokens", integer=True, minimum=1)
-    if present:
-        group = column(
-            "prefix_group", integer=True, minimum=NO_PREFIX, nullable=True, fill=NO_PREFIX
-        )
-        prefix = column("prefix_tokens", integer=True, minimum=0, nullable=True)
-        over = prefix > input_tokens
-        if over.any():
-            row = int(np.argmax(over))
-            raise ConfigError(
-                f"row {row + 1} shares {prefix[row]} tokens of a {input_tokens[row]}-token "
-                "prompt; prefix_tokens must be <= input_tokens",
-                file=file,
-                field="prefix_tokens",
-            )
-        loose = (prefix > 0) & (group == NO_PREFIX)
-        if loose.any():
-            row = int(np.argmax(loose))
-            raise ConfigError(
-                f"row {row + 1} has prefix_tokens but no prefix_group; give the group "
-                "(>= 0) or set prefix_tokens to 0",
-                file=file,
-                field="prefix_group",
-            )
-        # A repeated whole prompt still recomputes its last token (kv_cache_manager.py).
-        prefix = np.minimum(prefix, input_tokens - 1)
-        group[prefix == 0] = NO_PREFIX
-    else:
-        group = np.full(len(arrival), NO_PREFIX, dtype=np.int64)
-        prefix = np.zeros(len(arrival), dtype=np.int64)
-    order = np.argsort(arrival, kind="stable")
-    return _Trace(
-        arrival[order],
-        input_tokens[order],
-        output_tokens[order],
-        group[order],
-        prefix[order],
-        bool(present),
-        file,
-    )
-
-
-def _first_line(e: Exception) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-
-
-def _period_s(trace: _Trace) -> float:
+def _period_s(trace: ReplayTrace) -> float:
     """Trace span in trace time: last - first arrival plus one mean gap, so that a looped
     trace keeps its rate and rows/span is the offered rate."""
     n = len(trace.arrival_s)
@@ -474,7 +321,7 @@ def _replay(
 ) -> RequestBatch:
     arr = workload.arrival
     assert isinstance(arr, ReplayArrival)
-    trace = _read_trace(workload, base_dir)
+    trace = read_trace(workload, base_dir)
     arrival = trace.arrival_s / arr.time_scale
     reps = 1
     if arr.loop:
@@ -518,10 +365,10 @@ def offered_rate_rps(workload: Workload, *, base_dir: Path | None = None) -> flo
         return arr.rate_rps
     if isinstance(arr, DailyArrival):
         return arr.peak_rate_rps
-    return _trace_rate_rps(_read_trace(workload, base_dir), arr.time_scale)
+    return _trace_rate_rps(read_trace(workload, base_dir), arr.time_scale)
 
 
-def _trace_rate_rps(trace: _Trace, time_scale: float) -> float:
+def _trace_rate_rps(trace: ReplayTrace, time_scale: float) -> float:
     return len(trace.arrival_s) / _period_s(trace) * time_scale
 
 
@@ -532,7 +379,7 @@ def offered_tokens_per_s(
     closed loop."""
     arr = workload.arrival
     if isinstance(arr, ReplayArrival):
-        trace = _read_trace(workload, base_dir)
+        trace = read_trace(workload, base_dir)
         rate = _trace_rate_rps(trace, arr.time_scale)
         return rate * float(trace.input_tokens.mean()), rate * float(trace.output_tokens.mean())
     open_rate = offered_rate_rps(workload)
