@@ -71,7 +71,9 @@ that is `<ttft|itl|tpot|e2e>_p<percentile>_s`, with the percentile in (0, 100) (
 
 # Rules the validators check across fields (the JSON schema cannot say them).
 _RULES: dict[str, list[str]] = {
-    "TrafficMix": ["pool and workload names are unique; every workload's `pool` names a pool",
+    "TrafficMix": ["pool and workload names are unique; every workload's `pool` names a pool "
+                   "and every pool serves a workload",
+                   "a workload with `image` runs on a model with a vision encoder",
                    "every request fits the pool's `max_model_len` (input + image + output; "
                    "of a replay file, every row, its prompt below it)"],
     "SimulationSettings": ["`warmup_s` < `duration_s`"],
@@ -92,8 +94,8 @@ _RULES: dict[str, list[str]] = {
     "PrefixSpec": ["exactly one of `shared_tokens`, `shared_fraction`, `target_hit_rate`"],
     "DailyArrival": ["every fraction lies in [0, 1] and the peak hour is 1.0"],
     "Uniform": ["`high` ≥ `low`"],
-    "Normal": ["`max` ≥ `min`"],
-    "LogNormal": ["`max` ≥ `min`"],
+    "Normal": ["`min` ≤ `mean` ≤ `max`"],
+    "LogNormal": ["`min` ≤ `mean` ≤ `max`"],
     "Empirical": ["`values` and `weights` have the same length; values ≥ 1; weights ≥ 0 "
                   "with a positive sum"],
 }

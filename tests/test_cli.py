@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 import polars as pl
@@ -400,3 +401,77 @@ def test_profiles_show_the_held_out_error_on_designed_steps() -> None:
     assert cells[("qwen3-32b", "bf16")] == (f"{fit['designed_shipped_median_ape']:.1%} / "
                                             f"{fit['designed_shipped_p95_ape']:.1%}")
     assert "designed steps:" in res.stdout
+
+
+# -- bad input found by the thirty-sixth session's audit: each a clear line, never a traceback,
+# and outputs refused before the work rather than after it
+
+
+def _mutated(tmp_path: Path, change: Any) -> Path:
+    bad = json.loads(json.dumps(MIX))
+    change(bad)
+    return write_mix(tmp_path, bad)
+
+
+@pytest.mark.parametrize(("change", "fragments"), [
+    (lambda m: m["workloads"][0]["arrival"].update(rate_rps=float("inf")),
+     ("workloads.0.arrival.poisson.rate_rps", "finite")),
+    (lambda m: m["workloads"][0]["slo"].update(ttft_p100_s=1.0),
+     ("ttft_p100_s", "between 0 and 100")),
+    (lambda m: m["pools"][0].update(tp=16), ("pools.0.tp", "less than or equal to 8")),
+    (lambda m: m["workloads"][0].update(image={"images_per_request": 1, "tokens_per_image": 64}),
+     ("workloads.0.image", "no vision encoder")),
+    (lambda m: m["workloads"][1].update(pool="chat"), ("pools.1", "'other' serves no workload")),
+    (lambda m: m["workloads"][0].update(
+        input_tokens={"kind": "lognormal", "mean": 600, "sigma": 0.5, "max": 10}),
+     ("input_tokens.lognormal", "mean (600) must lie within")),
+    (lambda m: m["pools"][0].update(profile="no-such-profile"),
+     ("profile", "no profile at", "capplan profiles")),
+])  # fmt: skip
+def test_bad_values_are_one_line_naming_the_file(tmp_path: Path, change: Any,
+                                                 fragments: tuple[str, ...]) -> None:
+    """Values the schema used to let through (an infinite rate, a percentile of 100, TP past
+    one node, a picture for a text model, a pool nothing uses, a mean outside its clip, a
+    pinned profile that is not there) are each one line naming the traffic file."""
+    path = _mutated(tmp_path, change)
+    assert_one_line_error(sim(path), ConfigError.exit_code, str(path), *fragments)
+
+
+@pytest.mark.parametrize(("args", "fragments"), [
+    (("size", "--out", "plan.txt"), ("plan.txt", "--out", "use .json or .csv")),
+    (("size", "--out", "nodir/plan.json"), ("--out", "folder nodir does not exist")),
+    (("size", "--out", "ok.json", "--report", "nodir/r.html"), ("--report", "nodir")),
+    (("size", "--out", "/proc/plan.json"), ("--out", "cannot write in folder /proc")),
+    (("sweep", "--out", "curve.json"), ("--out", "use .csv")),
+    (("sweep", "--out", "curve.csv", "--plot", "nodir/p.png"), ("--plot", "nodir")),
+    (("sweep", "--growth", "1,inf"), ("--growth", "finite")),
+])  # fmt: skip
+def test_outputs_are_checked_before_the_search(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               args: tuple[str, ...],
+                                               fragments: tuple[str, ...]) -> None:
+    """A plan's or curve's output path that cannot be written, or a growth that is not a
+    finite number, is refused before any sizing, and no other output is left behind."""
+    monkeypatch.chdir(tmp_path)
+    path = write_mix(tmp_path)
+    res = run(args[0], "--traffic", str(path), "--quick", *args[1:])
+    assert_one_line_error(res, ConfigError.exit_code, *fragments)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mix.yaml"]
+
+
+def test_growth_must_be_finite(tmp_path: Path) -> None:
+    """click's float ranges let inf and nan through; --growth refuses them."""
+    path = write_mix(tmp_path)
+    for value in ("inf", "nan"):
+        res = run("size", "--traffic", str(path), "--growth", value)
+        assert res.exit_code == 2 and "not a finite number above 0" in res.output
+
+
+def test_simulate_refuses_an_endless_load_and_a_bad_requests_out(tmp_path: Path) -> None:
+    """A rate that would take hours to simulate, and a --requests-out in no folder, are each
+    refused at once."""
+    path = _mutated(tmp_path, lambda m: m["workloads"][0]["arrival"].update(rate_rps=1e9))
+    assert_one_line_error(sim(path), ConfigError.exit_code, "workloads.0.arrival",
+                          "to simulate", "--duration-s")
+    good = write_mix(tmp_path, name="good.yaml")
+    assert_one_line_error(sim(good, "--requests-out", str(tmp_path / "nodir" / "r.csv")),
+                          ConfigError.exit_code, "--requests-out", "does not exist")

@@ -11,6 +11,7 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -337,16 +338,20 @@ def test_cli_sweep_curve(tmp_path: Path) -> None:
 
 def test_cli_sweep_ends_where_a_pool_turns_infeasible(tmp_path: Path) -> None:
     """A growth no replica count up to the cap can carry ends the curve there, with the
-    reason; the growths before it are written."""
+    reason; the growths before it are written, it is a row marked infeasible with why, and
+    the command exits 5 (InfeasibleError), as `capplan size` does."""
     capped = tmp_path / "capped.yaml"
     capped.write_text(SMALL.read_text().replace("max_replicas: 16", "max_replicas: 2"))
     out = tmp_path / "curve.csv"
     r = CliRunner().invoke(sweep, ["--traffic", str(capped), "--growth", "1,4", "--quick",
                                    "--out", str(out)], terminal_width=400)
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 5, r.output
     assert "growth ×4 and above: infeasible: no replica count ≤ 2" in r.output
-    rows = out.read_text().splitlines()
-    assert [x.split(",")[0] for x in rows[1:]] == ["1.0"]
+    curve = pl.read_csv(out)
+    assert curve["growth"].to_list() == [1.0, 4.0]
+    assert curve["gpus"][0] == 2 and curve["gpus"][1] is None
+    assert curve["infeasible"][0] is None
+    assert curve["infeasible"][1].startswith("no replica count ≤ 2")
 
 
 # -- options ------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from capplan.cli import main
@@ -148,6 +149,45 @@ def test_stored_runs_round_trip_to_the_suite(suite) -> None:
         assert run == suites[folder.parts[-5]].engine(run.name)
         assert set(reqs["run"].unique()) <= {r for e in run.experiments for r in e.runs()}
         assert measured["engine"]["kv_tokens"] > 0
+
+
+@pytest.mark.parametrize(("old", "new", "fragments"), [
+    ("gpu: h100\n", "gpu: a100\n", ("gpu: unknown gpu 'a100'",)),
+    ("vllm: 0.26.0", "vllm: 0.11.0", ("capplan models vLLM 0.26.0",)),
+    ("gpu: h100\n", "gpu: h200\n", ("engines.0.pool.gpu", "one suite measures one GPU")),
+    ("model: llama-3.1-8b", "model: llama-9b", ("engines.0.pool.model", "unknown model")),
+])  # fmt: skip
+def test_suite_header_and_engines_are_checked(tmp_path, old, new, fragments) -> None:
+    """A suite measures one GPU on vLLM 0.26.0, with models capplan knows: anything else is
+    an error naming the suite and the field, before a job is emitted or a row predicted."""
+    text = (ROOT / "validation" / "h100.yaml").read_text()
+    assert old in text
+    bad = tmp_path / "s.yaml"
+    bad.write_text(text.replace(old, new, 1))
+    with pytest.raises(ConfigError) as e:
+        load_suite(bad)
+    assert str(bad) in str(e.value) and all(f in str(e.value) for f in fragments), str(e.value)
+
+
+def test_suite_engine_names_are_unique_and_emit_checks_its_folder(tmp_path) -> None:
+    """Two engine runs of one name would write one job file over the other; an --out that is
+    a file, or an --engine the suite lacks, is one line and makes no folder."""
+    suite = yaml.safe_load(SUITE.read_text())
+    suite["engines"].append(suite["engines"][0])
+    bad = tmp_path / "s.yaml"
+    bad.write_text(yaml.safe_dump(suite))
+    with pytest.raises(ConfigError, match="names two engine runs"):
+        load_suite(bad)
+    cli = CliRunner()
+    (tmp_path / "afile").write_text("x")
+    out = cli.invoke(main, ["validate", "emit", str(SUITE), "--out", str(tmp_path / "afile")])
+    assert out.exit_code == 2 and "--out names the folder" in out.output
+    out = cli.invoke(main, ["validate", "emit", str(SUITE), "--out", str(tmp_path / "jobs"),
+                            "--engine", "nosuch"])
+    assert out.exit_code == 2 and not (tmp_path / "jobs").exists()
+    out = cli.invoke(main, ["validate", "compare", "--format", "csv", "--out",
+                            str(tmp_path / "nodir" / "c.csv")])
+    assert out.exit_code == 2 and "does not exist" in out.output  # before any prediction
 
 
 def test_cli_emit_and_compare(tmp_path) -> None:

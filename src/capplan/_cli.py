@@ -5,7 +5,11 @@ a long command shows a progress bar on a terminal and stays quiet in pipes and l
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import math
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -21,7 +25,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from capplan.errors import CapplanError
+from capplan.errors import CapplanError, ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,6 +52,53 @@ def errors_as_lines(fn: F) -> F:
             fail(str(e), e.exit_code)
 
     return wrapper  # type: ignore[return-value]
+
+
+def check_out(path: Path | None, option: str, suffixes: Sequence[str] | None) -> None:
+    """Refuse an output path before any work is done, rather than after it: a suffix other
+    than `suffixes` (which say what will be written; None: any), a folder that does not
+    exist or cannot be written, or a path that is a folder."""
+    if path is None:
+        return
+    suffix = path.suffix.lower()
+    if suffixes is not None and suffix not in suffixes:
+        raise ConfigError(f"unknown suffix {suffix or '(none)'!r}; use " + " or ".join(suffixes),
+                          file=str(path), field=option)
+    folder = path.parent
+    if path.is_dir():
+        raise ConfigError("is a folder; give a file name", file=str(path), field=option)
+    if not folder.is_dir():
+        raise ConfigError(f"folder {folder} does not exist; create it first",
+                          file=str(path), field=option)
+    try:  # the one sure test: write a file there (permissions, read-only or special mounts)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ConfigError(f"cannot write in folder {folder} ({e.strerror or e})",
+                          file=str(path), field=option) from e
+
+
+def write_out(path: Path, option: str, write: Callable[[Path], object]) -> None:
+    """Write `path` whole or not at all: `write` fills a temporary file beside it (same
+    suffix, so writers that go by it still can), which then replaces `path`; a failure
+    removes it and is one line naming the file and the option."""
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise ConfigError(f"cannot write file ({e.strerror or e})", file=str(path),
+                          field=option) from e
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def finite_positive(ctx: click.Context, param: click.Parameter, value: float | None) -> Any:
+    """A click callback: a float option must be a finite number above 0 (click's FloatRange
+    lets inf and nan through)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise click.BadParameter(f"{value} is not a finite number above 0")
+    return value
 
 
 def stderr_console() -> Console:

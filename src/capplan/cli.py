@@ -18,7 +18,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from capplan._cli import fail, one_line
+from capplan._cli import check_out, fail, finite_positive, one_line, write_out
 from capplan.errors import CapplanError, ConfigError
 
 LAZY_COMMANDS: dict[str, str] = {
@@ -180,21 +180,31 @@ def _print_table(res: Any, console: Console) -> None:
     console.print(verdict)
 
 
+REQUESTS_SUFFIXES = (".csv", ".parquet")
+MAX_SIMULATED_REQUESTS = 20_000_000
+"""More open-loop arrivals than this in one `capplan simulate` is a mistake, not a pool: at
+the 4,500-27,000 simulated requests a second of docs/performance.md it would run for 12
+minutes to over an hour, and a rate mistyped by a few zeros for days."""
+
+
 def _write_requests(res: Any, path: Path) -> None:
     frame = res.requests()
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".csv":
-            frame.write_csv(path)
-        elif suffix == ".parquet":
-            frame.write_parquet(path)
-        else:
+    write = frame.write_csv if path.suffix.lower() == ".csv" else frame.write_parquet
+    write_out(path, "--requests-out", write)
+
+
+def _check_arrivals(mix: Any, pool: str, duration_s: float) -> None:
+    """Refuse an open-loop load whose arrivals over the run no simulation can get through."""
+    from capplan.sim.workload import offered_rate_rps
+
+    for i, w in enumerate(mix.workloads):
+        rate = offered_rate_rps(w, base_dir=mix.base_dir) if w.pool == pool else None
+        if rate is not None and rate * duration_s > MAX_SIMULATED_REQUESTS:
             raise ConfigError(
-                f"unknown suffix {suffix or '(none)'!r}; use .csv or .parquet",
-                file=str(path), field="--requests-out",
-            )
-    except OSError as e:
-        raise ConfigError(f"cannot write file ({e.strerror})", file=str(path)) from e
+                f"{rate:g} requests/s for {duration_s:g} s is {rate * duration_s:,.0f} "
+                f"requests, more than {MAX_SIMULATED_REQUESTS:,} to simulate; lower the rate "
+                "or --duration-s (capplan size answers such a load at once)",
+                file=mix.source, field=f"workloads.{i}.arrival")
 
 
 # -- commands ----------------------------------------------------------------------------------
@@ -206,7 +216,7 @@ def _write_requests(res: Any, path: Path) -> None:
 @click.option("--pool", "pool", required=True, help="pool of the mix to simulate")
 @click.option("--replicas", type=click.IntRange(min=1), required=True,
               help="vLLM replicas in the pool")
-@click.option("--duration-s", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--duration-s", type=float, default=None, callback=finite_positive,
               help="simulated seconds of arrivals (default: the mix's simulation.duration_s)")
 @click.option("--seed", type=int, default=None, help="random seed (default: the mix's)")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
@@ -226,8 +236,10 @@ def simulate(
     from capplan.mix import load_mix
     from capplan.sim.run import simulate as run_simulation
 
+    check_out(requests_out, "--requests-out", REQUESTS_SUFFIXES)
     mix = load_mix(traffic)
     mix.fixed_pool(pool)
+    _check_arrivals(mix, pool, duration_s or mix.simulation.duration_s)
     res = run_simulation(mix, pool, replicas, duration_s=duration_s, seed=seed)
     if requests_out is not None:
         _write_requests(res, requests_out)

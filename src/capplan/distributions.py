@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Dist(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         raise NotImplementedError
@@ -78,12 +78,16 @@ class _Clipped(_Dist):
     min_tokens: int = Field(default=1, ge=1, alias="min")
     max_tokens: int = Field(ge=1, alias="max")
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True,
+                              allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _order(self) -> _Clipped:
         if self.max_tokens < self.min_tokens:
             raise ValueError(f"max ({self.max_tokens}) must be >= min ({self.min_tokens})")
+        if not self.min_tokens <= self.mean_tokens <= self.max_tokens:
+            raise ValueError(f"mean ({self.mean_tokens:g}) must lie within [min, max] "
+                             f"([{self.min_tokens}, {self.max_tokens}])")
         return self
 
     def _draw(self, rng: np.random.Generator, n: int) -> np.ndarray:

@@ -20,7 +20,7 @@ from capplan.pool import Pool, refuse_open
 from capplan.replay import read_trace
 from capplan.traffic import ReplayArrival, Workload
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+_FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 CLIENT_LATENCY_S = 1e-3
 """One-way latency between a streaming client and the engine core, each way: a request
@@ -126,6 +126,11 @@ class TrafficMix(BaseModel):
                     w.acceptance(engine.speculative)
                 except ValueError as e:
                     raise ValueError(f"workloads.{i}.spec_mean_acceptance_length: {e}") from None
+        served = {w.pool for w in self.workloads}
+        for k, name in enumerate(pools):
+            if name not in served:
+                raise ValueError(f"pools.{k}: pool {name!r} serves no workload; remove it or "
+                                 "name it in a workload's pool")
         return self
 
     @property
@@ -182,7 +187,13 @@ def check_lengths(mix: TrafficMix, specs: dict[str, ModelSpec]) -> None:
             )
     for i, w in enumerate(mix.workloads):
         pool = mix.pool(w.pool)
-        limit = max_model_len(pool, specs[pool.model])
+        spec = specs[pool.model]
+        if w.image is not None and not spec.vision_encoder_params:
+            raise ConfigError(
+                f"pool {pool.name!r} serves {spec.name}, which has no vision encoder; drop "
+                "image or serve a vision model (capplan models lists them)",
+                file=mix.source, field=f"workloads.{i}.image")
+        limit = max_model_len(pool, spec)
         if isinstance(w.arrival, ReplayArrival):
             _check_replay(w, pool, limit, mix.base_dir)
             continue

@@ -35,7 +35,7 @@ from pydantic import (
 from capplan.errors import ConfigError
 from capplan.hardware import GPUS, Precision
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+_FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 AutoSetting = Literal["speculative", "max_num_seqs"]
 AUTO_SETTINGS: tuple[AutoSetting, ...] = ("speculative", "max_num_seqs")
@@ -241,7 +241,9 @@ class Pool(BaseModel):
     gpu: str = Field(default="h200", description="h200 or h100; auto: `capplan size` tries "
                      "every GPU that price_per_gpu_hour prices")
     precision: Precision | Literal["auto"] = Precision.BF16
-    tp: int = Field(default=1, ge=1)
+    tp: int = Field(default=1, ge=1, le=8, description="GPUs one replica's tensor "
+                    "parallelism spans, within one 8-GPU node (capplan models no TP across "
+                    "nodes)")
     router: Literal["round_robin", "least_outstanding", "prefix_affinity"] = "least_outstanding"
     price_per_gpu_hour: float | dict[str, float] = Field(
         default=3.5, description="USD per GPU-hour, or per GPU type ({h100: 2.9, h200: 3.7}): "

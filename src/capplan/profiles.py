@@ -97,11 +97,12 @@ def resolve_profile(
     *,
     calibration_dir: Path = CALIBRATION_DIR,
     draft: ModelSpec | None = None,
+    source: str | None = None,
 ) -> Profile:
     """The measured profile matching the pool, else the analytic one; `.source` says which.
 
     `pool.profile`, when set, names a profile folder (relative to `calibration_dir` or absolute)
-    that is used as is. A draft_model pool needs `draft` for the analytic fallback. A pool
+    that is used as is; `source` is the traffic file an error about it names. A draft_model pool needs `draft` for the analytic fallback. A pool
     with an engine setting left `auto` is refused (the solver resolves it first).
     """
     if pool.engine.auto:
@@ -114,6 +115,11 @@ def resolve_profile(
         folder = Path(pool.profile)
         if not folder.is_absolute():
             folder = Path(calibration_dir) / folder
+        if not (folder / "profile.json").is_file() and not folder.is_file():
+            raise ConfigError(
+                f"pool {pool.name!r}: no profile at {folder}; give a folder holding "
+                f"profile.json (relative to {calibration_dir}: `capplan profiles` lists them) "
+                "or leave profile out", file=source, field="profile")
         return Profile.load(folder)
     precision, kv_dtype, method, k = _wanted(pool)
     model_dir = Path(calibration_dir) / pool.gpu / f"vllm-{VLLM_VERSION}" / spec.name

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from capplan.distributions import LengthDist
 from capplan.pool import SpeculativeConfig, alpha_from_mean_length
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+_FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class PoissonArrival(BaseModel):
@@ -106,6 +106,8 @@ class ImageSpec(BaseModel):
 
 
 _SLO_KEY = re.compile(r"^(ttft|itl|tpot|e2e)_p(\d{1,2}(?:\.\d+)?)_s$")
+_SLO_SHAPE = re.compile(r"^(ttft|itl|tpot|e2e)_p\d+(?:\.\d+)?_s$")
+"""A key of the right shape whose percentile is not below 100."""
 
 
 def slo_percentile(key: str) -> float | None:
@@ -146,6 +148,11 @@ class Slo(BaseModel):
             targets = []
             for key, value in data.items():
                 m = _SLO_KEY.match(str(key))
+                if m is None and _SLO_SHAPE.match(str(key)):
+                    raise ValueError(
+                        f"SLO key {key!r}: the percentile must lie between 0 and 100 "
+                        "(exclusive), e.g. p99 or p99.9"
+                    )
                 if m is None:
                     raise ValueError(
                         f"unknown SLO key {key!r}; write <ttft|itl|tpot|e2e>_p<percentile>_s, "

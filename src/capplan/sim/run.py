@@ -149,7 +149,7 @@ def setup_pool(pool: Pool, *, profile: Profile | None = None, source: str = "") 
             file=source or None,
             field="engine.max_num_batched_tokens",
         )
-    prof = profile or resolve_profile(pool, spec)
+    prof = profile or resolve_profile(pool, spec, source=source or None)
     hybrid = pool_layout(prof, spec, pool)
     if hybrid is not None:
         return _setup_hybrid(pool, spec, prof, *hybrid, source)

@@ -6,6 +6,7 @@ the same run alone (tests, CliRunner) as under the `capplan` group.
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,7 +15,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from capplan._cli import ProgressBar
+from capplan._cli import ProgressBar, check_out, finite_positive, write_out
 from capplan._cli import errors_as_lines as _errors_as_lines
 from capplan._cli import one_line as _one_line
 from capplan.errors import ConfigError, InfeasibleError
@@ -212,14 +213,15 @@ def _print_pool(p: PoolPlan, console: Console) -> None:
         console.print(f"  [cyan]advice[/]: {a.message}")
 
 
+PLAN_SUFFIXES = (".json", ".csv")
+REPORT_SUFFIXES = (".html", ".htm")
+
+
 def _write_plan(plan: Plan, out: Path) -> None:
-    try:
-        if out.suffix.lower() == ".csv":
-            plan.to_csv(out)
-        else:
-            out.write_text(plan.to_json() + "\n")
-    except OSError as e:
-        raise ConfigError(f"cannot write file ({e.strerror})", file=str(out), field="--out") from e
+    if out.suffix.lower() == ".csv":
+        write_out(out, "--out", plan.to_csv)
+    else:
+        write_out(out, "--out", lambda tmp: tmp.write_text(plan.to_json() + "\n"))
 
 
 _traffic = click.option("--traffic", required=True, type=click.Path(path_type=Path),
@@ -246,8 +248,8 @@ _guard = click.option("--guard", type=click.Choice(["p10", "worst"]), default=No
               show_default=True)
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="also write the plan: .json (the schema) or .csv")
-@click.option("--growth", type=click.FloatRange(min=0, min_open=True), default=1.0,
-              show_default=True, help="scale every workload's traffic")
+@click.option("--growth", type=float, default=1.0, callback=finite_positive,
+              show_default=True, help="scale every workload's traffic (> 0)")
 @_spare
 @_seed
 @_quick
@@ -263,6 +265,8 @@ def size(traffic: Path, fmt: str, out: Path | None, growth: float, spare: int,
          verbose: bool, guard: str | None) -> None:
     """Fewest GPUs per pool that hold every workload's SLOs, with cost and why."""
     t0 = time.perf_counter()
+    check_out(out, "--out", PLAN_SUFFIXES)
+    check_out(report_out, "--report", REPORT_SUFFIXES)
     mix, guarded = _load(traffic, guard)
     n = _start_workers(workers)
     from capplan.solve.options import size_mix
@@ -332,8 +336,9 @@ def _growths(text: str) -> list[float]:
         raise ConfigError(
             f"expected numbers like 1,1.5,2, got {text!r}", field="--growth"
         ) from None
-    if not values or min(values) <= 0:
-        raise ConfigError(f"growth factors must be positive, got {text!r}", field="--growth")
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        raise ConfigError(f"growth factors must be finite numbers above 0, got {text!r}",
+                          field="--growth")
     return values
 
 
@@ -376,7 +381,7 @@ def _plot(rows: list[dict[str, Any]], path: Path, console: Console) -> None:
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_out(path, "--plot", lambda tmp: fig.savefig(tmp, dpi=120))
     plt.close(fig)
 
 
@@ -385,7 +390,8 @@ def _plot(rows: list[dict[str, Any]], path: Path, console: Console) -> None:
 @click.option("--growth", "growth_text", default="1,1.5,2,3", show_default=True,
               help="comma-separated traffic growth factors")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="curve as CSV")
-@click.option("--plot", type=click.Path(path_type=Path), default=None, help="curve as PNG")
+@click.option("--plot", type=click.Path(path_type=Path), default=None,
+              help="curve as a picture: .png, .svg or .pdf")
 @_spare
 @_seed
 @_quick
@@ -394,7 +400,12 @@ def _plot(rows: list[dict[str, Any]], path: Path, console: Console) -> None:
 @_errors_as_lines
 def sweep(traffic: Path, growth_text: str, out: Path | None, plot: Path | None, spare: int,
           seed: int | None, quick: bool, workers: int | None, guard: str | None) -> None:
-    """GPUs per pool as traffic grows: the capacity-planning curve."""
+    """GPUs per pool as traffic grows: the capacity-planning curve. A growth no GPU count
+    can serve ends the curve: it and every larger one are rows marked infeasible, and the
+    command exits 5 once the rest is printed and written."""
+    check_out(out, "--out", (".csv",))
+    check_out(plot, "--plot", (".png", ".svg", ".pdf"))
+    growths = sorted(_growths(growth_text))
     mix, guarded = _load(traffic, guard)
     for line in guarded:
         click.echo(f"guard {guard}: {line}", err=True)
@@ -406,7 +417,7 @@ def sweep(traffic: Path, growth_text: str, out: Path | None, plot: Path | None, 
     console = _console()
     plans: list[Plan] = []
     floors: dict[tuple[str, str], int] = {}
-    growths = sorted(_growths(growth_text))
+    beyond: list[dict[str, Any]] = []  # the rows of the growths no GPU count serves
     with ProgressBar("sweeping", total=len(growths)) as bar:
         for k, g in enumerate(growths):
             def step(name: str, j: int, n: int, k: int = k, g: float = g) -> None:
@@ -417,8 +428,10 @@ def sweep(traffic: Path, growth_text: str, out: Path | None, plot: Path | None, 
                             floors=floors, on_pool=step, workers=n_workers)
             if plan.infeasible:
                 # more traffic never needs fewer GPUs: every larger growth is infeasible too
-                console.print(f"[red]growth ×{g:g} and above: infeasible: "
-                              f"{_one_line(plan.infeasible[0].reason)}[/]")
+                reason = _one_line(plan.infeasible[0].reason)
+                console.print(f"[red]growth ×{g:g} and above: infeasible: {reason}[/]")
+                beyond = [{"growth": later, "pool": p.pool, "infeasible": _one_line(p.reason)}
+                          for later in growths[k:] for p in plan.infeasible]
                 break
             plans.append(plan)
             floors = floors_of(plan)
@@ -426,7 +439,8 @@ def sweep(traffic: Path, growth_text: str, out: Path | None, plot: Path | None, 
         raise InfeasibleError(f"no growth factor in {growth_text!r} is feasible")
     rows = sweep_rows(plans)
     if out is not None:
-        pl.DataFrame(rows).write_csv(out)
+        frame = pl.from_dicts(rows + beyond, infer_schema_length=None)
+        write_out(out, "--out", frame.write_csv)
     if plot is not None:
         _plot(rows, plot, console)
     table = Table(title=f"GPUs vs growth for {mix.name}", title_justify="left")
@@ -443,3 +457,5 @@ def sweep(traffic: Path, growth_text: str, out: Path | None, plot: Path | None, 
         table.add_row(f"×{plan.growth:g}", *(by.get(p, "-") for p in pools),
                       str(plan.gpus), f"{plan.usd_per_month:,.0f}")
     console.print(table)
+    if beyond:
+        raise click.exceptions.Exit(InfeasibleError.exit_code)

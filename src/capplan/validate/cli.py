@@ -24,7 +24,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from capplan._cli import errors_as_lines
+from capplan._cli import check_out, errors_as_lines, finite_positive, write_out
 from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.errors import CalibrationError, ConfigError
 from capplan.validate.queued import QUEUED_DIR
@@ -69,8 +69,16 @@ def emit(suite_file: Path, out: Path, engines: tuple[str, ...], models: Path, mi
     from capplan.validate.store import longest_start_s, stored_run_names
 
     suite = load_suite(suite_file)
-    out.mkdir(parents=True, exist_ok=True)
-    for name in _engines(suite, engines):
+    if out.exists() and not out.is_dir():
+        raise ConfigError("is a file; --out names the folder for the job files",
+                          file=str(out), field="--out")
+    names = _engines(suite, engines)  # an unknown --engine fails before anything is made
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot make the folder ({e.strerror or e})", file=str(out),
+                          field="--out") from e
+    for name in names:
         run = suite.engine(name)
         skip = stored_run_names(root, run, gpu=suite.gpu, vllm_version=suite.vllm) \
             if missing else frozenset()
@@ -184,6 +192,8 @@ def compare(root: Path, fmt: str, out: Path | None, write_docs: Path | None,
     from capplan.validate.compare import METRICS, TARGETS, compare_all, to_frame
     from capplan.validate.store import stored_runs
 
+    check_out(out, "--out", {"csv": (".csv",), "json": (".json",)}.get(fmt))
+    check_out(plot, "--plot", (".png", ".svg", ".pdf"))
     folders = stored_runs(root)
     with ProgressBar("predicting stored runs", total=len(folders)) as bar:
 
@@ -250,7 +260,7 @@ def compare(root: Path, fmt: str, out: Path | None, write_docs: Path | None,
     if out is None:
         click.echo(text, nl=not text.endswith("\n"))  # polars' CSV ends its last line
     else:
-        out.write_text(text)
+        write_out(out, "--out", lambda tmp: tmp.write_text(text))
 
 
 @validate.command()
@@ -355,7 +365,7 @@ def predict(suite_file: Path, engines: tuple[str, ...], fmt: str, record: Path |
               dir_okay=False), required=True, help="`capplan size --out plan.json`")
 @click.option("--out", type=click.Path(path_type=Path), required=True,
               help="the validation suite to write (YAML)")
-@click.option("--duration-s", type=float, default=None,
+@click.option("--duration-s", type=float, default=None, callback=finite_positive,
               help="seconds each experiment serves [default: 90]")
 @errors_as_lines
 def plan_cmd(traffic: Path, plan_path: Path, out: Path, duration_s: float | None) -> None:
@@ -368,6 +378,7 @@ def plan_cmd(traffic: Path, plan_path: Path, out: Path, duration_s: float | None
     from capplan.mix import load_mix
     from capplan.validate.plan import DURATION_S, plan_suite, suite_yaml
 
+    check_out(out, "--out", (".yaml", ".yml"))
     mix = load_mix(traffic)
     plan = load_plan(plan_path)
     unknown = [p.pool for p in plan.pools if p.pool not in {q.name for q in mix.pools}]
@@ -380,10 +391,9 @@ def plan_cmd(traffic: Path, plan_path: Path, out: Path, duration_s: float | None
     if suite is None:
         raise ConfigError("no pool of the plan can be replayed on the GPU runner",
                           file=str(plan_path))
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text("# capplan validate plan: " + f"{plan_path} on {traffic}\n"
-                   + yaml.safe_dump(suite_yaml(suite), sort_keys=False))
-    tmp.replace(out)
+    text = ("# capplan validate plan: " + f"{plan_path} on {traffic}\n"
+            + yaml.safe_dump(suite_yaml(suite), sort_keys=False))
+    write_out(out, "--out", lambda tmp: tmp.write_text(text))
     for e in suite.engines:
         click.echo(f"{e.name}: " + ", ".join(x.name for x in e.experiments), err=True)
     click.echo(f"{out}: written; next: capplan validate emit {out} --out JOBS, run the jobs "

@@ -19,10 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from capplan._yaml import load_model, read_mapping
 from capplan.calibrate.jobs import QUANT_CONFIGS
 from capplan.errors import ConfigError
-from capplan.hardware import Precision
+from capplan.hardware import GPUS, Precision
 from capplan.mix import SimulationSettings, TrafficMix
 from capplan.modelspec import load_model_spec
 from capplan.pool import Pool
+from capplan.profiles import VLLM_VERSION
 from capplan.sim.results import SimResult
 from capplan.sim.workload import ArrivalStream, ClosedLoopSampler, RequestBatch
 from capplan.traffic import ClosedLoop, GammaArrival, PoissonArrival, Workload
@@ -249,6 +250,29 @@ class Suite(BaseModel):
         default_factory=list, description="YAML anchors for experiments to merge (<<: *name)"
     )
     engines: list[EngineRun] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Suite:
+        """One GPU and one vLLM for the whole suite, the ones the simulator models, and one
+        engine run per name (a job file and a stored run are named after it)."""
+        if self.gpu not in GPUS:
+            raise ValueError(f"gpu: unknown gpu {self.gpu!r}; known: {', '.join(sorted(GPUS))}")
+        if self.vllm != VLLM_VERSION:
+            raise ValueError(f"vllm: capplan models vLLM {VLLM_VERSION}, not {self.vllm}; "
+                             f"set vllm: {VLLM_VERSION}")
+        names = [e.name for e in self.engines]
+        for i, e in enumerate(self.engines):
+            if names.count(e.name) > 1:
+                raise ValueError(f"engines.{i}.name: {e.name!r} names two engine runs; "
+                                 "give each its own name")
+            try:
+                load_model_spec(e.pool.model)
+            except ConfigError as err:
+                raise ValueError(f"engines.{i}.pool.model: {err}") from None
+            if e.pool.gpu != self.gpu:
+                raise ValueError(f"engines.{i}.pool.gpu: {e.pool.gpu!r} in a suite for "
+                                 f"{self.gpu!r}; one suite measures one GPU")
+        return self
 
     def engine(self, name: str) -> EngineRun:
         for e in self.engines:
