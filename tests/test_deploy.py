@@ -439,6 +439,46 @@ def test_cli_bad_plan_is_one_line(tmp_path: Path) -> None:
         assert str(path) in res.output and "Traceback" not in res.output
 
 
+@pytest.mark.parametrize(("option", "value", "says"), [
+    ("--namespace", "Bad NS!", "'Bad NS!' is not a Kubernetes namespace"),
+    ("--namespace", "prod-", "'prod-' is not a Kubernetes namespace"),
+    ("--namespace", "x" * 64, "is not a Kubernetes namespace"),
+    ("--image", "", "'' is not a container image"),
+    ("--image", "vllm/vllm-openai: v0.26.0", "is not a container image"),
+])
+def test_cli_k8s_options_are_checked(tmp_path: Path, option: str, value: str, says: str) -> None:
+    """Rule: bad input is one line naming the option and the fix. A namespace that is not a
+    DNS-1123 label, or an empty image, is refused rather than written into the manifests."""
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(_plan_for_mix().to_json())
+    out = tmp_path / "k8s"
+    res = CliRunner().invoke(main, ["deploy", str(plan_path), "--format", "k8s", option, value,
+                                    "--out", str(out)])
+    assert res.exit_code == 2
+    assert res.output.startswith(f"error: {option}: ") and says in res.output
+    assert res.output.count("\n") == 1 and not out.exists()
+    with pytest.raises(ConfigError, match=option):
+        k8s_deployment(MIX.pools[0], **{option.removeprefix("--"): value})
+    ok = CliRunner().invoke(main, ["deploy", str(plan_path), "--format", "k8s",
+                                   "--namespace", "serving-2"])
+    assert ok.exit_code == 0 and "namespace: serving-2" in ok.output
+
+
+def test_cli_unknown_model_names_the_plan_and_writes_nothing(tmp_path: Path) -> None:
+    """A plan pool with a model capplan does not know is one line naming the plan file and
+    the field; no pool's file is written (nothing half-written)."""
+    plan = _plan_for_mix()
+    pools = list(plan.pools)
+    pools[-1] = pools[-1].model_copy(update={"model": "llama-9b"})
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(plan.model_copy(update={"pools": pools}).to_json())
+    out = tmp_path / "sh"
+    res = CliRunner().invoke(main, ["deploy", str(plan_path), "--out", str(out)])
+    assert res.exit_code == 2
+    assert f"{plan_path}: pools.{len(pools) - 1}.model: " in res.output
+    assert "unknown model 'llama-9b'" in res.output and not out.exists()
+
+
 def test_replicas_get_the_routing_the_plan_was_sized_behind() -> None:
     """A pool of several replicas is told what must spread its requests (a Service balances
     connections, not requests); the golden plan (test_solve.py) pins the router in the JSON."""

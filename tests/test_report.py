@@ -204,6 +204,63 @@ def test_cli_bad_plan_is_one_line(tmp_path: Path) -> None:
     assert missing.exit_code == 2 and "cannot read plan" in missing.output
 
 
+def test_cli_plan_errors_read_like_deploys(tmp_path: Path) -> None:
+    """Rule: bad input is one line naming the file, the field and the fix. A plan missing a
+    key names it as `capplan deploy` does, with no pydantic dump ([type=...], 'For further
+    information')."""
+    thin = tmp_path / "thin.json"
+    thin.write_text('{"schema_version": 1}')
+    res = CliRunner().invoke(report, [str(thin), "--out", str(tmp_path / "r.html")])
+    assert res.exit_code == 2
+    assert res.output.strip() == f"error: {thin}: mix: not a capplan plan: required key is missing"
+    yaml_plan = tmp_path / "mix.yaml"
+    yaml_plan.write_text(MIX)
+    res = CliRunner().invoke(report, [str(yaml_plan), "--out", str(tmp_path / "r.html")])
+    assert res.exit_code == 2 and "write one with `capplan size --out plan.json`" in res.output
+    assert "type=" not in res.output and "further information" not in res.output
+
+
+def test_cli_plan_with_an_unknown_model_is_refused(
+    small: tuple[Path, Path, Plan, str], tmp_path: Path
+) -> None:
+    """A plan whose pool names a model capplan does not know is refused, naming the plan and
+    the field, as `capplan deploy` refuses it (the report used to be written regardless)."""
+    plan = small[2]
+    pools = [p.model_copy(update={"model": "llama-9b"}) for p in plan.pools]
+    bad = tmp_path / "plan.json"
+    bad.write_text(plan.model_copy(update={"pools": pools}).to_json())
+    out = tmp_path / "r.html"
+    res = CliRunner().invoke(report, [str(bad), "--out", str(out), "--quick"])
+    assert res.exit_code == 2, res.output
+    assert f"{bad}: pools.0.model:" in res.output and "unknown model 'llama-9b'" in res.output
+    assert not out.exists()
+
+
+def test_cli_out_must_be_html(small: tuple[Path, Path, Plan, str], tmp_path: Path) -> None:
+    """`--out r.json` would hold HTML: refused before any simulation, nothing written."""
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(report, [str(small[1]), "--out", str(out), "--quick"])
+    assert res.exit_code == 2
+    assert res.output.strip() == f"error: {out}: --out: unknown suffix '.json'; use .html or .htm"
+    assert not out.exists()
+
+
+def test_sweep_rows_marked_infeasible_are_left_off_the_curve(
+    small: tuple[Path, Path, Plan, str],
+) -> None:
+    """`capplan sweep --out` writes a growth no GPU count serves as a row without GPUs (marked
+    infeasible); the report's curve takes the simulated points and leaves that row off."""
+    from capplan.report.runs import run_all
+
+    mix_path, _, plan, _ = small
+    pool = plan.pools[0]
+    sweep = [{"growth": plan.growth, "pool": pool.pool, "gpus": pool.gpus},
+             {"growth": plan.growth * 50, "pool": pool.pool, "gpus": None}]
+    runs = run_all(plan, load_mix(mix_path), duration_s=QUICK_DURATION_S, scales=(),
+                   growths=(), sweep=sweep)
+    assert runs[pool.pool].sweep == {1.0: pool.gpus}
+
+
 def test_registered_under_capplan() -> None:
     """`capplan report` resolves to this command through the CLI's lazy registry."""
     from capplan.cli import LAZY_COMMANDS

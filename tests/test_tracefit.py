@@ -484,6 +484,81 @@ def test_sparse_and_regular_traces(tmp_path: Path) -> None:
     assert w.workloads[0].rate_rps == pytest.approx(2 / 9000)
 
 
+@pytest.mark.parametrize(("args", "says"), [
+    (["--slo", "ttft=0.5"], "--slo: ttft=0.5: unknown SLO key 'ttft'; write "),
+    (["--slo", "ttft_p100_s=0.5"], "--slo: ttft_p100_s=0.5: "),
+    (["--slo", "ttft_p99_s=-1"], "--slo: ttft_p99_s=-1.0: SLO ttft_p99_s must be a positive"),
+    (["--slo", "ttft_p0_s=1"], "--slo: ttft_p0_s=1.0: percentile must be above 0"),
+    (["--slo", "ttft_p99_s=nan"], "--slo: expected KEY=SECONDS"),
+    (["--pool", "bad pool!"], "--pool: 'bad pool!' is not a pool name"),
+    (["--model", "llama-9b"], "--model: "),
+])
+def test_cli_bad_options_name_the_option(tmp_path: Path, args: list[str], says: str) -> None:
+    """Rule: bad input is one line naming the option and the fix, checked before the trace
+    is fitted (--slo was a ValidationError traceback; --pool and --model named no option)."""
+    out = tmp_path / "m.yaml"
+    res = CliRunner().invoke(traffic, ["from-trace", str(TRACES / "mooncake.jsonl"), *args,
+                                       "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    (line,) = res.output.strip().splitlines()
+    assert line.startswith(f"error: {says}"), line
+    if args[0] == "--slo" and "KEY=SECONDS" not in says:
+        assert "_p<percentile>_s=<seconds>, percentile in (0, 100) and seconds > 0" in line
+    if args[0] == "--pool":
+        assert "^[A-Za-z0-9_.-]+$" in line
+    if args[0] == "--model":
+        assert "unknown model 'llama-9b'; known: " in line
+    assert not out.exists()
+
+
+def test_cli_out_must_be_yaml(tmp_path: Path) -> None:
+    """`--out t.json` would hold YAML that `capplan size` then refuses as JSON: refused
+    before the fit, nothing written."""
+    out = tmp_path / "t.json"
+    res = CliRunner().invoke(traffic, ["from-trace", str(TRACES / "mooncake.jsonl"),
+                                       "--out", str(out)])
+    assert res.exit_code == 2
+    assert res.output.strip() == f"error: {out}: --out: unknown suffix '.json'; use .yaml or .yml"
+    assert not out.exists()
+
+
+def test_json_lines_errors_name_the_line(tmp_path: Path) -> None:
+    """A line that is not JSON is named by its number (polars says only 'Syntax at character
+    36' or 'InternalError(TapeError)'), inside the schema-inference window or beyond it."""
+    good = '{"timestamp": 0, "input_length": 100, "output_length": 50}\n'
+    short = tmp_path / "short.jsonl"
+    short.write_text(good + '{"timestamp": 1000, "input_length": 200\n')
+    with pytest.raises(ConfigError, match=r"line 2 is not JSON \(Expecting ',' delimiter"):
+        fit_trace(short)
+    long = tmp_path / "long.jsonl"
+    long.write_text(good * 3000 + '{"timestamp": 1, "input_length": 2\n' + good * 3)
+    with pytest.raises(ConfigError, match="line 3001 is not JSON"):
+        fit_trace(long)
+    csv = tmp_path / "requests.csv"
+    csv.write_text("timestamp,input_tokens,output_tokens\n0,1,1\n1,1,1\n")
+    with pytest.raises(ConfigError, match="cannot read mooncake file: line 1 is not JSON"):
+        fit_trace(csv, format="mooncake")
+
+
+@pytest.mark.parametrize(("rows", "row", "value"), [
+    (["nan", "0.2", "0.3"], 1, "nan"),
+    (["0.1", "0.2", "-", "0.3"], 3, "-"),
+    (["yesterday", "today"], 1, "yesterday"),
+])
+def test_text_timestamps_name_the_column_and_row(
+    tmp_path: Path, rows: list[str], row: int, value: str
+) -> None:
+    """A timestamp that is neither seconds nor an ISO datetime is named with its column and
+    row (polars said only 'could not find an appropriate format to parse dates')."""
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,input_tokens,output_tokens\n"
+                    + "".join(f"{t},100,100\n" for t in rows))
+    with pytest.raises(ConfigError) as err:
+        fit_trace(path)
+    assert err.value.field == "arrival_s"
+    assert f"row {row} has {value!r}, neither seconds nor an ISO datetime" in str(err.value)
+
+
 # -- integration -----------------------------------------------------------------------------
 
 

@@ -51,10 +51,35 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def read_utf8(path: Path) -> str:
+    """The text of `path`, which must be UTF-8: other bytes are a ConfigError saying where the
+    first one is. An OSError passes through for the caller to word."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}, "
+                          f"line {line}); save the file as UTF-8", file=str(path)) from e
+
+
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """PyYAML's error as one line: the problem, where it is and, when it began elsewhere,
+    what was being parsed there (str(e) spreads these over lines, the first the least telling)."""
+    problem, mark = getattr(e, "problem", None), getattr(e, "problem_mark", None)
+    if problem is None or mark is None:
+        return str(e).splitlines()[0]
+    text = f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
+    context, start = getattr(e, "context", None), getattr(e, "context_mark", None)
+    if context and start is not None and start.line != mark.line:
+        text += f", {context} that began at line {start.line + 1}, column {start.column + 1}"
+    return text
+
+
 def read_mapping(path: Path) -> dict[str, Any]:
     """Read a YAML or JSON file holding one mapping."""
     try:
-        text = path.read_text()
+        text = read_utf8(path)
     except OSError as e:
         raise ConfigError(f"cannot read file ({e.strerror}); check the path", file=str(path)) from e
     try:
@@ -62,9 +87,13 @@ def read_mapping(path: Path) -> dict[str, Any]:
             data = json.loads(text, object_pairs_hook=_unique_pairs)
         else:
             data = yaml.load(text, _UniqueKeyLoader)  # a SafeLoader
-    except (yaml.YAMLError, json.JSONDecodeError, _DuplicateKey) as e:
-        first = str(e).splitlines()[0]
-        raise ConfigError(f"not valid YAML/JSON ({first})", file=str(path)) from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"not valid YAML: {yaml_problem(e)}", file=str(path)) from e
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})",
+                          file=str(path)) from e
+    except _DuplicateKey as e:
+        raise ConfigError(f"not valid JSON: {e}", file=str(path)) from e
     if not isinstance(data, dict):
         raise ConfigError("expected a mapping at the top level", file=str(path))
     return data

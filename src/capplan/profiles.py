@@ -102,8 +102,9 @@ def resolve_profile(
     """The measured profile matching the pool, else the analytic one; `.source` says which.
 
     `pool.profile`, when set, names a profile folder (relative to `calibration_dir` or absolute)
-    that is used as is; `source` is the traffic file an error about it names. A draft_model pool needs `draft` for the analytic fallback. A pool
-    with an engine setting left `auto` is refused (the solver resolves it first).
+    that is used as is; `source` is the traffic file an error about it names. A draft_model
+    pool needs `draft` for the analytic fallback. A pool with an engine setting left `auto` is
+    refused (the solver resolves it first).
     """
     if pool.engine.auto:
         refuse_open(pool)

@@ -8,7 +8,9 @@ from pathlib import Path
 import click
 from pydantic import ValidationError
 
-from capplan.deploy.k8s import VLLM_IMAGE, k8s_deployment, k8s_name
+from capplan._cli import errors_as_lines
+from capplan._yaml import read_utf8, validation_message
+from capplan.deploy.k8s import VLLM_IMAGE, check_k8s_options, k8s_deployment, k8s_name
 from capplan.deploy.serve import VLLM_VERSION, PoolDeploy, serve_command, serve_notes
 from capplan.errors import ConfigError
 from capplan.modelspec import load_model_spec
@@ -16,17 +18,25 @@ from capplan.solve.plan import Plan
 
 
 def load_plan(path: Path) -> Plan:
-    """A `capplan size --format json` plan; a bad file is a ConfigError naming it."""
+    """A `capplan size --out plan.json` plan whose models capplan knows; a bad file is a
+    ConfigError naming it and the field."""
     try:
-        text = path.read_text()
+        text = read_utf8(path)
     except OSError as e:
         raise ConfigError(f"cannot read plan ({e.strerror})", file=str(path)) from e
     try:
-        return Plan.model_validate_json(text)
+        plan = Plan.model_validate_json(text)
     except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(x) for x in err["loc"]) or None
-        raise ConfigError(f"not a capplan plan: {err['msg']}", file=str(path), field=where) from e
+        field, msg = validation_message(e)
+        how = "" if field else " (write one with `capplan size --out plan.json`)"
+        raise ConfigError(f"not a capplan plan{how}: {msg}", file=str(path),
+                          field=field or None) from e
+    for i, p in enumerate(plan.pools):
+        try:
+            load_model_spec(p.model)
+        except ConfigError as e:
+            raise ConfigError(str(e), file=str(path), field=f"pools.{i}.model") from e
+    return plan
 
 
 def plan_pools(plan: Plan, traffic: Path | None) -> list[PoolDeploy]:
@@ -66,33 +76,35 @@ def _write(path: Path, text: str) -> None:
               help="write one file per pool here (<pool>.sh or vllm-<pool>.yaml)")
 @click.option("--image", default=VLLM_IMAGE, show_default=True, help="container image (k8s)")
 @click.option("--namespace", default=None, help="Kubernetes namespace (k8s)")
+@errors_as_lines
 def deploy(plan_path: Path, traffic: Path | None, fmt: str, out: Path | None, image: str,
            namespace: str | None) -> None:
     """Per pool of PLAN.json, the `vllm serve` command for vLLM 0.26.0 or a Kubernetes
     Deployment + Service with its replica count and GPU requests."""
+    if fmt == "k8s":
+        check_k8s_options(image=image, namespace=namespace)
     plan = load_plan(plan_path)
     for x in plan.infeasible:  # nothing to deploy: say so where the commands do not go
         click.echo(f"pool {x.pool}: infeasible, not deployed: {x.reason}", err=True)
-    pools = plan_pools(plan, traffic)
-    if out is not None:
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ConfigError(f"cannot create folder ({e.strerror})", file=str(out)) from e
-    texts = []
-    for d in pools:
+    texts = []  # every pool's text before any is written: a bad pool writes nothing
+    for d in plan_pools(plan, traffic):
         if fmt == "shell":
-            text, name = shell_text(d), f"{d.pool}.sh"
+            texts.append((d.pool, f"{d.pool}.sh", shell_text(d)))
         else:
-            text = k8s_deployment(d, image=image, namespace=namespace)
-            name = f"{k8s_name(d.pool)}.yaml"
-        if out is None:
-            texts.append(text)
-            continue
+            texts.append((d.pool, f"{k8s_name(d.pool)}.yaml",
+                          k8s_deployment(d, image=image, namespace=namespace)))
+    if out is None:
+        if texts:
+            click.echo(("\n" if fmt == "shell" else "---\n").join(t for *_, t in texts),
+                       nl=False)
+        return
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot create folder ({e.strerror})", file=str(out)) from e
+    for pool, name, text in texts:
         path = out / name
         _write(path, ("#!/bin/sh\n" + text) if fmt == "shell" else text)
         if fmt == "shell":
             path.chmod(0o755)
-        click.echo(f"pool {d.pool}: {path}")
-    if texts:
-        click.echo(("\n" if fmt == "shell" else "---\n").join(texts), nl=False)
+        click.echo(f"pool {pool}: {path}")

@@ -18,6 +18,7 @@ from capplan.deploy.serve import (
     serve_command,
     serve_notes,
 )
+from capplan.errors import ConfigError
 from capplan.modelspec import ModelSpec, load_model_spec
 from capplan.pool import Pool
 from capplan.solve.plan import PoolPlan
@@ -38,6 +39,21 @@ def k8s_name(pool: str) -> str:
     return name[:63].rstrip("-")
 
 
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def check_k8s_options(*, image: str, namespace: str | None) -> None:
+    """Refuse what Kubernetes would: a namespace that is not a DNS-1123 label, an image
+    that is empty or holds white space."""
+    if namespace is not None and not _DNS1123_LABEL.fullmatch(namespace):
+        raise ConfigError(
+            f"{namespace!r} is not a Kubernetes namespace; use at most 63 lower-case letters, "
+            "digits and '-', starting and ending with a letter or digit", field="--namespace")
+    if not image or any(c.isspace() for c in image):
+        raise ConfigError(f"{image!r} is not a container image; give one such as {VLLM_IMAGE}",
+                          field="--image")
+
+
 def _probe(period_s: int, failures: int) -> dict[str, Any]:
     return {"httpGet": {"path": "/health", "port": "http"},
             "periodSeconds": period_s, "failureThreshold": failures, "timeoutSeconds": 5}
@@ -51,6 +67,7 @@ def manifests(
     namespace: str | None = None,
 ) -> list[dict[str, Any]]:
     """[Deployment, Service] for one pool, as plain dicts."""
+    check_k8s_options(image=image, namespace=namespace)
     d = as_deploy(pool)
     spec = spec or load_model_spec(d.model)
     argv = serve_command(d, spec)

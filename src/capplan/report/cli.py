@@ -8,10 +8,13 @@ from pathlib import Path
 
 import click
 
-from capplan._cli import errors_as_lines, one_line
+from capplan._cli import check_out, errors_as_lines, one_line, write_out
 from capplan.errors import ConfigError
 from capplan.mix import TrafficMix
 from capplan.solve.plan import Plan
+
+REPORT_SUFFIXES = (".html", ".htm")
+"""What `--out` may end in: the report is one HTML page."""
 
 
 def _read_sweep(path: Path) -> list[dict[str, object]]:
@@ -31,18 +34,12 @@ def _read_sweep(path: Path) -> list[dict[str, object]]:
 
 def _build(plan_path: Path, traffic: Path | None, out: Path, quick: bool,
            sweep: Path | None, workers: int | None) -> tuple[int, float]:
-    from pydantic import ValidationError
-
+    from capplan.deploy.cli import load_plan
     from capplan.mix import load_mix
 
     t0 = time.perf_counter()
-    try:
-        plan = Plan.from_json(plan_path.read_text())
-    except OSError as e:
-        raise ConfigError(f"cannot read plan ({e.strerror})", file=str(plan_path)) from e
-    except ValidationError as e:
-        raise ConfigError(f"not a capplan plan (write one with `capplan size --out plan.json`): "
-                          f"{one_line(str(e))}", file=str(plan_path)) from e
+    check_out(out, "--out", REPORT_SUFFIXES)  # before minutes of simulation, not after
+    plan = load_plan(plan_path)
     if traffic is None and Path(plan.source).is_file():
         traffic = Path(plan.source)
     mix = load_mix(traffic) if traffic is not None else None
@@ -57,8 +54,9 @@ def _build(plan_path: Path, traffic: Path | None, out: Path, quick: bool,
 
 def write_report(plan: Plan, mix: TrafficMix | None, out: Path, *, quick: bool = False,
                  sweep: list[dict[str, object]] | None = None,
-                 workers: int | None = None) -> int:
-    """Render the plan's report into `out`; returns its size in bytes."""
+                 workers: int | None = None, option: str = "--out") -> int:
+    """Render the plan's report into `out` (whole or not at all; a failure names `option`);
+    returns its size in bytes."""
     from capplan.report.render import render_report
     from capplan.report.runs import (
         DURATION_S,
@@ -74,11 +72,7 @@ def write_report(plan: Plan, mix: TrafficMix | None, out: Path, *, quick: bool =
         sweep=sweep,
         workers=workers if workers is not None else (os.cpu_count() or 1),
     )
-    try:
-        out.write_text(page, encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"cannot write report ({e.strerror})", file=str(out),
-                          field="--out") from e
+    write_out(out, option, lambda tmp: tmp.write_text(page, encoding="utf-8"))
     return len(page.encode())
 
 

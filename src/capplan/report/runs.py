@@ -186,7 +186,8 @@ def run_all(
     for pp in plan.pools:
         curve = {
             float(r["growth"]) / plan.growth: int(r["gpus"])
-            for r in sweep or [] if r["pool"] == pp.pool
+            for r in sweep or []
+            if r["pool"] == pp.pool and r["gpus"] is not None  # None: a growth marked infeasible
         }
         r = out[pp.pool] = PoolRuns(pp.pool, base=(sims or {}).get(pp.pool), sweep=curve)
         st = setups.get(pp.pool)

@@ -214,7 +214,6 @@ def _print_pool(p: PoolPlan, console: Console) -> None:
 
 
 PLAN_SUFFIXES = (".json", ".csv")
-REPORT_SUFFIXES = (".html", ".htm")
 
 
 def _write_plan(plan: Plan, out: Path) -> None:
@@ -266,6 +265,8 @@ def size(traffic: Path, fmt: str, out: Path | None, growth: float, spare: int,
     """Fewest GPUs per pool that hold every workload's SLOs, with cost and why."""
     t0 = time.perf_counter()
     check_out(out, "--out", PLAN_SUFFIXES)
+    from capplan.report.cli import REPORT_SUFFIXES, write_report
+
     check_out(report_out, "--report", REPORT_SUFFIXES)
     mix, guarded = _load(traffic, guard)
     n = _start_workers(workers)
@@ -283,9 +284,7 @@ def size(traffic: Path, fmt: str, out: Path | None, growth: float, spare: int,
     if out is not None:
         _write_plan(plan, out)
     if report_out is not None:
-        from capplan.report.cli import write_report
-
-        write_report(plan, mix, report_out, quick=quick)
+        write_report(plan, mix, report_out, quick=quick, option="--report")
     if fmt == "json":
         click.echo(plan.to_json())
     elif fmt == "csv":

@@ -15,7 +15,7 @@ from capplan.tracefit.bench import fit_vllm_bench
 from capplan.tracefit.emit import to_yaml
 from capplan.tracefit.fit import fit_requests
 from capplan.tracefit.metrics import Scrape, fit_metrics, parse_metrics
-from capplan.tracefit.result import SloLike, TraceFit, WorkloadFit
+from capplan.tracefit.result import SloLike, TraceFit, WorkloadFit, check_options
 from capplan.tracefit.scan import FORMATS, detect_format
 
 __all__ = [
@@ -55,6 +55,7 @@ def fit_trace_report(
         raise ConfigError(
             f"unknown format {format!r}; use one of {', '.join(FORMATS)}", field="--format"
         )
+    _, slo = check_options(pool, model, slo)  # before a long fit, not after it
     p = Path(path)
     if not p.is_file():
         raise ConfigError("trace file not found; check the path", file=str(p))

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from capplan._yaml import read_utf8
 from capplan.distributions import Constant, LengthDist
 from capplan.errors import ConfigError
 from capplan.tracefit.lengths import histogram_dist
@@ -31,7 +32,7 @@ def read_vllm_bench(path: str | Path) -> list[dict[str, Any]]:
     """The result objects of a `--save-result` (one object) or `--append-result` file."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = read_utf8(p)
     except OSError as e:
         raise ConfigError(f"cannot read file ({e.strerror}); check the path", file=str(p)) from e
     try:

@@ -7,14 +7,18 @@ one red line and its exit code here too, so the group behaves the same run alone
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import click
 from rich.table import Table
 
+from capplan._cli import check_out, stderr_console, write_out
 from capplan._cli import errors_as_lines as _errors_as_lines
-from capplan._cli import stderr_console
 from capplan.errors import ConfigError
+
+YAML_SUFFIXES = (".yaml", ".yml")
+"""What `--out` may end in: the fitted mix is YAML (with its provenance as comments)."""
 
 
 @click.group()
@@ -84,11 +88,14 @@ def from_trace(
     """Fit arrival rate, burstiness, lengths and prefix sharing from TRACE; print the YAML."""
     from capplan.tracefit import fit_trace_report, to_yaml
 
+    check_out(out, "--out", YAML_SUFFIXES)  # before the fit, not after it
     slo: dict[str, float] = {}
     for item in slos:
         key, _, value = item.partition("=")
         try:
             slo[key.strip()] = float(value)
+            if not math.isfinite(slo[key.strip()]):
+                raise ValueError(value)
         except ValueError:
             raise ConfigError(
                 f"expected KEY=SECONDS such as ttft_p99_s=0.5, got {item!r}", field="--slo"
@@ -110,10 +117,7 @@ def from_trace(
     if out is None:
         click.echo(text, nl=False)
     else:
-        try:
-            out.write_text(text)
-        except OSError as e:
-            raise ConfigError(f"cannot write file ({e.strerror})", file=str(out)) from e
+        write_out(out, "--out", lambda tmp: tmp.write_text(text))
     console = stderr_console()
     table = Table(title=f"fitted from {trace} ({fit.format})", title_justify="left")
     for col in ("workload", "requests", "arrival", "rate req/s", "gap CV", "mean in",

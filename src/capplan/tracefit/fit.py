@@ -23,7 +23,7 @@ from capplan.tracefit.arrivals import Span, fit_arrivals
 from capplan.tracefit.lengths import LengthFit, fit_lengths
 from capplan.tracefit.prefix import PrefixFit, fit_prefix
 from capplan.tracefit.result import SloLike, TraceFit, WorkloadFit, build_mix
-from capplan.tracefit.scan import Requests, scan_requests, workload_name
+from capplan.tracefit.scan import Requests, json_lines_problem, scan_requests, workload_name
 
 __all__ = ["fit_requests"]
 
@@ -137,7 +137,8 @@ def _staged(req: Requests, path: Path) -> Requests:
         req.frame.sink_parquet(path)
     except pl.exceptions.PolarsError as e:
         _collect(req.frame.head(0), req.file)  # a parse error, named as such
-        raise ConfigError(f"cannot read the trace ({e})", file=req.file) from e
+        why = json_lines_problem(Path(req.file)) or str(e)
+        raise ConfigError(f"cannot read the trace ({why})", file=req.file) from e
     return dataclasses.replace(req, frame=pl.scan_parquet(path))
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from capplan._yaml import read_utf8
 from capplan.distributions import Empirical
 from capplan.errors import ConfigError
 from capplan.tracefit.result import SloLike, TraceFit, WorkloadFit, build_mix
@@ -168,7 +169,7 @@ def parse_metrics(text: str, *, file: str = "<text>") -> Scrape:
 def read_scrape(path: str | Path) -> Scrape:
     p = Path(path)
     try:
-        return parse_metrics(p.read_text(), file=str(p))
+        return parse_metrics(read_utf8(p), file=str(p))
     except OSError as e:
         raise ConfigError(f"cannot read file ({e.strerror}); check the path", file=str(p)) from e
 

@@ -10,11 +10,11 @@ from pydantic import ValidationError
 from capplan._yaml import validation_message
 from capplan.errors import ConfigError
 from capplan.mix import TrafficMix, check_lengths
-from capplan.modelspec import load_model_spec
+from capplan.modelspec import ModelSpec, load_model_spec
 from capplan.pool import Pool
 from capplan.traffic import Slo, Workload
 
-__all__ = ["SloLike", "TraceFit", "WorkloadFit", "build_mix"]
+__all__ = ["SLO_FORM", "SloLike", "TraceFit", "WorkloadFit", "build_mix", "check_options"]
 
 SloLike = Slo | Mapping[str, float] | None
 
@@ -44,6 +44,41 @@ class TraceFit:
     notes: tuple[str, ...] = ()
 
 
+SLO_FORM = (
+    "<ttft|itl|tpot|e2e>_p<percentile>_s=<seconds>, percentile in (0, 100) and seconds > 0, "
+    "e.g. ttft_p99_s=0.5"
+)
+
+
+def check_options(pool: str, model: str, slo: SloLike) -> tuple[ModelSpec, Slo]:
+    """The pool name, model and SLOs a fit is asked for, checked before the trace is read:
+    a bad one is a ConfigError naming its option (--pool, --model, --slo)."""
+    try:
+        Pool(name=pool, model=model)
+    except ValidationError as e:
+        field, msg = validation_message(e)
+        if field == "model":
+            raise ConfigError(msg, field="--model") from e
+        raise ConfigError(f"{pool!r} is not a pool name ({msg}); use only letters, digits, "
+                          "'_', '.' and '-'", field="--pool") from e
+    try:
+        spec = load_model_spec(model)
+    except ConfigError as e:
+        raise ConfigError(str(e), field="--model") from e
+    if isinstance(slo, Slo):
+        return spec, slo
+    items = dict(slo or {})
+    for key, value in items.items():
+        try:
+            Slo.model_validate({key: value})
+        except ValidationError as e:
+            field, msg = validation_message(e)
+            why = "percentile must be above 0" if field.endswith("percentile") else msg
+            raise ConfigError(f"{key}={value}: {why.split('; write')[0]}; write {SLO_FORM}",
+                              field="--slo") from e
+    return spec, Slo.model_validate(items)
+
+
 def build_mix(
     name: str,
     description: str,
@@ -55,8 +90,7 @@ def build_mix(
     source: str,
 ) -> TrafficMix:
     """A one-pool mix of `workloads` (dicts of Workload fields without pool and slo)."""
-    spec = load_model_spec(model)
-    slo_obj = slo if isinstance(slo, Slo) else Slo.model_validate(dict(slo or {}))
+    spec, slo_obj = check_options(pool, model, slo)
     try:
         pool_obj = Pool(name=pool, model=model)
         mix = TrafficMix(

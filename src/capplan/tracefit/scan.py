@@ -27,6 +27,7 @@ __all__ = [
     "PrefixSource",
     "Requests",
     "detect_format",
+    "json_lines_problem",
     "scan_requests",
 ]
 
@@ -161,7 +162,8 @@ def scan_requests(
     try:
         schema = lf.collect_schema()
     except pl.exceptions.PolarsError as e:
-        raise ConfigError(f"cannot read {fmt} file: {_first(e)}", file=file) from e
+        why = (json_lines_problem(p) if fmt in ("jsonl", "mooncake") else None) or _first(e)
+        raise ConfigError(f"cannot read {fmt} file: {why}", file=file) from e
     names = schema.names()
     ts = _pick(names, "timestamp", file)
     inp = _pick(names, "input_tokens", file)
@@ -171,6 +173,8 @@ def scan_requests(
         t_expr, unit = _seconds(ts, schema[ts], scale)
     except ConfigError as e:
         raise ConfigError(str(e), file=file, field=ts) from e
+    if schema[ts] == pl.String:
+        _check_datetimes(lf, ts, file)
     if workload_column is None and "workload" in names:
         workload_column = "workload"
     if workload_column is not None and workload_column not in names:
@@ -234,6 +238,55 @@ def scan_requests(
         default_workload=default,
         timestamp_unit=unit,
     )
+
+
+def _check_datetimes(lf: pl.LazyFrame, col: str, file: str) -> None:
+    """Text timestamps must be ISO datetimes: polars infers their format from the first one
+    and, when it cannot, names neither the column nor the value. A column of seconds with
+    one non-number in it (nan, a dash) is read as text: that row is named."""
+    rows = lf.select(pl.col(col)).with_row_index("row").drop_nulls(col)
+    try:
+        first = rows.head(1).collect()
+        if first.height == 0:
+            return
+        row, value = first.row(0)
+        parsed = pl.Series([value]).str.to_datetime(time_unit="us", time_zone="UTC",
+                                                    strict=False)
+        if not parsed.null_count():
+            return
+        seconds = pl.col(col).cast(pl.Float64, strict=False)
+        bad = rows.filter(seconds.is_null() | ~seconds.is_finite()).head(1).collect()
+    except pl.exceptions.PolarsError:
+        return  # the fit's passes report it
+    if bad.height:  # seconds, but for this row (the first value was a number)
+        row, value = bad.row(0)
+    raise ConfigError(
+        f"row {row + 1} has {value!r}, neither seconds nor an ISO datetime such as "
+        "2024-05-01T12:00:00Z; fix or drop the row",
+        file=file,
+        field=col,
+    )
+
+
+def json_lines_problem(path: Path) -> str | None:
+    """What is wrong with the first line of a JSON-lines file that is not one JSON object,
+    naming the line (polars names only a character within it); None if every line is one.
+    For error paths: it reads the file in Python."""
+    try:
+        with path.open("r", encoding="utf-8", errors="replace") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line.rstrip())
+                except json.JSONDecodeError as e:
+                    return (f"line {n} is not JSON ({e.msg} at column {e.colno}); fix the "
+                            "line, or pass --format if the file is not JSON lines")
+                if not isinstance(rec, dict):
+                    return f"line {n} is not a JSON object; each line must be one"
+    except OSError:
+        return None
+    return None
 
 
 def _first(e: Exception) -> str:

@@ -1,0 +1,88 @@
+"""Input files that are not what they claim (not UTF-8, not YAML, not JSON): every command
+that reads one ends in one error line naming the file, the problem and where it is, with
+exit code 2 and no traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from capplan._yaml import read_mapping
+from capplan.cli import main
+from capplan.errors import ConfigError
+
+NOT_UTF8 = b"schema_version: 1\nname: \xff\xfe\x80bad\n"
+
+
+def _one_error_line(args: list[str]) -> str:
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 2, res.output  # an uncaught exception would be 1
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", [
+    ["size", "--quick", "--traffic"],
+    ["simulate", "--pool", "chat", "--replicas", "1", "--traffic"],
+    ["validate", "predict"],
+    ["report", "--out", "r.html"],
+    ["deploy"],
+])
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_not_utf8_is_one_line_with_the_offset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str], suffix: str
+) -> None:
+    """Rule: bad input is one line naming the file and the fix. A file that is not UTF-8
+    says so, with the offset and line of the first bad byte (was a UnicodeDecodeError
+    traceback in every command)."""
+    monkeypatch.chdir(tmp_path)
+    bad = tmp_path / f"x{suffix}"
+    bad.write_bytes(NOT_UTF8)
+    line = _one_error_line([*command, str(bad)])
+    assert f"{bad}: not UTF-8 text (byte 0xff at offset 24, line 2)" in line
+    assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("schema_version: 1\nname: x\npools: [\n  - name: a\n",
+     "not valid YAML: expected the node content, but found '-' (line 4, column 3)"),
+    ("schema_version: 1\nname: x\n\tpools: []\n",
+     "not valid YAML: found character '\\t' that cannot start any token (line 3, column 1)"),
+    ('schema_version: 1\nname: "unterminated\n',
+     "not valid YAML: found unexpected end of stream (line 3, column 1), while scanning a "
+     "quoted scalar that began at line 2, column 7"),
+    ("schema_version: 1\nschema_version: 1\n",
+     "not valid YAML: key 'schema_version' given twice (lines 1 and 2); keep one "
+     "(line 2, column 1)"),
+])
+def test_yaml_syntax_error_says_what_and_where(tmp_path: Path, text: str, says: str) -> None:
+    """Rule: a YAML error names the problem and its line and column, not PyYAML's first
+    line ('while parsing a flow node'), which says neither."""
+    bad = tmp_path / "mix.yaml"
+    bad.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        read_mapping(bad)
+    assert str(err.value) == f"{bad}: {says}"
+    assert says in _one_error_line(["size", "--quick", "--traffic", str(bad)])
+
+
+def test_json_syntax_error_says_where(tmp_path: Path) -> None:
+    """Rule: a JSON error names the problem with its line and column on one line."""
+    bad = tmp_path / "mix.json"
+    bad.write_text('{"schema_version": 1,\n "name": }\n')
+    with pytest.raises(ConfigError, match=r"not valid JSON: Expecting value \(line 2, column 10\)"):
+        read_mapping(bad)
+
+
+@pytest.mark.parametrize(("name", "fmt"), [("bench.json", "vllm-bench"), ("m.prom", "metrics")])
+def test_not_utf8_trace_is_one_line(tmp_path: Path, name: str, fmt: str) -> None:
+    """The bench-result and metrics readers of `traffic from-trace` say a file is not UTF-8
+    too (they were UnicodeDecodeError tracebacks)."""
+    bad = tmp_path / name
+    bad.write_bytes(b'{"completed": 1}\n\xff\n')
+    line = _one_error_line(["traffic", "from-trace", str(bad), "--format", fmt,
+                            "--rate-rps", "1"])
+    assert f"{bad}: not UTF-8 text (byte 0xff at offset 17, line 2)" in line
