@@ -30,9 +30,10 @@ def _run(*args: str) -> tuple[int, str]:
 
 
 def test_unknown_model_is_one_line() -> None:
-    """An unknown model spec names the spec file and lists the known ones."""
+    """An unknown model spec names the option, the spec file and the known ones."""
     code, out = _run("--model", "no-such-model", "--dry-run")
     assert code == 2 and "unknown model 'no-such-model'" in out and "Traceback" not in out
+    assert out.startswith("error: --model: ")
 
 
 def test_unsupported_precision() -> None:

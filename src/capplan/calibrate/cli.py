@@ -93,7 +93,10 @@ def plan_jobs(model: str, precisions: list[Precision], spec_tokens: list[int],
     join the profile's draws (build.encoder_time)."""
     if tp != 1:
         raise ConfigError(f"--tp {tp}: only tensor parallel 1 is calibrated so far")
-    spec = load_model_spec(model)
+    try:
+        spec = load_model_spec(model)
+    except ConfigError as e:
+        raise ConfigError(str(e), field="--model") from e
     if any(k < 0 or k > 8 for k in spec_tokens):
         raise ConfigError(f"--spec-tokens {spec_tokens}: each k must be in 0..8")
     if any(spec_tokens) and spec_method not in SPEC_METHODS:
