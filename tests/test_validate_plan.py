@@ -10,6 +10,7 @@ import yaml
 from click.testing import CliRunner
 
 from capplan.cli import main
+from capplan.errors import ConfigError
 from capplan.mix import load_mix
 from capplan.solve.options import size_mix
 from capplan.solve.plan import Plan
@@ -117,3 +118,26 @@ def test_cli_plan_of_another_mix_is_one_line(tmp_path: Path, mix: str) -> None:
     lines = [x for x in r.output.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "not in" in lines[0]
     assert not (tmp_path / "s.yaml").exists()
+
+
+@pytest.mark.parametrize(("old", "new", "differs"), [
+    ("max_model_len: 16384", "max_model_len: 12288", "engine.max_model_len is 16384 in the plan"),
+    ("precision: fp8", "precision: bf16", "precision is 'fp8' in the plan and 'bf16'"),
+])  # fmt: skip
+def test_a_mix_that_fixes_otherwise_than_the_plan_is_refused(
+    tmp_path: Path, old: str, new: str, differs: str
+) -> None:
+    """A pool of the same name that fixes another engine setting or precision than the plan
+    is not the mix the plan was sized for: the suite (and the report, runs.planned_mix) would
+    replay another configuration, so it is an error naming the mix, not a silent override."""
+    from capplan.report.runs import planned_mix
+
+    text = MIX.read_text()
+    assert old in text
+    other = tmp_path / "mix.yaml"
+    other.write_text(text.replace(old, new, 1))
+    mix = load_mix(other)
+    for call in (lambda: plan_suite(mix, plan()), lambda: planned_mix(plan(), mix)):
+        with pytest.raises(ConfigError, match=differs) as e:
+            call()
+        assert e.value.file == str(other)

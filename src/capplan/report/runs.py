@@ -91,7 +91,7 @@ def planned_mix(
     for pool in mix.pools:
         pp = chosen.get(pool.name)
         if pp is not None:
-            pool = as_planned(pool, pp)
+            pool = as_planned(pool, pp, source=mix.source)
         pools.append(pool)
         if pp is not None:
             try:

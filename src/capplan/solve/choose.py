@@ -60,9 +60,16 @@ def with_pool(mix: TrafficMix, pool: Pool) -> TrafficMix:
     return mix.model_copy(update={"pools": [pool if p.name == pool.name else p for p in mix.pools]})
 
 
-def as_planned(pool: Pool, planned: PoolPlan) -> Pool:
+def as_planned(pool: Pool, planned: PoolPlan, *, source: str | None = None) -> Pool:
     """The mix's pool on the plan's GPU (at its price), at the plan's precision and with the
-    values the plan chose for the engine settings the pool leaves open."""
+    values the plan chose for the engine settings the pool leaves open. A mix whose pool
+    fixes something else than the plan has (another model, TP, GPU, precision or engine
+    setting) is not the mix the plan was sized for: a ConfigError says which (naming the
+    mix's file, `source`)."""
+    differs = _contradiction(pool, planned)
+    if differs is not None:
+        raise ConfigError(f"pool {pool.name!r}: {differs}; give the traffic mix the plan was "
+                          "sized for, or size this one", file=source)
     update: dict[str, Any] = {}
     if pool.gpu != planned.gpu:
         update.update(gpu=planned.gpu, price_per_gpu_hour=pool.gpu_prices[planned.gpu])
@@ -73,6 +80,22 @@ def as_planned(pool: Pool, planned: PoolPlan) -> Pool:
         update["engine"] = EngineConfig.model_validate(
             {**pool.engine.model_dump(mode="json"), **chosen})
     return pool.model_copy(update=update) if update else pool
+
+
+def _contradiction(pool: Pool, planned: PoolPlan) -> str | None:
+    """What the mix's pool fixes that the plan has otherwise, or None."""
+    pairs = [("model", pool.model, planned.model), ("tp", pool.tp, planned.tp)]
+    if pool.gpu != "auto":
+        pairs.append(("gpu", pool.gpu, planned.gpu))
+    if pool.precision != "auto":
+        pairs.append(("precision", precision_of(pool), planned.precision))
+    fixed = pool.engine.model_dump(mode="json")
+    pairs += [(f"engine.{k}", v, planned.engine[k]) for k, v in fixed.items()
+              if k not in pool.engine.auto and k in planned.engine]
+    for what, mine, theirs in pairs:
+        if mine != theirs:
+            return f"{what} is {theirs!r} in the plan and {mine!r} in the mix"
+    return None
 
 
 def precision_of(pool: Pool) -> str:

@@ -72,7 +72,7 @@ def plan_suite(mix: TrafficMix, plan: Plan, *, duration_s: float = DURATION_S
     engines: list[EngineRun] = []
     skipped = {x.pool: f"infeasible, nothing to check: {x.reason}" for x in plan.infeasible}
     for pp in plan.pools:
-        pool = as_planned(mix.pool(pp.pool), pp)
+        pool = as_planned(mix.pool(pp.pool), pp, source=mix.source)
         workloads = [w for w in mix.workloads if w.pool == pool.name]
         n = pp.replicas_for_slo
         counts = [n, n - 1] if n > 1 else [n]
