@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import shlex
 from pathlib import Path
 
 import click
 from pydantic import ValidationError
 
-from capplan._cli import errors_as_lines
+from capplan._cli import errors_as_lines, write_out
 from capplan._yaml import read_utf8, validation_message
 from capplan.deploy.k8s import VLLM_IMAGE, check_k8s_options, k8s_deployment, k8s_name
 from capplan.deploy.serve import VLLM_VERSION, PoolDeploy, serve_command, serve_notes
@@ -59,13 +60,6 @@ def shell_text(d: PoolDeploy) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write(path: Path, text: str) -> None:
-    try:
-        path.write_text(text)
-    except OSError as e:
-        raise ConfigError(f"cannot write file ({e.strerror})", file=str(path)) from e
-
-
 @click.command()
 @click.argument("plan_path", metavar="PLAN.json", type=click.Path(path_type=Path))
 @click.option("--traffic", type=click.Path(path_type=Path), default=None,
@@ -104,7 +98,8 @@ def deploy(plan_path: Path, traffic: Path | None, fmt: str, out: Path | None, im
         raise ConfigError(f"cannot create folder ({e.strerror})", file=str(out)) from e
     for pool, name, text in texts:
         path = out / name
-        _write(path, ("#!/bin/sh\n" + text) if fmt == "shell" else text)
+        body = ("#!/bin/sh\n" + text) if fmt == "shell" else text
+        write_out(path, "--out", functools.partial(Path.write_text, data=body))
         if fmt == "shell":
             path.chmod(0o755)
         click.echo(f"pool {pool}: {path}")

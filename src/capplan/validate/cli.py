@@ -34,9 +34,8 @@ MODELS_DIR = Path(__file__).resolve().parents[3] / "models"
 
 
 def _write_json(path: Path, obj: object) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, separators=(",", ":")) + "\n")
-    tmp.replace(path)
+    text = json.dumps(obj, separators=(",", ":")) + "\n"
+    write_out(path, "--out", lambda tmp: tmp.write_text(text))
 
 
 def _engines(suite: Suite, names: tuple[str, ...]) -> list[str]:
