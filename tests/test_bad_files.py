@@ -86,3 +86,62 @@ def test_not_utf8_trace_is_one_line(tmp_path: Path, name: str, fmt: str) -> None
     line = _one_error_line(["traffic", "from-trace", str(bad), "--format", fmt,
                             "--rate-rps", "1"])
     assert f"{bad}: not UTF-8 text (byte 0xff at offset 17, line 2)" in line
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    (b"timestamp,prompt_tokens,output_tokens,user\n0.0,100,20,caf\xe9\n1.0,200,30,b\n",
+     "byte 0xe9 at offset 57, line 2"),
+    (b"timest\xe9mp,prompt_tokens,output_tokens\n0.0,100,20\n1.0,200,30\n",
+     "byte 0xe9 at offset 6, line 1"),
+    (b"timestamp,prompt_tokens,output_tokens\n0.0,100,20\n1.0,2\xe900,30\n2,3,4\n",
+     "byte 0xe9 at offset 54, line 3"),
+])
+def test_not_utf8_csv_trace_says_where(tmp_path: Path, text: bytes, where: str) -> None:
+    """A CSV trace with a Latin-1 byte in a value, a header or a number: polars reads the
+    header lossily and says only "invalid utf-8 sequence", so the error was a missing
+    column named with a replacement character, or a parse error with no place."""
+    bad = tmp_path / "t.csv"
+    bad.write_bytes(text)
+    line = _one_error_line(["traffic", "from-trace", str(bad), "--model", "llama-3.1-8b"])
+    assert line == f"error: {bad}: not UTF-8 text ({where}); save the file as UTF-8"
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    (b"arrival_s,input_tokens,output_tokens,note\n0.0,100,20,caf\xe9\n1.0,200,30,b\n",
+     "byte 0xe9 at offset 56, line 2"),
+    (b"arriv\xe9l_s,input_tokens,output_tokens\n0.0,100,20\n", "byte 0xe9 at offset 5, line 1"),
+    (b"arrival_s,input_tokens,output_tokens\n0.0,100,20\n1.0,2\xe900,30\n",
+     "byte 0xe9 at offset 53, line 3"),
+])
+def test_not_utf8_replay_file_says_where(tmp_path: Path, text: bytes, where: str) -> None:
+    """The replay file a traffic mix names, read by `capplan size`, the same way."""
+    (tmp_path / "r.csv").write_bytes(text)
+    mix = tmp_path / "mix.yaml"
+    mix.write_text(
+        "schema_version: 1\npools:\n  - {name: p, model: llama-3.1-8b}\nworkloads:\n"
+        "  - {name: chat, pool: p, arrival: {kind: replay, path: r.csv}, "
+        "slo: {ttft_p95_s: 1}}\n")
+    line = _one_error_line(["size", "--quick", "--traffic", str(mix)])
+    assert line == f"error: {tmp_path / 'r.csv'}: not UTF-8 text ({where}); save the file as UTF-8"
+
+
+@pytest.mark.parametrize(("field", "text"), [
+    ("workloads.0.arrival.poisson.rate_rps", "{kind: poisson, rate_rps: yes}"),
+    ("workloads.0.arrival.closed.concurrency", "{kind: closed, concurrency: true}"),
+])
+def test_yes_no_where_a_number_is_due(tmp_path: Path, field: str, text: str) -> None:
+    """YAML reads `yes` and `true` as booleans, and pydantic took them as 1: `rate_rps: yes`
+    sized a pool for one request a second."""
+    mix = tmp_path / "mix.yaml"
+    mix.write_text(
+        "schema_version: 1\npools:\n  - {name: p, model: llama-3.1-8b}\nworkloads:\n"
+        f"  - {{name: chat, pool: p, arrival: {text}, input_tokens: {{kind: constant, value: 9}},"
+        " output_tokens: {kind: constant, value: 9}, slo: {ttft_p95_s: 1}}\n")
+    line = _one_error_line(["size", "--quick", "--traffic", str(mix)])
+    assert line == f"error: {mix}: {field}: true is a yes/no, not a value: give a number"
+
+
+def test_yes_no_where_a_yes_no_is_due_still_reads() -> None:
+    """Fields that are yes/no keep taking them (and the refusal names no such field)."""
+    from capplan.pool import EngineConfig
+    assert EngineConfig(enable_prefix_caching=False).enable_prefix_caching is False

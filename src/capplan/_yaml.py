@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import difflib
 import json
 from pathlib import Path
@@ -51,6 +52,11 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _not_utf8(byte: int, offset: int, line: int) -> str:
+    return (f"not UTF-8 text (byte 0x{byte:02x} at offset {offset}, line {line}); save the "
+            "file as UTF-8")
+
+
 def read_utf8(path: Path) -> str:
     """The text of `path`, which must be UTF-8: other bytes are a ConfigError saying where the
     first one is. An OSError passes through for the caller to word."""
@@ -59,8 +65,35 @@ def read_utf8(path: Path) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
-        raise ConfigError(f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}, "
-                          f"line {line}); save the file as UTF-8", file=str(path)) from e
+        raise ConfigError(_not_utf8(data[e.start], e.start, line), file=str(path)) from e
+
+
+def utf8_problem(path: Path) -> str | None:
+    """Where the first byte of `path` that is not UTF-8 is, as read_utf8 words it, or None if
+    there is none (or the file cannot be read). Streamed, for traces of any size; for error
+    paths, when polars' own message ("invalid utf-8 sequence") names no place."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, lines = 0, 0
+    try:
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                try:
+                    decoder.decode(chunk)
+                except UnicodeDecodeError as e:
+                    # e.object is the chunk after the (newline-free) bytes of a character the
+                    # decoder held back from the chunk before
+                    held = len(e.object) - len(chunk)
+                    line = lines + e.object.count(b"\n", 0, e.start) + 1
+                    return _not_utf8(e.object[e.start], offset - held + e.start, line)
+                offset += len(chunk)
+                lines += chunk.count(b"\n")
+            decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return (f"not UTF-8 text (it ends inside a character, offset {offset}); save the file "
+                "as UTF-8")
+    except OSError:
+        return None
+    return None
 
 
 def yaml_problem(e: yaml.YAMLError) -> str:

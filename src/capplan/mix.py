@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
+from capplan._input import InputModel
 from capplan._yaml import load_model, read_mapping
 from capplan.errors import ConfigError
 from capplan.modelspec import ModelSpec, load_model_spec
@@ -34,7 +35,7 @@ n+3, not n+2. The value is an estimate from docs/validation.md: at concurrency 1
 measured TTFT of Llama-3.1-8B exceeds the profile's prefill step by about 2 ms in all."""
 
 
-class SimulationSettings(BaseModel):
+class SimulationSettings(InputModel):
     """Horizon and steady-state window: requests arriving in [warmup_s, duration_s) are
     measured; traffic keeps flowing after duration_s until they finish (or drain_s ends)."""
 
@@ -90,7 +91,7 @@ class SimulationSettings(BaseModel):
         return self.duration_s * 0.1 if self.warmup_s is None else self.warmup_s
 
 
-class TrafficMix(BaseModel):
+class TrafficMix(InputModel):
     """The whole input of a plan."""
 
     model_config = _FROZEN

@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from typing import Any, Literal, Self
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     ModelWrapValidatorHandler,
@@ -32,6 +31,7 @@ from pydantic import (
     model_validator,
 )
 
+from capplan._input import InputModel
 from capplan.errors import ConfigError
 from capplan.hardware import GPUS, Precision
 
@@ -70,7 +70,7 @@ def alpha_from_mean_length(length: float, k: int) -> float:
                         xtol=1e-9))
 
 
-class SpeculativeConfig(BaseModel):
+class SpeculativeConfig(InputModel):
     """`--speculative-config '{"method": ..., "num_speculative_tokens": k}'`."""
 
     model_config = _FROZEN
@@ -103,7 +103,7 @@ class SpeculativeConfig(BaseModel):
         return self
 
 
-class EngineConfig(BaseModel):
+class EngineConfig(InputModel):
     """The vLLM engine settings that change capacity or latency."""
 
     model_config = _FROZEN
@@ -232,7 +232,7 @@ class EngineConfig(BaseModel):
         return self.limit_mm_per_prompt is not None and self.limit_mm_per_prompt.get("image") == 0
 
 
-class Pool(BaseModel):
+class Pool(InputModel):
     """A set of identical vLLM replicas; the router spreads the pool's workloads over them."""
 
     model_config = _FROZEN

@@ -6,15 +6,16 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from capplan._input import InputModel
 from capplan.distributions import LengthDist
 from capplan.pool import SpeculativeConfig, alpha_from_mean_length
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
-class PoissonArrival(BaseModel):
+class PoissonArrival(InputModel):
     """Open loop, exponential gaps (`vllm bench serve --request-rate R`)."""
 
     model_config = _FROZEN
@@ -22,7 +23,7 @@ class PoissonArrival(BaseModel):
     rate_rps: float = Field(gt=0)
 
 
-class GammaArrival(BaseModel):
+class GammaArrival(InputModel):
     """Open loop, gamma gaps with coefficient of variation `cv` (cv > 1: bursty)."""
 
     model_config = _FROZEN
@@ -31,7 +32,7 @@ class GammaArrival(BaseModel):
     cv: float = Field(gt=0)
 
 
-class ClosedLoop(BaseModel):
+class ClosedLoop(InputModel):
     """Closed loop: `concurrency` users, each sending the next request when the last ends
     (`vllm bench serve --max-concurrency C` with an unbounded request rate)."""
 
@@ -41,7 +42,7 @@ class ClosedLoop(BaseModel):
     think_time_s: float = Field(default=0.0, ge=0)
 
 
-class DailyArrival(BaseModel):
+class DailyArrival(InputModel):
     """A peak rate and 24 hourly fractions of it. Simulation and sizing run at the peak hour;
     the profile sets the average rate that cost figures use."""
 
@@ -58,7 +59,7 @@ class DailyArrival(BaseModel):
         return self
 
 
-class ReplayArrival(BaseModel):
+class ReplayArrival(InputModel):
     """Exact replay of recorded requests from a CSV or JSONL file with columns
     `arrival_s, input_tokens, output_tokens[, prefix_group, prefix_tokens]`."""
 
@@ -75,7 +76,7 @@ Arrival = Annotated[
 ]
 
 
-class PrefixSpec(BaseModel):
+class PrefixSpec(InputModel):
     """Prompt structure for prefix caching: each prompt starts with one of `groups` distinct
     shared prefixes; the rest of it is unique. The hit rate emerges from the simulated cache.
     Alternatively `target_hit_rate` fixes the cached fraction of every prompt."""
@@ -97,7 +98,7 @@ class PrefixSpec(BaseModel):
         return self
 
 
-class ImageSpec(BaseModel):
+class ImageSpec(InputModel):
     """Multimodal requests: images per request and the tokens each image becomes."""
 
     model_config = _FROZEN
@@ -122,7 +123,7 @@ def slo_allowed_share(key: str) -> float | None:
     return None if q is None else 1.0 - q / 100.0
 
 
-class SloTarget(BaseModel):
+class SloTarget(InputModel):
     """One latency target: `metric` at `percentile` must be <= `limit_s`."""
 
     model_config = _FROZEN
@@ -135,7 +136,7 @@ class SloTarget(BaseModel):
         return f"{self.metric}_p{self.percentile:g}_s"
 
 
-class Slo(BaseModel):
+class Slo(InputModel):
     """SLOs as written in YAML: `{ttft_p99_s: 0.5, itl_p99_s: 0.05, e2e_p90_s: 20}`."""
 
     model_config = _FROZEN
@@ -167,7 +168,7 @@ class Slo(BaseModel):
         return data
 
 
-class Workload(BaseModel):
+class Workload(InputModel):
     """One class of requests and the latency it is promised."""
 
     model_config = _FROZEN

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from capplan._input import InputModel
 from capplan._yaml import load_model, read_mapping
 from capplan.calibrate.jobs import QUANT_CONFIGS
 from capplan.errors import ConfigError
@@ -65,7 +66,7 @@ of graph-less steps no Gemma 4 trace has measured (scripts/validation_analysis.p
 CLOSED_ROWS = 4096  # closed-loop request shapes sent to the runner (cycled if exceeded)
 
 
-class Routed(BaseModel):
+class Routed(InputModel):
     """One replica's share of a pool's traffic, as the pool's router hands it out.
 
     The experiment's workloads are the whole pool's (`replicas` x one replica's load); the
@@ -88,7 +89,7 @@ class Routed(BaseModel):
         return self
 
 
-class Experiment(BaseModel):
+class Experiment(InputModel):
     """One measured run: the workloads of one replica for `duration_s`."""
 
     model_config = _FROZEN
@@ -131,7 +132,7 @@ class Experiment(BaseModel):
         return [f"{self.name}-r{i + 1}" for i in range(self.repeat)]
 
 
-class EngineRun(BaseModel):
+class EngineRun(InputModel):
     """One engine configuration (one engine start) and the experiments it serves."""
 
     model_config = _FROZEN
@@ -239,7 +240,7 @@ class EngineRun(BaseModel):
                         arrivals=self.share(exp))
 
 
-class Suite(BaseModel):
+class Suite(InputModel):
     """The validation grid: engines (one start each) and their experiments."""
 
     model_config = _FROZEN
