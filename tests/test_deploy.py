@@ -491,3 +491,31 @@ def test_replicas_get_the_routing_the_plan_was_sized_behind() -> None:
     rr = PoolDeploy.from_pool(pool.model_copy(update={"router": "round_robin"}), 4)
     assert any("in turn" in n for n in serve_notes(rr))
     assert "# NOTE: routing:" in k8s_deployment(many)
+
+
+@pytest.mark.parametrize(("mix", "says"), [
+    ("examples/chat-only.yaml", "pool 'interactive' of the plan is not in the mix"),
+])
+def test_cli_refuses_a_mix_the_plan_was_not_sized_for(tmp_path: Path, mix: str,
+                                                      says: str) -> None:
+    """`deploy --traffic` takes engine settings from the mix, so it must be the plan's mix:
+    another one is refused, naming it, as `report` and `validate plan` refuse it (deploy
+    printed the plan's pools with the other mix's settings)."""
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(_plan_for_mix().to_json())
+    res = CliRunner().invoke(main, ["deploy", str(plan_path), "--traffic", str(ROOT / mix)])
+    assert res.exit_code == 2, res.output
+    assert res.output.startswith(f"error: {ROOT / mix}: {says}; give the traffic mix")
+
+
+def test_cli_refuses_a_mix_that_fixes_other_settings(tmp_path: Path) -> None:
+    """The same mix with a pool's precision changed is not the plan's either."""
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(_plan_for_mix().to_json())
+    text = (ROOT / "examples/production-mix.yaml").read_text()
+    other = tmp_path / "mix.yaml"
+    other.write_text(text.replace("precision: bf16", "precision: fp8", 1))
+    assert other.read_text() != text
+    res = CliRunner().invoke(main, ["deploy", str(plan_path), "--traffic", str(other)])
+    assert res.exit_code == 2, res.output
+    assert "precision is 'bf16' in the plan and 'fp8' in the mix" in res.output

@@ -41,12 +41,22 @@ def load_plan(path: Path) -> Plan:
 
 
 def plan_pools(plan: Plan, traffic: Path | None) -> list[PoolDeploy]:
-    """The plan's pools; with a traffic mix, engine settings the plan lacks come from it."""
+    """The plan's pools; with a traffic mix, engine settings the plan lacks come from it. The
+    mix must be the one the plan was sized for: a plan pool it lacks, or one it fixes
+    otherwise (another model, TP, GPU, precision or engine setting), is a ConfigError naming
+    the mix, as `capplan report` and `validate plan` refuse it."""
     mix_pools = {}
     if traffic is not None:
         from capplan.mix import load_mix
+        from capplan.solve.choose import as_planned
 
-        mix_pools = {p.name: p for p in load_mix(traffic).pools}
+        mix = load_mix(traffic)
+        mix_pools = {p.name: p for p in mix.pools}
+        for p in plan.pools:
+            if p.pool not in mix_pools:
+                raise ConfigError(f"pool {p.pool!r} of the plan is not in the mix; give the "
+                                  "traffic mix the plan was sized for", file=mix.source)
+            as_planned(mix_pools[p.pool], p, source=mix.source)
     return [PoolDeploy.from_pool_plan(p, mix_pools.get(p.pool)) for p in plan.pools]
 
 

@@ -239,7 +239,7 @@ def _knee_text(pp: PoolPlan, r: PoolRuns) -> str:
             f"(<code>{_e(key)}</code>): the knee lies between.</li>")
 
 
-def _config(p: PoolPlan) -> str:
+def _config(p: PoolPlan, quick: bool = False) -> str:
     eng = [[f"<code>{_e(k)}</code>", _e(json.dumps(v) if not isinstance(v, str) else v)]
            for k, v in p.engine.items() if v is not None]
     c = p.confidence
@@ -255,7 +255,7 @@ def _config(p: PoolPlan) -> str:
          + ("<span class='ok'>all pass</span>" if c.all_seeds_pass
             else "<span class='bad'>NOT all pass</span>")
          + f", worst margin {_pct(c.worst_margin)}, {c.duration_s:g} s simulated, {fewer}"
-         + (f"; <span class='thin'>{_e(tail)}</span>" if (tail := c.thin_tail()) else "")],
+         + (f"; <span class='thin'>{_e(tail)}</span>" if (tail := c.thin_tail(quick)) else "")],
         *([["fidelity", _fidelity(p.fidelity, p.binding_margin)]] if p.fidelity else []),
         ["analytic bracket", f"floor {p.bracket.lower}, estimate {p.bracket.estimate} "
          f"(work {p.bracket.work_replicas:.2f}, KV {p.bracket.kv_replicas:.2f} replicas)"],
@@ -367,7 +367,8 @@ def render_report(
         ))
 
     parts.append("<h2>Configuration chosen</h2>")
-    parts.append("<div class='cards'>" + "".join(_config(p) for p in plan.pools) + "</div>")
+    parts.append("<div class='cards'>" + "".join(_config(p, plan.quick) for p in plan.pools)
+                 + "</div>")
 
     method = (f"Figures come from re-simulating each pool for {duration_s:g} s (seed "
               f"{plan.seed}) at loads ×{', ×'.join(f'{s:g}' for s in scales)}; the tables hold "

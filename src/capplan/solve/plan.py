@@ -118,15 +118,19 @@ class Confidence(BaseModel):
     )
     tail_workload: str | None = Field(default=None, description="whose tail that is")
 
-    def thin_tail(self) -> str | None:
+    def thin_tail(self, quick: bool = False) -> str | None:
         """What a confirmation with fewer than TAIL_RULE requests beyond a percentile rests
-        on and the duration that would hold enough; None when it held enough."""
+        on and what would hold enough (a longer simulation.duration_s; under `--quick`, whose
+        short probes ignore it, the full search); None when it held enough."""
         if self.tail_requests is None or self.tail_requests >= TAIL_RULE:
             return None
+        n = f"~{self.tail_requests:.0f} request{'' if round(self.tail_requests) == 1 else 's'}"
+        text = (f"{self.tail_workload}'s tightest percentile rests on {n} beyond it in "
+                f"{self.duration_s:g} s (the search asks {TAIL_RULE}); ")
+        if quick:
+            return text + "size without --quick to confirm it at the mix's duration_s"
         need = self.duration_s * TAIL_RULE / max(self.tail_requests, 1e-9)
-        return (f"{self.tail_workload}'s tightest percentile rests on ~{self.tail_requests:.0f} "
-                f"requests beyond it in {self.duration_s:g} s (the search asks {TAIL_RULE}); "
-                f"simulation.duration_s {need:,.0f} would steady it")
+        return text + f"simulation.duration_s {need:,.0f} would steady it"
 
 
 
