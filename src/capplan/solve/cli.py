@@ -31,7 +31,8 @@ RUNNERS_UP_SHOWN = 8
 
 def _console() -> Console:
     console = Console()
-    return console if console.is_terminal else Console(width=160)
+    # pipes and logs: tables fit 160 columns, lines are never broken (grep finds them whole)
+    return console if console.is_terminal else Console(width=160, soft_wrap=True)
 
 
 def _s(v: float | None) -> str:
