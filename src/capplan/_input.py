@@ -27,7 +27,7 @@ class InputModel(BaseModel):
             return data
         errors: list[InitErrorDetails] = []
         for name, field in cls.model_fields.items():
-            key = field.alias if field.alias in data else name
+            key = field.alias if field.alias is not None and field.alias in data else name
             value = data.get(key)
             if isinstance(value, bool) and not _takes_bool(field.annotation):
                 errors.append(InitErrorDetails(
