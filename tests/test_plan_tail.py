@@ -50,6 +50,8 @@ def test_a_short_confirmation_says_how_long_would_pin_the_tail() -> None:
     assert (one.thin_tail(quick=True) or "").endswith(
         "size without --quick to confirm it at the mix's duration_s")
     assert c.model_copy(update={"tail_requests": TAIL_RULE}).thin_tail() is None
+    fitted = c.model_copy(update={"tail_workload": "requests"})  # from-trace's name for it
+    assert (fitted.thin_tail() or "").startswith("requests' tightest percentile")
 
 
 def test_a_quick_confirmation_says_its_tail_is_thin(tmp_path: Path) -> None:

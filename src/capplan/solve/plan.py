@@ -125,7 +125,8 @@ class Confidence(BaseModel):
         if self.tail_requests is None or self.tail_requests >= TAIL_RULE:
             return None
         n = f"~{self.tail_requests:.0f} request{'' if round(self.tail_requests) == 1 else 's'}"
-        text = (f"{self.tail_workload}'s tightest percentile rests on {n} beyond it in "
+        whose = f"{self.tail_workload}'" + ("" if str(self.tail_workload).endswith("s") else "s")
+        text = (f"{whose} tightest percentile rests on {n} beyond it in "
                 f"{self.duration_s:g} s (the search asks {TAIL_RULE}); ")
         if quick:
             return text + "size without --quick to confirm it at the mix's duration_s"
