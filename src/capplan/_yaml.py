@@ -96,6 +96,13 @@ def utf8_problem(path: Path) -> str | None:
     return None
 
 
+def utf8_problem_behind(seen: object, path: Path) -> str | None:
+    """utf8_problem(path) where `seen` (a reader's error, or the column names it read) shows
+    bad UTF-8: polars says only "invalid utf-8 sequence", or reads a header lossily."""
+    text = str(seen)
+    return utf8_problem(path) if "utf-8" in text.lower() or "\ufffd" in text else None
+
+
 def yaml_problem(e: yaml.YAMLError) -> str:
     """PyYAML's error as one line: the problem, where it is and, when it began elsewhere,
     what was being parsed there (str(e) spreads these over lines, the first the least telling)."""

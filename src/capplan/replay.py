@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from capplan._yaml import utf8_problem
+from capplan._yaml import utf8_problem_behind
 from capplan.errors import ConfigError
 from capplan.traffic import ReplayArrival, Workload
 
@@ -81,11 +81,11 @@ def read_trace(workload: Workload, base_dir: Path | None) -> ReplayTrace:
     try:
         names = scan(None).collect_schema().names()
     except pl.exceptions.PolarsError as e:
-        _not_utf8(e, path, file)
-        raise ConfigError(f"cannot read replay file: {_first_line(e)}", file=file) from e
+        raise ConfigError(utf8_problem_behind(e, path)
+                          or f"cannot read replay file: {_first_line(e)}", file=file) from e
     for col in _REQUIRED:
         if col not in names:
-            if any("\ufffd" in name for name in names) and (bad := utf8_problem(path)):
+            if bad := utf8_problem_behind(names, path):
                 raise ConfigError(bad, file=file)
             raise ConfigError(f"column missing; {_COLUMNS_HELP}", file=file, field=col)
     present = [c for c in _OPTIONAL if c in names]
@@ -103,7 +103,8 @@ def read_trace(workload: Workload, base_dir: Path | None) -> ReplayTrace:
     try:
         df = scan(overrides).select(cols).collect()
     except pl.exceptions.PolarsError as e:
-        _not_utf8(e, path, file)
+        if bad := utf8_problem_behind(e, path):
+            raise ConfigError(bad, file=file) from e
         m = re.search(r"column '([^']+)'", str(e))
         raise ConfigError(
             f"not a number: {_first_line(e)}; every value must be numeric",
@@ -177,12 +178,6 @@ def read_trace(workload: Workload, base_dir: Path | None) -> ReplayTrace:
         file,
         order + 1,
     )
-
-
-def _not_utf8(e: Exception, path: Path, file: str) -> None:
-    """Polars says only "invalid utf-8 sequence": say where, as for the traffic file."""
-    if ("utf-8" in str(e).lower() or "\ufffd" in str(e)) and (bad := utf8_problem(path)):
-        raise ConfigError(bad, file=file) from e
 
 
 def _first_line(e: Exception) -> str:

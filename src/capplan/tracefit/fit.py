@@ -18,7 +18,7 @@ from typing import Any
 
 import polars as pl
 
-from capplan._yaml import utf8_problem
+from capplan._yaml import utf8_problem_behind
 from capplan.errors import ConfigError
 from capplan.tracefit.arrivals import Span, fit_arrivals
 from capplan.tracefit.lengths import LengthFit, fit_lengths
@@ -41,7 +41,7 @@ def _collect(lf: pl.LazyFrame, file: str) -> pl.DataFrame:
     try:
         return lf.collect(engine="streaming")
     except pl.exceptions.PolarsError as e:
-        if ("utf-8" in str(e).lower() or "\ufffd" in str(e)) and (bad := utf8_problem(Path(file))):
+        if bad := utf8_problem_behind(e, Path(file)):
             raise ConfigError(bad, file=file) from e
         text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         m = re.search(r"column '([^']+)'", str(e))

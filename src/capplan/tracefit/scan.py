@@ -18,7 +18,7 @@ from typing import Literal
 
 import polars as pl
 
-from capplan._yaml import utf8_problem
+from capplan._yaml import utf8_problem_behind
 from capplan.errors import ConfigError
 from capplan.sim.workload import NO_PREFIX
 
@@ -115,7 +115,7 @@ def _pick(names: list[str], canonical: str, file: str) -> str:
     for candidate in _ALIASES[canonical]:
         if candidate in names:
             return candidate
-    if any("\ufffd" in name for name in names) and (bad := utf8_problem(Path(file))):
+    if bad := utf8_problem_behind(names, Path(file)):
         raise ConfigError(bad, file=file)
     spellings = ", ".join(_ALIASES[canonical])
     raise ConfigError(
