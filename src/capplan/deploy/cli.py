@@ -48,7 +48,7 @@ def plan_pools(plan: Plan, traffic: Path | None) -> list[PoolDeploy]:
     mix_pools = {}
     if traffic is not None:
         from capplan.mix import load_mix
-        from capplan.solve.choose import as_planned
+        from capplan.solve.choose import check_planned
 
         mix = load_mix(traffic)
         mix_pools = {p.name: p for p in mix.pools}
@@ -56,7 +56,7 @@ def plan_pools(plan: Plan, traffic: Path | None) -> list[PoolDeploy]:
             if p.pool not in mix_pools:
                 raise ConfigError(f"pool {p.pool!r} of the plan is not in the mix; give the "
                                   "traffic mix the plan was sized for", file=mix.source)
-            as_planned(mix_pools[p.pool], p, source=mix.source)
+            check_planned(mix_pools[p.pool], p, source=mix.source)
     return [PoolDeploy.from_pool_plan(p, mix_pools.get(p.pool)) for p in plan.pools]
 
 

@@ -66,10 +66,7 @@ def as_planned(pool: Pool, planned: PoolPlan, *, source: str | None = None) -> P
     fixes something else than the plan has (another model, TP, GPU, precision or engine
     setting) is not the mix the plan was sized for: a ConfigError says which (naming the
     mix's file, `source`)."""
-    differs = _contradiction(pool, planned)
-    if differs is not None:
-        raise ConfigError(f"pool {pool.name!r}: {differs}; give the traffic mix the plan was "
-                          "sized for, or size this one", file=source)
+    check_planned(pool, planned, source=source)
     update: dict[str, Any] = {}
     if pool.gpu != planned.gpu:
         update.update(gpu=planned.gpu, price_per_gpu_hour=pool.gpu_prices[planned.gpu])
@@ -80,6 +77,15 @@ def as_planned(pool: Pool, planned: PoolPlan, *, source: str | None = None) -> P
         update["engine"] = EngineConfig.model_validate(
             {**pool.engine.model_dump(mode="json"), **chosen})
     return pool.model_copy(update=update) if update else pool
+
+
+def check_planned(pool: Pool, planned: PoolPlan, *, source: str | None = None) -> None:
+    """A ConfigError naming the mix (`source`) when its pool fixes something else than the
+    plan has: it is not the mix the plan was sized for."""
+    differs = _contradiction(pool, planned)
+    if differs is not None:
+        raise ConfigError(f"pool {pool.name!r}: {differs}; give the traffic mix the plan was "
+                          "sized for, or size this one", file=source)
 
 
 def _contradiction(pool: Pool, planned: PoolPlan) -> str | None:

@@ -19,7 +19,7 @@ from capplan._cli import ProgressBar, check_out, finite_positive, write_out
 from capplan._cli import errors_as_lines as _errors_as_lines
 from capplan._cli import one_line as _one_line
 from capplan.errors import ConfigError, InfeasibleError
-from capplan.traffic import slo_allowed_share
+from capplan.traffic import slo_allowed_share, slo_percentile
 
 if TYPE_CHECKING:
     from capplan.mix import TrafficMix
@@ -117,16 +117,16 @@ def print_plan(plan: Plan, console: Console, elapsed_s: float | None = None) -> 
 def _past(line: SloLine, requests: int) -> str:
     """How much of the share the SLO lets past its limit is used: ' · 0.82 % past (1 %)'.
     A percentile met with more than its share past the limit is a short run's: the p99 of
-    84 requests ranks below the largest (sim/metrics.py `percentile`, numpy's convention), so
+    86 requests ranks below the largest (sim/metrics.py `percentile`, numpy's convention), so
     one request past is 1.2 %; the line says so rather than look self-contradictory."""
     if not line.beyond or line.allowed is None:
         return ""
     text = f" · {_share(line.beyond)} past ({_share(line.allowed)}"
     if line.met and line.beyond > line.allowed:
-        if line.key.split("_")[0] in ("ttft", "e2e"):
+        if line.key.startswith(("ttft_", "e2e_")):  # one observation per request
             k = round(line.beyond * requests)
             text += (f"; {k} of {requests} request{'s' if requests != 1 else ''}: too few for "
-                     f"the {line.key.split('_')[1]} to rank among them")
+                     f"the p{slo_percentile(line.key):g} to rank among them")
         else:
             text += "; to the histogram's resolution"
     return text + ")"
