@@ -1109,14 +1109,20 @@ def main() -> None:
     if what[0] == "speeds":
         speeds(*what[1:2])
         return
+    commands = {"table": table, "sanity": sanity, "graph": graph, "finishes": finishes,
+                "repeats": repeats, "cached": cached, "decode": decode, "firstuse": firstuse,
+                "floor": floor, "drafter": drafter, "stairs": stairs, "graphs": graphs,
+                "idle": idle, "mixlen": mixlen, "specgraphs": specgraphs, "encoder": encoder,
+                "kvstarts": kvstarts, "starts": starts, "pictures": pictures, "probe": probe,
+                "drain": drain, "drainscan": drainscan, "newsizes": newsizes}
+    unknown = [name for name in what if name not in commands]
+    if unknown:
+        sys.exit(f"calibration_analysis.py: no command {unknown[0]!r}; the commands: "
+                 f"{', '.join(commands)}, points PROFILE [ONLY], composition PROFILE, "
+                 "speeds [PROFILE]")
     for name in what:
         print(f"== {name}")
-        {"table": table, "sanity": sanity, "graph": graph, "finishes": finishes,
-         "repeats": repeats, "cached": cached, "decode": decode, "firstuse": firstuse,
-         "floor": floor, "drafter": drafter, "stairs": stairs, "graphs": graphs,
-         "idle": idle, "mixlen": mixlen, "specgraphs": specgraphs, "encoder": encoder,
-         "kvstarts": kvstarts, "starts": starts, "pictures": pictures, "probe": probe,
-         "drain": drain, "drainscan": drainscan, "newsizes": newsizes}[name]()
+        commands[name]()
 
 
 if __name__ == "__main__":

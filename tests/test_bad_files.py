@@ -145,3 +145,49 @@ def test_yes_no_where_a_yes_no_is_due_still_reads() -> None:
     """Fields that are yes/no keep taking them (and the refusal names no such field)."""
     from capplan.pool import EngineConfig
     assert EngineConfig(enable_prefix_caching=False).enable_prefix_caching is False
+
+
+def test_a_negative_seed_is_refused_not_a_traceback(tmp_path: Path) -> None:
+    """numpy's SeedSequence takes no negative seed: `--seed -1` and `seed: -3` ended in its
+    traceback ("expected non-negative integer")."""
+    mix = tmp_path / "mix.yaml"
+    mix.write_text(
+        "schema_version: 1\npools:\n  - {name: p, model: llama-3.1-8b}\nworkloads:\n"
+        "  - {name: chat, pool: p, arrival: {kind: poisson, rate_rps: 1}, input_tokens: "
+        "{kind: constant, value: 9}, output_tokens: {kind: constant, value: 9}, "
+        "slo: {ttft_p95_s: 1}}\nsimulation: {duration_s: 5, seed: -3}\n")
+    line = _one_error_line(["simulate", "--pool", "p", "--replicas", "1", "--traffic", str(mix)])
+    assert line.startswith(f"error: {mix}: simulation.seed: ") and "0" in line
+    for args in (["simulate", "--pool", "chat", "--replicas", "1"], ["size", "--quick"]):
+        res = CliRunner().invoke(main, [*args, "--traffic",
+                                        str(Path(__file__).parents[1] / "examples/chat-only.yaml"),
+                                        "--seed", "-1"])
+        assert res.exit_code == 2 and "'--seed': -1 is not in the range x>=0" in res.output
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_an_empty_file_says_it_is_empty(tmp_path: Path, suffix: str) -> None:
+    """An empty YAML file read as null ("expected a mapping at the top level"), an empty JSON
+    file as a decoding error at line 1, column 1; both say what is wrong: nothing is in it."""
+    path = tmp_path / f"mix{suffix}"
+    path.write_text("\n  \n")
+    line = _one_error_line(["size", "--quick", "--traffic", str(path)])
+    assert line == f"error: {path}: the file is empty; check the path, and that the file was saved"
+
+
+@pytest.mark.parametrize(("slo", "says"), [
+    ("{ttft_p0_s: 1}", "SLO key 'ttft_p0_s': the percentile must lie between 0 and 100"),
+    ("{ttft_p99_s: yes}", "SLO ttft_p99_s must be a positive number of seconds"),
+    ("[ttft_p99_s]", "write SLOs as a mapping of key to seconds"),
+])
+def test_slo_mistakes_name_the_key_not_the_model(tmp_path: Path, slo: str, says: str) -> None:
+    """p0 named pydantic's path (`slo.targets.0.percentile: Input should be greater than 0`),
+    a list its class (`instance of Slo`), and `yes` was taken as a one-second limit."""
+    mix = tmp_path / "mix.yaml"
+    mix.write_text(
+        "schema_version: 1\npools:\n  - {name: p, model: llama-3.1-8b}\nworkloads:\n"
+        "  - {name: chat, pool: p, arrival: {kind: poisson, rate_rps: 1}, input_tokens: "
+        "{kind: constant, value: 9}, output_tokens: {kind: constant, value: 9}, "
+        f"slo: {slo}}}\n")
+    line = _one_error_line(["size", "--quick", "--traffic", str(mix)])
+    assert line.startswith(f"error: {mix}: workloads.0.slo: {says}"), line

@@ -129,6 +129,27 @@ def test_refit_from_raw_reproduces_shipped(tmp_path: Path) -> None:
     assert new["fit"] == old["fit"]
 
 
+def test_refit_refuses_another_gpus_runs_and_an_empty_folder(tmp_path: Path) -> None:
+    """The H100's raw runs refitted without `--gpu h100` are refused before anything is
+    written (they went over the H200's profiles), and so is a folder with no run to fit (it
+    printed nothing and exited 0)."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for f in (RAW / "h100").glob("qwen3-32b--awq.*"):
+        shutil.copy(f, raw)
+    out = tmp_path / "cal"
+    code, text = _run("--from-raw", str(raw), "--out", str(out))
+    assert code == 4 and not out.exists(), text
+    assert "NVIDIA H100 80GB HBM3, not an H200; pass --gpu h100" in text
+    assert len(text.strip().splitlines()) == 1
+    code, text = _run("--from-raw", str(raw), "--out", str(out), "--gpu", "h100")
+    assert code == 0 and (out / "h100/vllm-0.26.0/qwen3-32b/awq/profile.json").exists(), text
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, text = _run("--from-raw", str(empty), "--out", str(out))
+    assert code == 4 and "no measured run to fit" in text
+
+
 def test_runner_is_plain_python() -> None:
     """The GPU driver imports only vllm, numpy and the standard library."""
     text = (Path(ccli.__file__).with_name("runner.py")).read_text()

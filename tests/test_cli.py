@@ -475,3 +475,15 @@ def test_simulate_refuses_an_endless_load_and_a_bad_requests_out(tmp_path: Path)
     good = write_mix(tmp_path, name="good.yaml")
     assert_one_line_error(sim(good, "--requests-out", str(tmp_path / "nodir" / "r.csv")),
                           ConfigError.exit_code, "--requests-out", "does not exist")
+
+
+def test_a_workload_with_no_request_in_the_window_is_bad_input(tmp_path: Path) -> None:
+    """A rate too low for the run's window gave `simulate` a row of "unfinished" percentiles
+    and `size` an infeasible pool, blamed on a prefill far inside the limit; now both say no
+    request arrived in the window and what to raise."""
+    path = _mutated(tmp_path, lambda m: m["workloads"][0]["arrival"].update(rate_rps=1e-4))
+    for res in (sim(path), run("size", "--traffic", str(path), "--quick")):
+        line = assert_one_line_error(res, ConfigError.exit_code, "workloads.0.arrival",
+                                     "no request of workload chat arrived in the measured window",
+                                     "requests/s expects", "simulation.duration_s")
+        assert "infeasible" not in line and "unfinished" not in line

@@ -236,6 +236,29 @@ def test_cli_plan_with_an_unknown_model_is_refused(
     assert not out.exists()
 
 
+def test_cli_refuses_a_mix_the_plan_was_not_sized_for(
+    small: tuple[Path, Path, Plan, str], tmp_path: Path
+) -> None:
+    """`--traffic` of another mix is refused as `deploy` refuses it: the report dropped the
+    plan's pools the mix lacked and wrote a page without figures. Without any mix, the page
+    holds tables only, and the command says so and why."""
+    other = Path(__file__).parents[1] / "examples/chat-only.yaml"
+    out = tmp_path / "r.html"
+    res = CliRunner().invoke(report, [str(small[1]), "--traffic", str(other), "--out", str(out),
+                                      "--quick"])
+    assert res.exit_code == 2, res.output
+    assert res.output.strip() == (f"error: {other}: pool 'frontdoor' of the plan is not in the "
+                                  "mix; give the traffic mix the plan was sized for")
+    assert not out.exists()
+    plan = small[2].model_copy(update={"source": str(tmp_path / "gone.yaml")})
+    lone = tmp_path / "plan.json"
+    lone.write_text(plan.to_json())
+    res = CliRunner().invoke(report, [str(lone), "--out", str(out), "--quick"])
+    assert res.exit_code == 0 and out.exists(), res.output
+    assert f"the plan's traffic mix {tmp_path / 'gone.yaml'} is not here" in res.stderr
+    assert "tables only; give --traffic" in res.stderr
+
+
 def test_cli_out_must_be_html(small: tuple[Path, Path, Plan, str], tmp_path: Path) -> None:
     """`--out r.json` would hold HTML: refused before any simulation, nothing written."""
     out = tmp_path / "r.json"

@@ -160,6 +160,21 @@ def test_iso_timestamps_and_workload_column(tmp_path: Path) -> None:
     assert {w.pool for w in mix.workloads} == {"p"}
 
 
+@pytest.mark.parametrize(("per_s", "unit"), [(1e3, "ms"), (1e6, "us"), (1e9, "ns")])
+def test_epoch_timestamps_finer_than_seconds_are_told_by_their_size(
+    tmp_path: Path, per_s: float, unit: str
+) -> None:
+    """`Date.now()` milliseconds (or `time.time_ns()`) read as seconds gave a rate 1000 times
+    too low; an epoch number past 1e11 cannot be seconds, and is read in its unit."""
+    rng = np.random.default_rng(7)
+    t = 1.7e9 + np.cumsum(rng.exponential(1 / 5.0, 1500))
+    path = _write(tmp_path / "epoch.csv", np.round(t * per_s).astype(np.int64),
+                  rng.integers(10, 500, len(t)), rng.integers(1, 50, len(t)))
+    mix = fit_trace(path, pool="p")
+    assert mix.workloads[0].arrival.rate_rps == pytest.approx(5, rel=0.1)  # type: ignore[union-attr]
+    assert f"timestamps read as epoch {unit}" in to_yaml(fit_trace_report(path, pool="p"))
+
+
 def test_empirical_when_lognormal_fits_badly() -> None:
     """A bimodal length histogram is kept as an empirical histogram (KS above the threshold),
     preserving the mean; a lognormal one stays lognormal."""
@@ -377,6 +392,18 @@ def test_prefix_group_errors(tmp_path: Path, columns: dict[str, list[int]], fiel
     assert err.value.field == field and err.value.file == str(path)
     res = CliRunner().invoke(traffic, ["from-trace", str(path)])
     assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1
+
+
+def test_a_workload_left_out_is_said_on_stderr(tmp_path: Path) -> None:
+    """A workload with one arrival cannot be fitted and is left out; with --out the user saw
+    it only in a comment inside the written file."""
+    rng = np.random.default_rng(3)
+    t = np.cumsum(rng.exponential(0.2, 200))
+    path = _write(tmp_path / "two.csv", np.append(t, 5.0), np.full(201, 300), np.full(201, 20),
+                  workload=["a"] * 200 + ["b"])
+    res = CliRunner().invoke(traffic, ["from-trace", str(path), "--out", str(tmp_path / "o.yaml")])
+    assert res.exit_code == 0, res.output
+    assert "note: left out workload(s) b: fewer than two distinct arrival times" in res.stderr
 
 
 # -- public formats --------------------------------------------------------------------------

@@ -284,7 +284,8 @@ def test_replay_without_prefix_columns_uses_the_prefix_spec(tmp_path: Path) -> N
     ("rows", "field", "fix"),
     [
         ([{"arrival_s": 0, "input_tokens": 5}], "output_tokens", "needs columns"),
-        ([{"arrival_s": -1, "input_tokens": 5, "output_tokens": 1}], "arrival_s", ">= 0"),
+        ([{"arrival_s": -1, "input_tokens": 5, "output_tokens": 1}], "arrival_s",
+         "row 1 has -1; values must be a number >= 0"),  # not np.float64(-1.0)
         ([{"arrival_s": 0, "input_tokens": 5, "output_tokens": 0}], "output_tokens", ">= 1"),
         ([{"arrival_s": 0, "input_tokens": 5.5, "output_tokens": 2}], "input_tokens", "integer"),
         ([{"arrival_s": 0, "input_tokens": "x", "output_tokens": 2}], "input_tokens", "numeric"),

@@ -122,6 +122,9 @@ def read_mapping(path: Path) -> dict[str, Any]:
         text = read_utf8(path)
     except OSError as e:
         raise ConfigError(f"cannot read file ({e.strerror}); check the path", file=str(path)) from e
+    if not text.strip("\ufeff \t\r\n"):
+        raise ConfigError("the file is empty; check the path, and that the file was saved",
+                          file=str(path))
     try:
         if path.suffix == ".json":
             data = json.loads(text, object_pairs_hook=_unique_pairs)

@@ -218,7 +218,8 @@ def _check_arrivals(mix: Any, pool: str, duration_s: float) -> None:
               help="vLLM replicas in the pool")
 @click.option("--duration-s", type=float, default=None, callback=finite_positive,
               help="simulated seconds of arrivals (default: the mix's simulation.duration_s)")
-@click.option("--seed", type=int, default=None, help="random seed (default: the mix's)")
+@click.option("--seed", type=click.IntRange(min=0), default=None,
+              help="random seed (default: the mix's)")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True)
 @click.option("--requests-out", type=click.Path(path_type=Path), default=None,
@@ -234,6 +235,7 @@ def simulate(
 ) -> None:
     """Simulate REPLICAS vLLM replicas of one pool serving its workloads."""
     from capplan.mix import load_mix
+    from capplan.sim.results import check_window_has_requests
     from capplan.sim.run import simulate as run_simulation
 
     check_out(requests_out, "--requests-out", REQUESTS_SUFFIXES)
@@ -241,6 +243,7 @@ def simulate(
     mix.fixed_pool(pool)
     _check_arrivals(mix, pool, duration_s or mix.simulation.duration_s)
     res = run_simulation(mix, pool, replicas, duration_s=duration_s, seed=seed)
+    check_window_has_requests(res, mix)
     if requests_out is not None:
         _write_requests(res, requests_out)
     if fmt == "json":

@@ -43,7 +43,7 @@ class SimulationSettings(InputModel):
     duration_s: float = Field(default=300.0, gt=0)
     warmup_s: float | None = Field(default=None, ge=0, description="default: 10 % of duration")
     drain_s: float = Field(default=120.0, gt=0)
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
     client_latency_s: float = Field(
         default=CLIENT_LATENCY_S, ge=0, le=1,
         description="one-way latency between client and engine core, each way (1 ms: "

@@ -129,7 +129,7 @@ def read_trace(workload: Workload, base_dir: Path | None) -> ReplayTrace:
             row = int(np.argmax(bad))
             kind = "an integer" if integer else "a number"
             raise ConfigError(
-                f"row {row + 1} has {x[row]!r}; values must be {kind} >= {minimum:g}",
+                f"row {row + 1} has {float(x[row]):g}; values must be {kind} >= {minimum:g}",
                 file=file,
                 field=name,
             )

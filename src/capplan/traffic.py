@@ -145,10 +145,15 @@ class Slo(InputModel):
     @model_validator(mode="before")
     @classmethod
     def _parse(cls, data: Any) -> Any:
+        if isinstance(data, list | tuple):
+            raise ValueError("write SLOs as a mapping of key to seconds, such as "
+                             "{ttft_p99_s: 0.5, itl_p99_s: 0.05}, not a list")
         if isinstance(data, dict) and "targets" not in data:
             targets = []
             for key, value in data.items():
                 m = _SLO_KEY.match(str(key))
+                if m is not None and float(m[2]) == 0:
+                    m = None  # p0: of the right shape, outside (0, 100)
                 if m is None and _SLO_SHAPE.match(str(key)):
                     raise ValueError(
                         f"SLO key {key!r}: the percentile must lie between 0 and 100 "
@@ -159,7 +164,7 @@ class Slo(InputModel):
                         f"unknown SLO key {key!r}; write <ttft|itl|tpot|e2e>_p<percentile>_s, "
                         "e.g. ttft_p99_s"
                     )
-                if not isinstance(value, int | float) or value <= 0:
+                if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                     raise ValueError(f"SLO {key} must be a positive number of seconds")
                 targets.append(
                     {"metric": m[1], "percentile": float(m[2]), "limit_s": float(value)}

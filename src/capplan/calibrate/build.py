@@ -662,6 +662,23 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     return profile, prov, df
 
 
+def _check_gpu(raw: Path, order: list[Group], gpu: str) -> None:
+    """Refuse runs measured on another GPU than the one whose profiles they would replace: the
+    H100's raw folder refitted without `--gpu h100` wrote H100 coefficients over the H200's
+    profiles. The runner records the device's name (`versions.gpu_name`, "NVIDIA H100 80GB
+    HBM3"); a run without it is taken as it is."""
+    names = {str(name) for g in order for meta in g.metas
+             if (name := (meta.get("versions") or {}).get("gpu_name"))}
+    other = sorted(n for n in names if gpu.lower() not in n.lower().replace(" ", ""))
+    if other:
+        keys = sorted({k for n in other for k in GPUS if k in n.lower().replace(" ", "")})
+        hint = f"--gpu {keys[0]}" if len(keys) == 1 else "--gpu with the GPU they ran on"
+        raise CalibrationError(
+            f"{raw}: runs measured on {', '.join(other)}, not an {gpu.upper()}; pass {hint}, "
+            f"so that their profiles go under calibration/{keys[0] if len(keys) == 1 else '<gpu>'}"
+            f"/ and not over the {gpu.upper()}'s")
+
+
 def build_all(raw: Path, out_root: Path, *, gpu: str = "h200", git_commit: str = "",
               seed: int = 0,
               on_profile: Callable[[str, int, int], None] | None = None) -> list[Path]:
@@ -671,6 +688,12 @@ def build_all(raw: Path, out_root: Path, *, gpu: str = "h200", git_commit: str =
     order = sorted(gs.values(), key=lambda g: (g.parts["m"] is not None, g.parts["kv"] is not None,
                                                g.parts["prec"] != "bf16", g.model, g.key))
     order = [g for g in order if g.main is not None]
+    if not order:
+        raise CalibrationError(
+            f"{raw}: no measured run to fit (a run is NAME.meta.json beside NAME.jsonl or "
+            "NAME.jsonl.xz, as the runner writes them); give the folder `capplan calibrate "
+            "--raw` wrote, such as calibration/_raw or calibration/_raw/h100")
+    _check_gpu(raw, order, gpu)
     done: dict[tuple[str, str], Profile] = {}
     written = []
     by_model: defaultdict[str, int] = defaultdict(int)

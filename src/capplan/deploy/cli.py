@@ -48,15 +48,11 @@ def plan_pools(plan: Plan, traffic: Path | None) -> list[PoolDeploy]:
     mix_pools = {}
     if traffic is not None:
         from capplan.mix import load_mix
-        from capplan.solve.choose import check_planned
+        from capplan.solve.choose import check_plan_mix
 
         mix = load_mix(traffic)
+        check_plan_mix(plan, mix)
         mix_pools = {p.name: p for p in mix.pools}
-        for p in plan.pools:
-            if p.pool not in mix_pools:
-                raise ConfigError(f"pool {p.pool!r} of the plan is not in the mix; give the "
-                                  "traffic mix the plan was sized for", file=mix.source)
-            check_planned(mix_pools[p.pool], p, source=mix.source)
     return [PoolDeploy.from_pool_plan(p, mix_pools.get(p.pool)) for p in plan.pools]
 
 

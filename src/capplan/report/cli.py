@@ -36,6 +36,7 @@ def _build(plan_path: Path, traffic: Path | None, out: Path, quick: bool,
            sweep: Path | None, workers: int | None) -> tuple[int, float]:
     from capplan.deploy.cli import load_plan
     from capplan.mix import load_mix
+    from capplan.solve.choose import check_plan_mix
 
     t0 = time.perf_counter()
     check_out(out, "--out", REPORT_SUFFIXES)  # before minutes of simulation, not after
@@ -43,6 +44,12 @@ def _build(plan_path: Path, traffic: Path | None, out: Path, quick: bool,
     if traffic is None and Path(plan.source).is_file():
         traffic = Path(plan.source)
     mix = load_mix(traffic) if traffic is not None else None
+    if mix is None:
+        click.echo(f"note: the plan's traffic mix {plan.source} is not here (paths are "
+                   "relative to where `capplan size` ran), so the page holds the plan's tables "
+                   "only; give --traffic for its latency and load figures", err=True)
+    else:
+        check_plan_mix(plan, mix)
     if mix is not None and plan.guard != "none":
         from capplan.solve.guard import guarded
 

@@ -13,6 +13,8 @@ from capplan.traffic import Workload, slo_allowed_share
 if TYPE_CHECKING:
     import polars as pl
 
+    from capplan.mix import TrafficMix
+
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
@@ -164,6 +166,34 @@ class SimResult(BaseModel):
             d["slo_met"] = w.slo_met
             rows.append(d)
         return pl.DataFrame(rows)
+
+
+def check_window_has_requests(res: SimResult, mix: TrafficMix, rate_scale: float = 1.0) -> None:
+    """Refuse a run in which a workload had no request in the measured window: its percentiles
+    are of nothing, and they read as requests never finished (`simulate` printed "unfinished"
+    and `size` gave the pool up as infeasible, for a cause unrelated to it). Arrivals do not
+    depend on the replica count, so no pool size changes this; a run stopped early (sizing's
+    `stop_when_missed`) may not have reached the window's arrivals, and is not judged."""
+    from capplan.errors import ConfigError
+    from capplan.sim.workload import offered_rate_rps
+
+    if res.stopped_at_s is not None:
+        return
+    start, end = res.pool.warmup_s, res.pool.duration_s
+    for w in res.workloads:
+        if w.requests:
+            continue
+        i, spec = next((i, x) for i, x in enumerate(mix.workloads) if x.name == w.name)
+        rate = offered_rate_rps(spec, base_dir=mix.base_dir)
+        expects = ""
+        if rate is not None:
+            rate *= rate_scale
+            expects = f" ({rate:g} requests/s expects {rate * (end - start):.2g})"
+        raise ConfigError(
+            f"no request of workload {w.name} arrived in the measured window [{start:g}, {end:g}) "
+            f"s{expects}, so it has no latency to judge; raise the rate, or the run's duration "
+            "(simulation.duration_s, --duration-s), or for a replayed trace check that its "
+            "arrival_s are seconds", file=mix.source, field=f"workloads.{i}.arrival")
 
 
 def summarise(

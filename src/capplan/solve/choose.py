@@ -32,7 +32,7 @@ from capplan.pool import EngineConfig, Pool, SpeculativeConfig
 from capplan.profiles import measured_speculative
 from capplan.sim.results import SimResult
 from capplan.sim.run import PoolSetup, setup_pool
-from capplan.solve.plan import HOURS_PER_MONTH, Candidate, PoolPlan, setting_text
+from capplan.solve.plan import HOURS_PER_MONTH, Candidate, Plan, PoolPlan, setting_text
 from capplan.solve.search import PoolSizing, SearchSettings, Sizer
 
 AUTO_PRECISIONS = (Precision.BF16, Precision.FP8, Precision.NVFP4, Precision.AWQ)
@@ -77,6 +77,19 @@ def as_planned(pool: Pool, planned: PoolPlan, *, source: str | None = None) -> P
         update["engine"] = EngineConfig.model_validate(
             {**pool.engine.model_dump(mode="json"), **chosen})
     return pool.model_copy(update=update) if update else pool
+
+
+def check_plan_mix(plan: Plan, mix: TrafficMix) -> None:
+    """A ConfigError naming the mix's file unless it is a mix the plan was sized for: it has
+    every pool of the plan, each fixing nothing the plan has otherwise (`check_planned`).
+    `report` and `deploy` read a plan with such a mix; a pool it lacked was dropped, so that
+    `report --traffic` of another mix wrote a page without figures."""
+    pools = {p.name: p for p in mix.pools}
+    for pp in plan.pools:
+        if pp.pool not in pools:
+            raise ConfigError(f"pool {pp.pool!r} of the plan is not in the mix; give the "
+                              "traffic mix the plan was sized for", file=mix.source)
+        check_planned(pools[pp.pool], pp, source=mix.source)
 
 
 def check_planned(pool: Pool, planned: PoolPlan, *, source: str | None = None) -> None:

@@ -237,7 +237,8 @@ def _write_plan(plan: Plan, out: Path) -> None:
 
 _traffic = click.option("--traffic", required=True, type=click.Path(path_type=Path),
                         help="traffic mix YAML")
-_seed = click.option("--seed", type=int, default=None, help="base seed (default: the mix's)")
+_seed = click.option("--seed", type=click.IntRange(min=0), default=None,
+                     help="base seed (default: the mix's)")
 _spare = click.option("--spare", type=click.IntRange(min=0), default=0, show_default=True,
                       help="N+k: extra replicas per pool for failures")
 _workers = click.option("--workers", type=click.IntRange(min=1), default=None,

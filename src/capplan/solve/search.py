@@ -21,7 +21,7 @@ from typing import Any
 
 from capplan.errors import InfeasibleError
 from capplan.mix import TrafficMix
-from capplan.sim.results import SimResult, SloCheck
+from capplan.sim.results import SimResult, SloCheck, check_window_has_requests
 from capplan.sim.run import PoolSetup, setup_pool, simulate_timed
 from capplan.solve import jobs
 from capplan.solve.bounds import (
@@ -246,6 +246,7 @@ class Sizer:
                 t0 = time.perf_counter()
                 self._record(key, simulate_timed(*self._args(key), **self._kwargs(
                     key, verdict_only)), time.perf_counter() - t0)
+        check_window_has_requests(self._cache[key], self.mix, self.settings.rate_scale)
         return self._cache[key]
 
     def _args(self, key: _Key) -> tuple[TrafficMix, str, int]:

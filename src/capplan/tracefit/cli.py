@@ -135,5 +135,8 @@ def from_trace(
             "-" if w.hit_rate is None else f"{w.hit_rate:.1%}",
         )
     console.print(table)
+    for note in fit.notes:  # a workload left out, requests dropped: not in the file's header only
+        if note.startswith(("left out", "dropped")):
+            console.print(f"note: {note}")
     if out is not None:
         console.print(f"wrote {out}; how each field was fitted is in its header comment")

@@ -90,7 +90,7 @@ def emit(suite_file: Path, out: Path, engines: tuple[str, ...], models: Path, mi
             click.echo(f"{name}: every run already stored; no job")
             continue
         _write_json(out / f"{name}.json", job)
-        click.echo(f"{out / (name + '.json')}: {n} experiment runs")
+        click.echo(f"{out / (name + '.json')}: {n} experiment run{'s' * (n != 1)}")
         if not (queued_dir / f"{name}.json").exists():
             click.echo(f"{name}: no prediction recorded before its run; record one now: "
                        f"capplan validate predict {suite_file} --engine {name} --record "
@@ -348,9 +348,10 @@ def predict(suite_file: Path, engines: tuple[str, ...], fmt: str, record: Path |
             {"engine": e, "run": r, "workload": w, "requests": int(m["requests"]),
              **{k: m[k] for k in PREDICTED}} for e, r, w, m in rows]).write_csv(), nl=False)
         return
-    table = Table(title=f"predicted for {suite_file} (times in ms, throughput in tokens/s)",
-                  title_justify="left")
-    for col in ("engine", "run", "workload", "n", *PREDICTED):
+    table = Table(title=f"predicted for {suite_file} (times in ms, or in s where marked; "
+                  "throughput in output tokens/s)", title_justify="left")
+    for col in ("engine", "run", "workload", "n", "out tok/s", "TTFT p50", "TTFT p99", "ITL p50",
+                "ITL p99", "E2E p99"):
         table.add_column(col)
     for e, r, w, m in rows:
         table.add_row(e, r, w, str(int(m["requests"])), *(_fmt(k, m[k]) for k in PREDICTED))
