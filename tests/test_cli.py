@@ -487,3 +487,11 @@ def test_a_workload_with_no_request_in_the_window_is_bad_input(tmp_path: Path) -
                                      "no request of workload chat arrived in the measured window",
                                      "requests/s expects", "simulation.duration_s")
         assert "infeasible" not in line and "unfinished" not in line
+
+
+def test_simulate_without_slos_does_not_call_them_met(tmp_path: Path) -> None:
+    """A mix whose workloads set no SLO printed `(no SLO)` on every row, then "all SLOs met"."""
+    path = _mutated(tmp_path, lambda m: [w.pop("slo", None) for w in m["workloads"]])
+    res = sim(path)
+    assert res.exit_code == 0, res.output
+    assert "all SLOs met" not in res.output and "no SLOs to check" in res.output

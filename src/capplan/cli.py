@@ -177,6 +177,8 @@ def _print_table(res: Any, console: Console) -> None:
     else:
         console.print("extrapolated steps: 0")
     verdict = "[green]all SLOs met[/]" if res.slo_met else "[red]SLOs missed[/]"
+    if not any(w.slo for w in res.workloads):
+        verdict = "no SLOs to check (the mix's workloads set none)"
     console.print(verdict)
 
 
