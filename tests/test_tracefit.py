@@ -515,7 +515,8 @@ def test_sparse_and_regular_traces(tmp_path: Path) -> None:
     (["--slo", "ttft=0.5"], "--slo: ttft=0.5: unknown SLO key 'ttft'; write "),
     (["--slo", "ttft_p100_s=0.5"], "--slo: ttft_p100_s=0.5: "),
     (["--slo", "ttft_p99_s=-1"], "--slo: ttft_p99_s=-1.0: SLO ttft_p99_s must be a positive"),
-    (["--slo", "ttft_p0_s=1"], "--slo: ttft_p0_s=1.0: percentile must be above 0"),
+    (["--slo", "ttft_p0_s=1"], "--slo: ttft_p0_s=1.0: SLO key 'ttft_p0_s': the percentile "
+                               "must lie between 0 and 100"),
     (["--slo", "ttft_p99_s=nan"], "--slo: expected KEY=SECONDS"),
     (["--pool", "bad pool!"], "--pool: 'bad pool!' is not a pool name"),
     (["--model", "llama-9b"], "--model: "),

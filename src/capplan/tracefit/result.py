@@ -72,8 +72,7 @@ def check_options(pool: str, model: str, slo: SloLike) -> tuple[ModelSpec, Slo]:
         try:
             Slo.model_validate({key: value})
         except ValidationError as e:
-            field, msg = validation_message(e)
-            why = "percentile must be above 0" if field.endswith("percentile") else msg
+            _, why = validation_message(e)
             raise ConfigError(f"{key}={value}: {why.split('; write')[0]}; write {SLO_FORM}",
                               field="--slo") from e
     return spec, Slo.model_validate(items)
