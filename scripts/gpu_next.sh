@@ -4,11 +4,11 @@
 # validation/_jobs as `capplan validate emit validation/h{200,100}-next.yaml --out
 # validation/_jobs` wrote it. Sent again on the same host, it resumes (gpu_session.sh).
 #
-# Queued (the thirty-sixth and thirty-seventh sessions had no lease that held; the
-# thirty-eighth's was an H100, which ran that GPU's queue of then):
-#   H200: the near-saturation Poisson rows of Llama-3.1-8B BF16 on another lease
-#         (validation/h200-next.yaml), then Llama-3.1-8B FP8 measured a third time
-#         (calibration/_plans/queue-s36.txt);
+# Queued by the thirty-eighth session (whose H100 and H200 leases ran both GPUs' queues of
+# then):
+#   H200: the near-saturation Poisson rows of Llama-3.1-8B BF16 on one more lease
+#         (validation/h200-next.yaml), then Llama-3.1-8B FP8 measured a fourth time
+#         (calibration/_plans/queue-s38.txt);
 #   H100: the first serving rows of its Qwen3-32B AWQ profile (validation/h100-next.yaml),
 #         then that profile's prefix-cache and graph-scan engines
 #         (calibration/_plans/h100/queue-s38.txt).
@@ -16,8 +16,8 @@ set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
 if nvidia-smi -L | grep -q H200; then
-  LANE0_FIRST=validate QUEUE0=calibration/_plans/queue-s36.txt \
-    LANE0=/tmp/keep/llama-3.1-8b-bf16-lease.json bash scripts/gpu_session.sh "$deadline"
+  LANE0_FIRST=validate QUEUE0=calibration/_plans/queue-s38.txt \
+    LANE0=/tmp/keep/llama-3.1-8b-bf16-lease2.json bash scripts/gpu_session.sh "$deadline"
 else
   LANE0_FIRST=validate QUEUE0=calibration/_plans/h100/queue-s38.txt \
     LANE0=/tmp/keep/qwen3-32b-awq-h100.json bash scripts/gpu_session.sh "$deadline"
