@@ -4,14 +4,13 @@
 # validation/_jobs as `capplan validate emit validation/h{200,100}-next.yaml --out
 # validation/_jobs` wrote it. Sent again on the same host, it resumes (gpu_session.sh).
 #
-# Queued by the thirty-eighth session (whose H100 and H200 leases ran both GPUs' queues of
-# then):
+# Queued by the thirty-eighth session (whose leases, two H100s and an H200, ran both GPUs'
+# queues of then):
 #   H200: the near-saturation Poisson rows of Llama-3.1-8B BF16 on one more lease
 #         (validation/h200-next.yaml), then Llama-3.1-8B FP8 measured a fourth time
 #         (calibration/_plans/queue-s38.txt);
-#   H100: the first serving rows of its Qwen3-32B AWQ profile (validation/h100-next.yaml),
-#         then that profile's prefix-cache and graph-scan engines
-#         (calibration/_plans/h100/queue-s38.txt).
+#   H100: its Qwen3-32B AWQ profile's shared-prefix rows (validation/h100-next.yaml), then
+#         that profile's graph scan (calibration/_plans/h100/queue-s38.txt).
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -20,5 +19,5 @@ if nvidia-smi -L | grep -q H200; then
     LANE0=/tmp/keep/llama-3.1-8b-bf16-lease2.json bash scripts/gpu_session.sh "$deadline"
 else
   LANE0_FIRST=validate QUEUE0=calibration/_plans/h100/queue-s38.txt \
-    LANE0=/tmp/keep/qwen3-32b-awq-h100.json bash scripts/gpu_session.sh "$deadline"
+    LANE0=/tmp/keep/qwen3-32b-awq-h100-b.json bash scripts/gpu_session.sh "$deadline"
 fi

@@ -7,7 +7,11 @@ MiB of tree the pieces were 13 MiB, 6 calls for the bundle; at 50 MiB, 10 MiB an
 of device time, and the host is given back 30 s after a call); at 63 MiB there would be none
 at all (the eighteenth session's tree reached 62.8 MB before the stored chunk times were
 packed). Raised from 48 MiB by the thirty-third session, whose H100 rows and drain scans took
-the tree past it, and from 52 by the thirty-fifth, whose H200 drain scans and rows did."""
+the tree past it, and from 52 by the thirty-fifth, whose H200 drain scans and rows did; from 56
+to 60 by the thirty-eighth, whose three leases' rows did. Since the thirty-seventh session a
+GPU call carries a slim tree instead (scripts/gpu_slim.sh holds the stored measurements back:
+about 4 MB travels, and the bundle goes in two calls), so this limit now bounds only the
+older scripts/gpu_pieces.sh flow, at 60 MiB 2 MiB pieces."""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LIMIT = 56 * 2**20
+LIMIT = 60 * 2**20
 
 
 def test_the_tracked_tree_leaves_room_for_the_gpu_bundle() -> None:
