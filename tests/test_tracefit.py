@@ -396,7 +396,7 @@ def test_prefix_group_errors(tmp_path: Path, columns: dict[str, list[int]], fiel
 
 def test_a_workload_left_out_is_said_on_stderr(tmp_path: Path) -> None:
     """A workload with one arrival cannot be fitted and is left out; with --out the user saw
-    it only in a comment inside the written file."""
+    it only in a comment inside the written file. (Every general note goes to stderr.)"""
     rng = np.random.default_rng(3)
     t = np.cumsum(rng.exponential(0.2, 200))
     path = _write(tmp_path / "two.csv", np.append(t, 5.0), np.full(201, 300), np.full(201, 20),

@@ -671,12 +671,12 @@ def _check_gpu(raw: Path, order: list[Group], gpu: str) -> None:
              if (name := (meta.get("versions") or {}).get("gpu_name"))}
     other = sorted(n for n in names if gpu.lower() not in n.lower().replace(" ", ""))
     if other:
-        keys = sorted({k for n in other for k in GPUS if k in n.lower().replace(" ", "")})
-        hint = f"--gpu {keys[0]}" if len(keys) == 1 else "--gpu with the GPU they ran on"
+        keys = {k for n in other for k in GPUS if k in n.lower().replace(" ", "")}
+        theirs = keys.pop() if len(keys) == 1 else "<gpu>"
         raise CalibrationError(
-            f"{raw}: runs measured on {', '.join(other)}, not an {gpu.upper()}; pass {hint}, "
-            f"so that their profiles go under calibration/{keys[0] if len(keys) == 1 else '<gpu>'}"
-            f"/ and not over the {gpu.upper()}'s")
+            f"{raw}: runs measured on {', '.join(other)}, not an {gpu.upper()}; pass --gpu "
+            f"{theirs}, so that their profiles go under calibration/{theirs}/ and not over the "
+            f"{gpu.upper()}'s")
 
 
 def build_all(raw: Path, out_root: Path, *, gpu: str = "h200", git_commit: str = "",

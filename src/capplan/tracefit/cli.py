@@ -136,7 +136,6 @@ def from_trace(
         )
     console.print(table)
     for note in fit.notes:  # a workload left out, requests dropped: not in the file's header only
-        if note.startswith(("left out", "dropped")):
-            console.print(f"note: {note}")
+        console.print(f"note: {note}")
     if out is not None:
         console.print(f"wrote {out}; how each field was fitted is in its header comment")
