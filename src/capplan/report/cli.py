@@ -50,10 +50,10 @@ def _build(plan_path: Path, traffic: Path | None, out: Path, quick: bool,
                    "only; give --traffic for its latency and load figures", err=True)
     else:
         check_plan_mix(plan, mix)
-    if mix is not None and plan.guard != "none":
-        from capplan.solve.guard import guarded
+        if plan.guard != "none":
+            from capplan.solve.guard import guarded
 
-        mix, _ = guarded(mix, plan.guard)  # the limits the plan was sized against
+            mix, _ = guarded(mix, plan.guard)  # the limits the plan was sized against
     size = write_report(plan, mix, out, quick=quick,
                         sweep=_read_sweep(sweep) if sweep is not None else None, workers=workers)
     return size, time.perf_counter() - t0
