@@ -171,6 +171,17 @@ def test_emit_queue_for_the_gpu_script(tmp_path: Path, monkeypatch: pytest.Monke
     assert "--plan _plans/qwen3-32b--awq.json" in args and "--out" not in args
     cfg = json.loads((tmp_path / "_engines/qwen3-32b-awq/config.json").read_text())
     assert cfg["quantization_config"]["quant_method"] == "awq"
+    # another GPU's plans go to their own folder: the H200's stored plan is left as it was
+    before = (tmp_path / "_plans/qwen3-32b--awq.json").read_text()
+    code, out = _run("--model", "qwen3-32b", "--precision", "awq", "--gpu", "h100",
+                     "--graph-scan", "--gpu-memory-utilization", "0.90", "--out", str(tmp_path),
+                     "--emit-queue", str(tmp_path / "q100.txt"), "--budget-s", "30")
+    assert code == 0, out
+    assert (tmp_path / "_plans/qwen3-32b--awq.json").read_text() == before
+    assert not (tmp_path / "_plans/qwen3-32b--awq--graphs.json").exists()
+    lines = (tmp_path / "q100.txt").read_text().splitlines()
+    assert all("--plan _plans/h100/qwen3-32b--awq" in ln for ln in lines), lines
+    assert (tmp_path / "_plans/h100/qwen3-32b--awq--graphs.json").is_file()
 
 
 def test_queue_allows_a_start_as_long_as_the_longest_measured(

@@ -215,7 +215,7 @@ def queue_line(job: Job, out: Path, budget_s: float, gpu: str = store.RAW_HOME_G
     plan = None
     if not job.kv_only:
         plan = os.path.relpath(write_plan(_plan(job, budget_s),
-                                          out / "_plans" / f"{job.name}.json"))
+                                          store.plans_dir(out, gpu) / f"{job.name}.json"))
     model_dir = os.path.relpath(job.model_dir(out / "_engines"))
     args = job.runner_args(model_dir, plan, "-", "-", 0 if job.kv_only else budget_s)
     args = args[args.index("--gpu-memory-utilization"):]

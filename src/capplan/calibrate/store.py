@@ -42,6 +42,13 @@ def raw_dir(root: Path, gpu: str) -> Path:
     return root / "_raw" if gpu == RAW_HOME_GPU else root / "_raw" / gpu
 
 
+def plans_dir(root: Path, gpu: str) -> Path:
+    """Where `capplan calibrate --emit-queue` writes the sweep plans of `gpu` under the
+    calibration folder `root`: `_plans` for the H200, `_plans/<gpu>` for any other, so that
+    emitting another GPU's queue leaves the H200's stored plans as they were measured."""
+    return root / "_plans" if gpu == RAW_HOME_GPU else root / "_plans" / gpu
+
+
 def _text_lines(path: Path) -> list[str]:
     """A samples file's lines: plain, gzipped (as a GPU session brings it back) or xz'd (as
     shipped, a third smaller than gzip, so the tree travels to the GPU host:
