@@ -78,13 +78,18 @@ HOSTS = {
     # shared-prefix engine of the thirty-fifth beside it. Qwen3-32B FP8's (thirty-fifth) is
     # measured and not chosen: its piecewise figure rests on 4 steps (38.7 ms, 2.6x the
     # calibration engine's 15.0), and taken it moved chat-c1's TTFT p50 from -2 % to +6 %
-    # and no row into its target; the profile keeps the calibration engine's figures
+    # and no row into its target; the profile keeps the calibration engine's figures. AWQ's
+    # step-traced engine (thirty-ninth session) holds 2 piecewise steps (chat's 512-token
+    # prompts join decodes past the largest CUDA graph) and a decode-only figure of 4.63 ms
+    # from the slowest H100 host met (its model-runner calls 2.3-2.7x the fast lease's):
+    # measured, printed, not chosen either
     "h100": Host(
-        traces=tuple(ROOT / "validation" / "logs" / d for d in ("s33-coretrace", "s35-coretrace")),
+        traces=tuple(ROOT / "validation" / "logs" / d
+                     for d in ("s33-coretrace", "s35-coretrace", "s39-coretrace")),
         validation=ROOT / "calibration" / "h100" / "vllm-0.26.0",
         out=ROOT / "calibration" / "_raw" / "h100" / "core-launch",
         chosen={"llama-3.1-8b": ("llama-3.1-8b-fp8-h100", ["llama-3.1-8b-bf16-prefixrep-h100-t"])},
-        unchosen={"qwen3-32b": ["qwen3-32b-fp8-h100-b"]}),
+        unchosen={"qwen3-32b": ["qwen3-32b-fp8-h100-b", "qwen3-32b-awq-h100-t"]}),
 }
 
 
