@@ -8,9 +8,10 @@
 # twelve calls in a row on a machine that can be taken back between any two (it was, on
 # 2026-12-05). `hold` moves those folders into .bundle/hold (ignored, so they do not travel;
 # the GPU side needs only src/, scripts/, models/, calibration/_plans and _engines), `plan`
-# groups gpu_pieces.sh's pieces into folders .bundle/g1, g2 ... that each fit one call beside
-# the slim tree, and prints the calls; `restore` moves the folders back (run it before any
-# commit: `git status` shows them deleted while held).
+# cuts the bundle's two parts (../shared/gpu/vllm-bundle.sh .bundle) into 8 MiB pieces and
+# groups them into folders .bundle/g1, g2 ... that each fit one call beside the slim tree,
+# and prints the calls; `restore` moves the folders back (run it before any commit: `git
+# status` shows them deleted while held).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 held=(validation/logs calibration/h200 calibration/h100 calibration/_raw)
@@ -34,7 +35,12 @@ case ${1:?hold, restore or plan} in
             xargs -0 -r stat -c %s 2>/dev/null | awk '{s += 512 + int(($1 + 511) / 512) * 512} END {print s + 0}') || true
     # (|| true: stat fails on the tracked files held away, which do not travel)
     room=$(( limit - tree - 4 * 1024 * 1024 ))  # 4 MiB for the job files and go.sh
-    rm -rf .bundle/g[0-9]*
+    [[ -f .bundle/vllm-bundle.part01 && -f .bundle/vllm-bundle.part02 ]] ||
+      { echo "no .bundle/vllm-bundle.part0{1,2}: bash ../shared/gpu/vllm-bundle.sh .bundle" >&2; exit 1; }
+    # pieces far smaller than a call's room, so that the groups fill it (gpu_pieces.sh cuts
+    # them to the whole tree's room, which the slim tree's first group could not hold)
+    rm -rf .bundle/g[0-9]* .bundle/pc_*
+    cat .bundle/vllm-bundle.part01 .bundle/vllm-bundle.part02 | split -b $((8 * 1024 * 1024)) -d -a 2 - .bundle/pc_
     g=1 used=0; mkdir -p .bundle/g1
     for p in .bundle/pc_*; do
       n=$(stat -c %s "$p")

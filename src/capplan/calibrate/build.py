@@ -531,6 +531,12 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                       "started": datetime.fromtimestamp(scan_meta["started_unix"], UTC)
                       .isoformat(timespec="seconds"),
                       "points": fitted.points}
+            # a scan its time budget cut short leaves its last sizes to the linear terms
+            # (profile.graph_offset: 0 outside the sizes scanned); the provenance names them
+            missed = [z for z in sizes if z // (1 + k) <= eng["max_num_seqs"]
+                      and z not in fitted.offsets]
+            if missed:
+                graphs["sizes_not_reached"] = missed
             span = [v * 1e3 for v in fitted.offsets.values()]
             secs = graphs["gpu_seconds"]
             notes.append(f"graph_offset_s at {len(span)} CUDA-graph sizes "
@@ -540,7 +546,10 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                             f"graph_ctx_s {fitted.ctx_s * 1e9:.1f} ns")
                          + f" a token from {graph_run}"
                          + (f" ({secs / 60:.1f} GPU-minutes more, engine start included)"
-                            if secs else ""))
+                            if secs else "")
+                         + (f"; size{'s' if len(missed) > 1 else ''} "
+                            f"{', '.join(map(str, missed))} not reached before the scan's "
+                            "budget ran out, priced by the linear terms" if missed else ""))
     encoder, note = encoder_time(raw, g)
     if encoder is not None:
         step = step.model_copy(update={k: encoder[k] for k in (
