@@ -29,7 +29,9 @@ a lone request's first token goes on them (twenty-seventh and twenty-eighth sess
 `reach [ENGINE]` prices the traced plan run's engine steps with and without the shared-prefix
 saving (validation.md, "The production plan's decision").
 `eager [ENGINE]` times a traced serving engine's steps past the largest CUDA graph (the
-core's launch, the GPU's end) against their price (docs/validation.md, eighteenth session).
+core's launch, the GPU's end and own span) against their price (docs/validation.md,
+eighteenth session); `floortrial [ENGINE] [FLOORS_MS]` predicts an engine's experiments again
+with its profile's eager floor set by hand (thirty-ninth session).
 `pictures [ENGINE]` the served pictures: a lone picture's TTFT beside its text twin's, and
 the time the steps that encode one hold the decodes, against their price (nineteenth session),
 and where the engine's core was traced, each such step beyond its text price against the
@@ -650,12 +652,49 @@ def eager(engine: str = "gemma-4-31b-fp8-opent") -> None:
     work, floor = timer.step_times(tok, dec + 1, (tok - dec) ** 2 / 2, dec * 600,
                                    decode_seqs=dec)
     q = [10, 50, 90]
+    one = e.filter(pl.col("prefill_reqs") == 1)["gpu_s"].to_numpy() * 1e3
     print(f"{engine}: {len(e)} steps past the largest CUDA graph (median {tok} tokens, "
           f"{dec} decodes): execute_model "
           + "/".join(f"{x:.1f}" for x in np.percentile(launch, q))
           + " ms (p10/p50/p90), the GPU's end after the launch began "
           + "/".join(f"{x:.1f}" for x in np.nanpercentile(end, q))
+          + f" ms, the GPU's own span of those with one prompt ({len(one)}) "
+          + "/".join(f"{x:.1f}" for x in np.nanpercentile(one, q))
           + f" ms; priced {work * 1e3:.1f} ms of work, {floor * 1e3:.1f} ms of launch")
+
+
+def floortrial(engine: str = "qwen3-32b-awq-h100", floors_ms: str = "35,50,62,66,70") -> None:
+    """An engine's experiments predicted again with its profile's eager floor
+    (`eager_floor_s`) set by hand to each of `floors_ms`, beside the profile as shipped and
+    the measured TTFT p50 and ITL p99: the thirty-ninth session's trial on the H100's
+    Qwen3-32B AWQ profile, whose fit found no floor (docs/validation.md, "A sixth and seventh
+    H100 lease")."""
+    from capplan.profiles import resolve_profile
+    from capplan.validate.compare import measured_metrics
+
+    folder = next(p for p in stored_runs() if p.name == engine)
+    run_, reqs, _ = load_run(folder)
+    prof = resolve_profile(run_.pool, load_model_spec(run_.pool.model))
+    with tempfile.TemporaryDirectory() as tmp:
+        runs: list[tuple[str, Any]] = [("shipped", run_)]
+        for f in floors_ms.split(","):
+            d = Path(tmp) / f
+            d.mkdir()
+            step = prof.step.model_copy(update={"eager_floor_s": float(f) / 1e3})
+            (d / "profile.json").write_text(prof.model_copy(update={"step": step})
+                                            .model_dump_json())
+            runs.append((f"floor {f} ms", run_.model_copy(update={
+                "pool": run_.pool.model_copy(update={"profile": str(d)})})))
+        for exp in run_.experiments:
+            m = measured_metrics(reqs.filter(pl.col("run").is_in(exp.runs())))
+            cells = []
+            for label, r in runs:
+                res = r.simulate(exp)
+                x = res.requests()["ttft_s"].to_numpy()
+                itl = res.workloads[0].itl_p99_s
+                cells.append(f"{label} {np.median(x) * 1e3:.1f} / {itl * 1e3:.1f}")
+            print(f"{exp.name:9s} TTFT p50 / ITL p99 (ms): measured {m['ttft_p50_s'] * 1e3:.1f} "
+                  f"/ {m['itl_p99_s'] * 1e3:.1f}; " + "; ".join(cells))
 
 
 def pictures(engine: str = "gemma-4-31b-fp8-vision") -> None:
@@ -2449,12 +2488,12 @@ def main() -> None:
         "reach": reach, "eager": eager, "pictures": pictures, "sync": sync, "spread": spread,
         "probe": probe, "edge": edge, "routed": routed, "drainfit": drainfit,
         "borrowsaving": borrowsaving, "borrowcore": borrowcore, "tokengaps": tokengaps,
-        "leasecalls": leasecalls, "firsttoken": firsttoken}
+        "leasecalls": leasecalls, "firsttoken": firsttoken, "floortrial": floortrial}
     if sys.argv[1:2] == ["wavesplit"]:
         wavesplit(*sys.argv[2:4])
         return
     if sys.argv[1:2] and sys.argv[1] in with_an_argument:  # [ENGINE], or spread's [RHO]
-        with_an_argument[sys.argv[1]](*sys.argv[2:3])
+        with_an_argument[sys.argv[1]](*sys.argv[2:4])
         return
     what = sys.argv[1:] or ["seeds", "noise", "steps"]
     rows = _rows() if {"seeds", "noise"} & set(what) else {}

@@ -56,7 +56,7 @@ def step_core_times(trace: pl.DataFrame, meta: dict[str, Any], steps: pl.DataFra
     its json (each experiment's `t0_perf`, `clock_base_s`), `steps` the stored steps.parquet
     (`t` from the experiment's start, when the client received the step's stats).
     `gpu_after_s` is how long after the core's `execute_model` returned the GPU ended the
-    step's forward: near 0 where the launch binds."""
+    step's forward: near 0 where the launch binds; `gpu_s` the GPU's own span of the step."""
     trace = core_process(trace)
     ex0, ex1 = spans(trace, "execute_model")
     up0, up1 = spans(trace, "update_from_output")
@@ -84,13 +84,14 @@ def step_core_times(trace: pl.DataFrame, meta: dict[str, Any], steps: pl.DataFra
     np.add.at(waits, np.searchsorted(it0, wt0, side="right") - 1, wt1 - wt0)
     base = meta["clock_base_s"]
 
-    def gpu_after(i: int) -> float:
-        """How long after the core's launch of step i the GPU ended it (its events are
-        recorded on entry to execute_model and on its return)."""
+    def gpu_span(i: int) -> tuple[float, float]:
+        """How long after the core's launch of step i the GPU ended it, and how long the GPU
+        took from its entry event to its end (its events are recorded on entry to
+        execute_model and on its return, so the span holds any wait for the launches)."""
         g = int(np.searchsorted(gp0, ex0[i] - 200))
         if g >= len(gp0) or gp0[g] > ex1[i]:
-            return float("nan")
-        return float(gp1[g] - ex1[i]) / 1e6
+            return float("nan"), float("nan")
+        return float(gp1[g] - ex1[i]) / 1e6, float(gp1[g] - gp0[g]) / 1e6
 
     rows = []
     for run, info in meta["experiments"].items():
@@ -107,11 +108,12 @@ def step_core_times(trace: pl.DataFrame, meta: dict[str, Any], steps: pl.DataFra
             tokens = r["prefill_tokens"] + r["decode_tokens"]
             kind = ("graph" if r["prefill_reqs"] == 0 else
                     "piecewise" if tokens <= piecewise_max_tokens else "eager")
+            after, span = gpu_span(i)
             rows.append({"run": run, "step": r["step"], "kind": kind, "tokens": tokens,
                          "prefill_reqs": r["prefill_reqs"], "decode_reqs": r["decode_reqs"],
                          "core_s": (it1[n] - it0[n] - waits[n]) / 1e6,
                          "execute_s": (ex1[i] - ex0[i]) / 1e6,
-                         "gpu_after_s": gpu_after(i)})
+                         "gpu_after_s": after, "gpu_s": span})
     return pl.DataFrame(rows)
 
 
