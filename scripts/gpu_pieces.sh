@@ -18,8 +18,7 @@ cd "$(dirname "$0")/.."
 gemma=${1:-}
 limit=$((64 * 1024 * 1024))
 tree=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } |
-        xargs -0 -r stat -c %s 2>/dev/null | awk '{s += 512 + int(($1 + 511) / 512) * 512} END {print s + 0}') || true
-# (|| true: while scripts/gpu_slim.sh holds the stored measurements away, stat fails on them)
+        xargs -0 -r stat -c %s 2>/dev/null | awk '{s += 512 + int(($1 + 511) / 512) * 512} END {print s + 0}')
 piece=$(( (limit - tree - 2 * 1024 * 1024) / 1048576 * 1048576 ))
 (( piece >= 4 * 1048576 )) || { echo "tree is $tree bytes: under 4 MiB left for a piece" >&2; exit 1; }
 [[ -f .bundle/vllm-bundle.part01 && -f .bundle/vllm-bundle.part02 ]] ||

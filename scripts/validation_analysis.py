@@ -2488,12 +2488,15 @@ def main() -> None:
         "reach": reach, "eager": eager, "pictures": pictures, "sync": sync, "spread": spread,
         "probe": probe, "edge": edge, "routed": routed, "drainfit": drainfit,
         "borrowsaving": borrowsaving, "borrowcore": borrowcore, "tokengaps": tokengaps,
-        "leasecalls": leasecalls, "firsttoken": firsttoken, "floortrial": floortrial}
+        "leasecalls": leasecalls, "firsttoken": firsttoken}
     if sys.argv[1:2] == ["wavesplit"]:
         wavesplit(*sys.argv[2:4])
         return
+    if sys.argv[1:2] == ["floortrial"]:
+        floortrial(*sys.argv[2:4])
+        return
     if sys.argv[1:2] and sys.argv[1] in with_an_argument:  # [ENGINE], or spread's [RHO]
-        with_an_argument[sys.argv[1]](*sys.argv[2:4])
+        with_an_argument[sys.argv[1]](*sys.argv[2:3])
         return
     what = sys.argv[1:] or ["seeds", "noise", "steps"]
     rows = _rows() if {"seeds", "noise"} & set(what) else {}
