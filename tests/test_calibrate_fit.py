@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capplan.calibrate import fit as F
+from capplan.calibrate.sweep import GRAPH_SCAN_CONTEXT
 from capplan.errors import CalibrationError
 from capplan.profile import Profile, StepModel, StepTimer, cudagraph_capture_sizes
 
@@ -380,3 +381,22 @@ def test_the_steps_after_a_first_use_of_a_batch_size_are_marked_per_engine() -> 
                                True, True]
     # one engine: the second engine's 8s were run before
     assert F.after_new_size({"seqs": seqs}).tolist()[8:] == [True, False, False]
+
+
+def _scan_points(ms: list[float]) -> list[dict[str, object]]:
+    """Graph-scan points at the short context, one per size, with these median steps (ms)."""
+    return [{"point": f"graphs-b{i + 1}-c{GRAPH_SCAN_CONTEXT}", "size": i + 1,
+             "measured_s": v / 1e3} for i, v in enumerate(ms)]
+
+
+@pytest.mark.parametrize(("ms", "stretches"), [
+    ([10, 10, 11.4, 11.5, 11.5], []),               # a kernel's stair: up, never down
+    ([10, 13, 10, 10], ["graphs-b2-c128"]),          # one slow size
+    ([13, 10, 10, 10], ["graphs-b1-c128"]),          # slow from the first size
+    ([10, 13, 13, 13, 10, 13, 10], ["graphs-b2-c128 to graphs-b4-c128", "graphs-b6-c128"]),
+])
+def test_graph_scan_slow_stretches(ms: list[float], stretches: list[str]) -> None:
+    """A host running the engine at two speeds leaves runs of sizes 1.25x slower than the
+    sizes on both sides (the H100's draft-model scan, s40, had five, none a lone size); a
+    step up with no fall after it is a stair of the kernels and stays."""
+    assert F.graph_scan_spikes(_scan_points(ms)) == stretches

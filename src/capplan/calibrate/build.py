@@ -516,9 +516,9 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                               floors.get("decode_window_s", 0.0), spec_k=k)
         spikes = F.graph_scan_spikes(fitted.points) if fitted is not None else []
         if len(spikes) > F.GRAPH_SCAN_MAX_SPIKES:
-            notes.append(f"graph scan {graph_run} not used: {len(spikes)} sizes "
-                         f"({', '.join(spikes)}) took {F.GRAPH_SCAN_SPIKE:.2f}x or more of "
-                         "both neighbours' step, the engine running at two speeds; "
+            notes.append(f"graph scan {graph_run} not used: {len(spikes)} stretches of "
+                         f"sizes ({', '.join(spikes)}) took {F.GRAPH_SCAN_SPIKE:.2f}x or more "
+                         "of the sizes' step on both sides, the engine running at two speeds; "
                          "decode-only steps keep the linear terms")
             fitted = None
         if fitted is not None:

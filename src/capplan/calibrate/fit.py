@@ -355,22 +355,35 @@ GRAPH_SCAN_MIN_STEPS = 8
 
 
 GRAPH_SCAN_SPIKE = 1.25
-"""A scanned size whose median step is this much over both neighbours' (at the scan's short
-context) is a slow stretch of the engine, not its graph: vLLM's FP8 stairs jump at most
-15 % over the size below and the sizes above cost the same (docs/calibration.md)."""
+"""A run of scanned sizes whose median step jumps this much over the size below and falls as
+much again at a larger size (at the scan's short context) is a slow stretch of the engine,
+not its graph: vLLM's FP8 stairs jump at most 15 % over the size below, and no larger graph
+runs faster than a smaller one (docs/calibration.md)."""
 GRAPH_SCAN_MAX_SPIKES = 1
-"""More such sizes than this and the scan ran at two speeds: its offsets are not used."""
+"""More such stretches than this and the scan ran at two speeds: its offsets are not used."""
 
 
 def graph_scan_spikes(points: list[dict[str, Any]]) -> list[str]:
-    """The points of a graph scan (GraphScan.points) at its short context whose median step
-    is GRAPH_SCAN_SPIKE times both neighbours' or more."""
+    """The slow stretches of a graph scan (GraphScan.points) at its short context, each named
+    by its first point (and its last, where longer than one size): a size GRAPH_SCAN_SPIKE
+    times the size below's median step or more (or the first size), up to the size before
+    one that is GRAPH_SCAN_SPIKE times faster than the size below it. A step up with no fall
+    after it (a kernel's stair) is not one; a stretch with none before it starts at the
+    first size. A host that ran the engine at two speeds leaves several (the H100's and the
+    H200's draft-model scans, CPU-bound, did)."""
     short = sorted((p for p in points if p["point"].endswith(f"-c{GRAPH_SCAN_CONTEXT}")),
                    key=lambda p: p["size"])
     m = [p["measured_s"] for p in short]
-    return [short[i]["point"] for i in range(len(m))
-            if all(m[i] >= GRAPH_SCAN_SPIKE * m[j] for j in (i - 1, i + 1) if 0 <= j < len(m))
-            and len(m) > 1]
+    stretches: list[str] = []
+    start: int | None = 0
+    for i in range(1, len(m)):
+        if m[i] >= GRAPH_SCAN_SPIKE * m[i - 1]:
+            start = i
+        elif GRAPH_SCAN_SPIKE * m[i] <= m[i - 1] and start is not None:
+            first, last = short[start]["point"], short[i - 1]["point"]
+            stretches.append(first if first == last else f"{first} to {last}")
+            start = None
+    return stretches
 
 
 @dataclass
