@@ -5,15 +5,13 @@
 # validation/_jobs` wrote it. Sent again on the same host, it resumes (gpu_session.sh).
 #
 # Queued by the thirty-eighth session (whose leases, two H100s and an H200, ran both GPUs'
-# queues of then) and the fortieth (whose H100 lease ran the H100's queue of the
-# thirty-ninth):
+# queues of then) and the fortieth:
 #   H200: the near-saturation Poisson rows of Llama-3.1-8B BF16 on one more lease
 #         (validation/h200-next.yaml), then Llama-3.1-8B FP8 measured a fourth time
 #         (calibration/_plans/queue-s38.txt);
-#   H100: Qwen3-32B FP8's closed loop at 4 streams and Poisson chat at 12 req/s step- and
-#         core-traced (validation/h100-next.yaml), then Qwen3-32B FP8 measured a second time
-#         on the fuller plan AWQ's second run had (calibration/_plans/h100/queue-s40.txt:
-#         ~460 s, so send it again on the same host if the first call's time runs out).
+#   H100: Qwen3-32B FP8's Poisson chat at 9 and 12 req/s, step- and core-traced
+#         (validation/h100-next.yaml, queued by the fortieth session, whose two H100 leases
+#         ran the H100's queues of the thirty-ninth and its own).
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -21,6 +19,5 @@ if nvidia-smi -L | grep -q H200; then
   LANE0_FIRST=validate QUEUE0=calibration/_plans/queue-s38.txt \
     LANE0=/tmp/keep/llama-3.1-8b-bf16-lease2.json bash scripts/gpu_session.sh "$deadline"
 else
-  LANE0_FIRST=validate QUEUE0=calibration/_plans/h100/queue-s40.txt \
-    LANE0=/tmp/keep/qwen3-32b-fp8-h100-t.json bash scripts/gpu_session.sh "$deadline"
+  LANE0=/tmp/keep/qwen3-32b-fp8-h100-t2.json bash scripts/gpu_session.sh "$deadline"
 fi

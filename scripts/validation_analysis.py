@@ -31,7 +31,8 @@ saving (validation.md, "The production plan's decision").
 `eager [ENGINE]` times a traced serving engine's steps past the largest CUDA graph (the
 core's launch, the GPU's end and own span) against their price (docs/validation.md,
 eighteenth session); `floortrial [ENGINE] [FLOORS_MS]` predicts an engine's experiments again
-with its profile's eager floor set by hand (thirty-ninth session).
+with its profile's eager floor set by hand (thirty-ninth session); `coretrial [ENGINES]
+[CORE_MS]` with the core's own time for such a step set apart from that floor (fortieth).
 `pictures [ENGINE]` the served pictures: a lone picture's TTFT beside its text twin's, and
 the time the steps that encode one hold the decodes, against their price (nineteenth session),
 and where the engine's core was traced, each such step beyond its text price against the
@@ -661,6 +662,20 @@ def eager(engine: str = "gemma-4-31b-fp8-opent") -> None:
           + f" ms, the GPU's own span of those with one prompt ({len(one)}) "
           + "/".join(f"{x:.1f}" for x in np.nanpercentile(one, q))
           + f" ms; priced {work * 1e3:.1f} ms of work, {floor * 1e3:.1f} ms of launch")
+    # by the prompts a step holds (fortieth session: the tail of Poisson chat is the steps
+    # with two and three), each kind's GPU span against its price at its median composition
+    for n in sorted(set(e["prefill_reqs"].to_list())):
+        x = e.filter((pl.col("prefill_reqs") == n) & pl.col("gpu_s").is_not_nan())
+        if len(x) < 5:
+            continue
+        tok, dec = int(np.median(x["tokens"].to_numpy())), int(np.median(x["decode_reqs"].to_numpy()))
+        chunk = (tok - dec) / n
+        w, _ = timer.step_times(tok, dec + n, n * chunk ** 2 / 2, dec * 600, decode_seqs=dec)
+        print(f"  {n} prompt{'s' if n > 1 else ' '} ({len(x)} steps with the GPU's stamps, median {tok} "
+              f"tokens, {dec} "
+              f"decodes): the GPU's own span "
+              + "/".join(f"{v:.1f}" for v in np.percentile(x["gpu_s"].to_numpy() * 1e3, q))
+              + f" ms, priced {w * 1e3:.1f}")
 
 
 def floortrial(engine: str = "qwen3-32b-awq-h100", floors_ms: str = "35,50,62,66,70") -> None:
@@ -695,6 +710,46 @@ def floortrial(engine: str = "qwen3-32b-awq-h100", floors_ms: str = "35,50,62,66
                 cells.append(f"{label} {np.median(x) * 1e3:.1f} / {itl * 1e3:.1f}")
             print(f"{exp.name:9s} TTFT p50 / ITL p99 (ms): measured {m['ttft_p50_s'] * 1e3:.1f} "
                   f"/ {m['itl_p99_s'] * 1e3:.1f}; " + "; ".join(cells))
+
+
+def coretrial(engines: str = "qwen3-32b-fp8-h100-t", core_ms: str | None = None) -> None:
+    """Engines' experiments (comma-separated) predicted again with the serving core's own
+    time for a step past the largest CUDA graph set apart from the GPU's floor
+    (StepModel.core_eager_s, which no shipped profile sets yet): `core_ms`, else the first
+    engine's traced median (`step_core_times`), beside the profile as shipped and the
+    measured TTFT p50 / p99 and ITL p50 / p99: the fortieth session's trial on the H100's
+    Qwen3-32B FP8, whose eager floor (61.5 ms) is such a step's GPU span, its core's 43.8."""
+    from capplan.profiles import resolve_profile
+    from capplan.validate.compare import measured_metrics
+    from capplan.validate.corelaunch import step_core_times
+
+    names = engines.split(",")
+    if core_ms is None:
+        stored = _stored_trace(names[0])
+        assert stored is not None, f"{names[0]}: no stored core trace; give CORE_MS"
+        folder = next(p for p in stored_runs() if p.name == names[0])
+        t = step_core_times(*stored, pl.read_parquet(folder / "steps.parquet"))
+        core_s = float(np.median(t.filter(pl.col("kind") == "eager")["core_s"].to_numpy()))
+    else:
+        core_s = float(core_ms) / 1e3
+    print(f"core_eager_s {core_s * 1e3:.1f} ms; each figure measured / shipped / trial (ms)")
+    keys = ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s")
+    for engine in names:
+        folder = next(p for p in stored_runs() if p.name == engine)
+        run_, reqs, _ = load_run(folder)
+        prof = resolve_profile(run_.pool, load_model_spec(run_.pool.model))
+        with tempfile.TemporaryDirectory() as tmp:
+            step = prof.step.model_copy(update={"core_eager_s": core_s})
+            (Path(tmp) / "profile.json").write_text(
+                prof.model_copy(update={"step": step}).model_dump_json())
+            trial_run = run_.model_copy(update={
+                "pool": run_.pool.model_copy(update={"profile": tmp})})
+            for exp in run_.experiments:
+                m = measured_metrics(reqs.filter(pl.col("run").is_in(exp.runs())))
+                got = [r.simulate(exp).workloads[0] for r in (run_, trial_run)]
+                cells = [f"{k[:-2].replace('_', ' ').upper()} {m[k] * 1e3:.1f} / "
+                         + " / ".join(f"{getattr(w, k) * 1e3:.1f}" for w in got) for k in keys]
+                print(f"{engine:22s} {exp.name:9s} " + "; ".join(cells))
 
 
 def pictures(engine: str = "gemma-4-31b-fp8-vision") -> None:
@@ -2494,6 +2549,9 @@ def main() -> None:
         return
     if sys.argv[1:2] == ["floortrial"]:
         floortrial(*sys.argv[2:4])
+        return
+    if sys.argv[1:2] == ["coretrial"]:
+        coretrial(*sys.argv[2:4])
         return
     if sys.argv[1:2] and sys.argv[1] in with_an_argument:  # [ENGINE], or spread's [RHO]
         with_an_argument[sys.argv[1]](*sys.argv[2:3])

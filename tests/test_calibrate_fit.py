@@ -223,6 +223,22 @@ def test_eager_floor_binds_only_past_the_graphs_and_below_the_drafter() -> None:
     assert ts.step_time_s(600, 1, 0.0, 0) == pytest.approx(0.05 + 2 * 2e-3)
 
 
+def test_core_eager_time_sets_the_launch_and_leaves_the_floor_to_the_gpu() -> None:
+    """With the serving core's own time for a graph-less step (core_eager_s), that is the
+    core's hold, and the floor bounds the step's GPU span instead: a step of less work than
+    the floor still takes the floor, a run of such steps as long as before, but the core is
+    free earlier; without it, the floor is both (StepTimer.step_times)."""
+    base = StepModel(fixed_s=1e-3, per_token_s=1e-5, knee_tokens=0, prefill_attn_s=0,
+                     decode_ctx_s=0, per_seq_s=0, eager_floor_s=0.05)
+    work, launch = _timer(base).step_times(600, 1, 0.0, 0)
+    assert (work, launch) == (pytest.approx(1e-3 + 600e-5), pytest.approx(0.05))
+    split = _timer(base.model_copy(update={"core_eager_s": 0.03}))
+    assert split.step_times(600, 1, 0.0, 0) == (pytest.approx(0.05), pytest.approx(0.03))
+    assert split.step_times(9000, 1, 0.0, 0)[0] == pytest.approx(1e-3 + 9000e-5)
+    assert split.step_time_s(600, 1, 0.0, 0) == pytest.approx(0.05)
+    assert split.step_times(512, 1, 0.0, 0) == _timer(base).step_times(512, 1, 0.0, 0)
+
+
 def test_gemm_stairs_jump_past_128_tokens_and_every_256() -> None:
     """The quantized GEMM's tile stairs (profile.py): one jump past 128 padded tokens, one
     more per further 256, nothing in between; and a fit recovers them from steps that

@@ -42,6 +42,10 @@ def test_profile_loads_with_complete_provenance(d: Path) -> None:
                 "block_size", "async_scheduling", "enable_prefix_caching"):
         assert key in prof.engine
     assert {p["gpu_memory_utilization"] for p in prof.kv.measured} == {0.85, 0.9, 0.95}
+    # the points measured are among those planned, over every run fitted (a repeat's plan
+    # may hold points the main run's has not)
+    measured = [p for p in prov["points_measured"] if not p.startswith("warmup")]
+    assert prov["points_planned"] is None or len(measured) <= prov["points_planned"]
 
 
 ENCODER = ("encoder_token_s", "encoder_token2_s", "encoder_floor_s", "encoder_step_s",

@@ -440,11 +440,16 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
             fixed["decode_ctx_s"] = base.step.decode_ctx_s
             notes.append(f"decode_ctx_s from {g.model}/bf16 (sweep reached decode context "
                          f"{_max_decode_context(df):.0f} < {MIN_DECODE_CONTEXT})")
-    plan = _plan_file(meta.get("args", {}).get("plan"), raw)
+    # the points every run of this engine was sent (a repeat's plan may hold points the
+    # main run's has not), so that "measured of planned" counts the same points
     planned: list[str] = []
-    if plan is not None:
-        planned = [q["id"] for q in json.loads(plan.read_text())["points"]
-                   if not q.get("warmup")]
+    for run_meta in [meta, *(json.loads((raw / f"{n}.meta.json").read_text())
+                             for n in g.repeats)]:
+        plan = _plan_file(run_meta.get("args", {}).get("plan"), raw)
+        if plan is not None:
+            planned += [q["id"] for q in json.loads(plan.read_text())["points"]
+                        if not q.get("warmup") and q["id"] not in planned]
+    if planned:
         measured = set(df["point"].to_list())
         left = [q for q in planned if q not in measured]
         if left:
