@@ -668,12 +668,12 @@ def eager(engine: str = "gemma-4-31b-fp8-opent") -> None:
         x = e.filter((pl.col("prefill_reqs") == n) & pl.col("gpu_s").is_not_nan())
         if len(x) < 5:
             continue
-        tok, dec = int(np.median(x["tokens"].to_numpy())), int(np.median(x["decode_reqs"].to_numpy()))
+        tok = int(np.median(x["tokens"].to_numpy()))
+        dec = int(np.median(x["decode_reqs"].to_numpy()))
         chunk = (tok - dec) / n
         w, _ = timer.step_times(tok, dec + n, n * chunk ** 2 / 2, dec * 600, decode_seqs=dec)
-        print(f"  {n} prompt{'s' if n > 1 else ' '} ({len(x)} steps with the GPU's stamps, median {tok} "
-              f"tokens, {dec} "
-              f"decodes): the GPU's own span "
+        print(f"  {n} prompt{'s' if n > 1 else ' '} ({len(x)} steps with the GPU's stamps, "
+              f"median {tok} tokens, {dec} decodes): the GPU's own span "
               + "/".join(f"{v:.1f}" for v in np.percentile(x["gpu_s"].to_numpy() * 1e3, q))
               + f" ms, priced {w * 1e3:.1f}")
 
