@@ -745,10 +745,19 @@ def coretrial(engines: str = "qwen3-32b-fp8-h100-t", core_ms: str | None = None)
             trial_run = run_.model_copy(update={
                 "pool": run_.pool.model_copy(update={"profile": tmp})})
             for exp in run_.experiments:
-                m = measured_metrics(reqs.filter(pl.col("run").is_in(exp.runs())))
+                runs = reqs.filter(pl.col("run").is_in(exp.runs()))
+                m = measured_metrics(runs)
                 got = [r.simulate(exp).workloads[0] for r in (run_, trial_run)]
                 cells = [f"{k[:-2].replace('_', ' ').upper()} {m[k] * 1e3:.1f} / "
                          + " / ".join(f"{getattr(w, k) * 1e3:.1f}" for w in got) for k in keys]
+                # the share of token gaps of 30 ms or more (`tokengaps`): the gaps across a
+                # step past the largest graph, which set ITL p50 where they near half
+                gaps = np.concatenate([np.diff(c) for c in runs["chunk_t"].to_list()
+                                       if len(c) > 1] or [[]])
+                shares = [_recorders(simulate, r.mix(exp), "validate", 1, decode_cohort=False)[0]
+                          .itl.share_above(0.030) for r in (run_, trial_run)]
+                cells.append(f"gaps >= 30 ms {np.mean(gaps >= 0.030):.1%} / "
+                             + " / ".join(f"{x:.1%}" for x in shares))
                 print(f"{engine:22s} {exp.name:9s} " + "; ".join(cells))
 
 
