@@ -415,4 +415,4 @@ def test_graph_scan_slow_stretches(ms: list[float], stretches: list[str]) -> Non
     """A host running the engine at two speeds leaves runs of sizes 1.25x slower than the
     sizes on both sides (the H100's draft-model scan, s40, had five, none a lone size); a
     step up with no fall after it is a stair of the kernels and stays."""
-    assert F.graph_scan_spikes(_scan_points(ms)) == stretches
+    assert F.graph_scan_slow_stretches(_scan_points(ms)) == stretches

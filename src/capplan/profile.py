@@ -695,8 +695,9 @@ class StepTimer:
             if self._core_eager:
                 # measured apart: the floor is the GPU's span (a 512-token prompt's step on
                 # the H100's Qwen3-32B FP8 took 61.4 ms on the GPU, its floor 61.5), the
-                # core's own time shorter (42 ms), so the core schedules the next step while
-                # the GPU still runs this one (docs/validation.md, fortieth session)
+                # core's own time shorter (38.7-43.8 ms on two hosts), so the core schedules
+                # the next step while the GPU still runs this one (docs/validation.md,
+                # fortieth session)
                 if t < launch:
                     t = launch
                 launch = self._core_eager

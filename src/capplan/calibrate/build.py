@@ -519,10 +519,10 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
         sizes = cudagraph_capture_sizes(eng["max_num_seqs"], eng["max_num_batched_tokens"], k)
         fitted = F.graph_scan(scan, step, sizes, floors.get("decode_ctx_s", 0.0), window,
                               floors.get("decode_window_s", 0.0), spec_k=k)
-        spikes = F.graph_scan_spikes(fitted.points) if fitted is not None else []
-        if len(spikes) > F.GRAPH_SCAN_MAX_SPIKES:
-            notes.append(f"graph scan {graph_run} not used: {len(spikes)} stretches of "
-                         f"sizes ({', '.join(spikes)}) took {F.GRAPH_SCAN_SPIKE:.2f}x or more "
+        slow = F.graph_scan_slow_stretches(fitted.points) if fitted is not None else []
+        if len(slow) > F.GRAPH_SCAN_MAX_STRETCHES:
+            notes.append(f"graph scan {graph_run} not used: {len(slow)} stretches of "
+                         f"sizes ({', '.join(slow)}) took {F.GRAPH_SCAN_SPIKE:.2f}x or more "
                          "of the sizes' step on both sides, the engine running at two speeds; "
                          "decode-only steps keep the linear terms")
             fitted = None

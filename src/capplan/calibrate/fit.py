@@ -359,11 +359,11 @@ GRAPH_SCAN_SPIKE = 1.25
 much again at a larger size (at the scan's short context) is a slow stretch of the engine,
 not its graph: vLLM's FP8 stairs jump at most 15 % over the size below, and no larger graph
 runs faster than a smaller one (docs/calibration.md)."""
-GRAPH_SCAN_MAX_SPIKES = 1
+GRAPH_SCAN_MAX_STRETCHES = 1
 """More such stretches than this and the scan ran at two speeds: its offsets are not used."""
 
 
-def graph_scan_spikes(points: list[dict[str, Any]]) -> list[str]:
+def graph_scan_slow_stretches(points: list[dict[str, Any]]) -> list[str]:
     """The slow stretches of a graph scan (GraphScan.points) at its short context, each named
     by its first point (and its last, where longer than one size): a size GRAPH_SCAN_SPIKE
     times the size below's median step or more (or the first size), up to the size before
