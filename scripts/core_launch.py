@@ -84,9 +84,10 @@ HOSTS = {
     # from the slowest H100 host met (its model-runner calls 2.3-2.7x the fast lease's):
     # measured, printed, not chosen either. FP8's of the fortieth session (3.49 ms, 1,794
     # decode-only steps; 16.6 ms, 10 piecewise; the calibration engine's 3.37 and 15.8) is
-    # printed too: its 356 steps past the largest CUDA graph took the core 43.8 ms at the
-    # median, which no profile term holds yet (`python scripts/validation_analysis.py
-    # coretrial qwen3-32b-fp8-h100-t`: docs/validation.md, fortieth session)
+    # printed too, and its second, `-t2`: their 356 and 619 steps past the largest CUDA graph
+    # took the core 43.8 and 38.7 ms at the median, which no profile term holds yet (`python
+    # scripts/validation_analysis.py coretrial qwen3-32b-fp8-h100-t`: docs/validation.md,
+    # fortieth session)
     "h100": Host(
         traces=tuple(ROOT / "validation" / "logs" / d
                      for d in ("s33-coretrace", "s35-coretrace", "s39-coretrace",
@@ -95,7 +96,7 @@ HOSTS = {
         out=ROOT / "calibration" / "_raw" / "h100" / "core-launch",
         chosen={"llama-3.1-8b": ("llama-3.1-8b-fp8-h100", ["llama-3.1-8b-bf16-prefixrep-h100-t"])},
         unchosen={"qwen3-32b": ["qwen3-32b-fp8-h100-b", "qwen3-32b-awq-h100-t",
-                                "qwen3-32b-fp8-h100-t"]}),
+                                "qwen3-32b-fp8-h100-t", "qwen3-32b-fp8-h100-t2"]}),
 }
 
 
