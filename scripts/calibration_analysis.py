@@ -33,6 +33,9 @@ from capplan.modelspec import load_model_spec
 from capplan.profile import Profile, StepTimer, cudagraph_capture_sizes, eager_threshold
 
 PROFILES = Path(os.environ.get("CAPPLAN_PROFILES") or CALIBRATION_DIR / "h200" / "vllm-0.26.0")
+RAW = store.raw_dir(CALIBRATION_DIR, PROFILES.parent.name)
+"""The raw runs of the GPU whose profiles PROFILES holds (store.raw_dir: the H100's under
+calibration/_raw/h100)."""
 
 
 def _prefill_flops(model: str, chunk: int, chunks: int) -> float:
@@ -304,7 +307,7 @@ def repeats() -> None:
     """The engines measured in more than one run (calibration/_raw/<model>--<key>--r<N>,
     fitted together, build._samples): the same step of the same point in run 1 and each
     other run, each point's sum, KV blocks, and the shipped fit scored on each run."""
-    raw = CALIBRATION_DIR / "_raw"
+    raw = RAW
     for d in sorted(PROFILES.glob("*/*/samples.parquet")):
         df = pl.read_parquet(d)
         if "run" not in df.columns or df["run"].n_unique() < 2:
@@ -336,7 +339,7 @@ def _scan_runs(suffix: str, flag: str
                ) -> Iterator[tuple[Profile, dict[str, np.ndarray], np.ndarray]]:
     """Each scan run `calibration/_raw/<model>--<key>--<suffix>.jsonl[.xz]` (warm-up points
     left out): the profile of its key, its samples, and their steps by that profile."""
-    raw = CALIBRATION_DIR / "_raw"
+    raw = RAW
     runs = sorted({*raw.glob(f"*--{suffix}.jsonl"), *raw.glob(f"*--{suffix}.jsonl.xz")})
     if not runs:
         print(f"  no {suffix} runs yet (capplan calibrate {flag})")
@@ -379,7 +382,7 @@ def decode() -> None:
     """Decode-only steps (every request decoding, no prefill chunk) of the main sweeps'
     batch-16 to -256 points and of the prefix-cache engines' unshared twins: median
     measured against the profile (docs/validation.md: ITL p50 at high concurrency)."""
-    raw = CALIBRATION_DIR / "_raw"
+    raw = RAW
     for d in (PROFILES / "llama-3.1-8b/bf16", PROFILES / "llama-3.1-8b/fp8",
               PROFILES / "qwen3-32b/bf16", PROFILES / "qwen3-32b/fp8"):
         prof, _, sizes = _fit_inputs(d)
@@ -443,7 +446,7 @@ def _window_points(prof: Profile, run: str) -> None:
     """A sliding-window profile's scan points past its window (not among its offsets'):
     each one's median step, measured and priced by the profile, with its sliding layers'
     fitted rate (decode_window_s) and with the scanned one (graph_window_s)."""
-    raw = store.runner_jsonl(CALIBRATION_DIR / "_raw", run)
+    raw = store.runner_jsonl(RAW, run)
     if raw is None:
         return
     df = store.read_runner_jsonl(raw).filter(
