@@ -32,7 +32,8 @@ saving (validation.md, "The production plan's decision").
 core's launch, the GPU's end and own span) against their price (docs/validation.md,
 eighteenth session); `floortrial [ENGINE] [FLOORS_MS]` predicts an engine's experiments again
 with its profile's eager floor set by hand (thirty-ninth session); `coretrial [ENGINES]
-[CORE_MS]` with the core's own time for such a step set apart from that floor (fortieth).
+[CORE_MS] [RHO]` with the core's own time for such a step set apart from that floor, fixed
+and drawn (fortieth).
 `pictures [ENGINE]` the served pictures: a lone picture's TTFT beside its text twin's, and
 the time the steps that encode one hold the decodes, against their price (nineteenth session),
 and where the engine's core was traced, each such step beyond its text price against the
@@ -712,52 +713,77 @@ def floortrial(engine: str = "qwen3-32b-awq-h100", floors_ms: str = "35,50,62,66
                   f"/ {m['itl_p99_s'] * 1e3:.1f}; " + "; ".join(cells))
 
 
-def coretrial(engines: str = "qwen3-32b-fp8-h100-t", core_ms: str | None = None) -> None:
+def coretrial(engines: str = "qwen3-32b-fp8-h100-t", core_ms: str | None = None,
+              rho: str = "0.45") -> None:
     """Engines' experiments (comma-separated) predicted again with the serving core's own
     time for a step past the largest CUDA graph set apart from the GPU's floor
     (StepModel.core_eager_s, which no shipped profile sets yet): `core_ms`, else the first
     engine's traced median (`step_core_times`), beside the profile as shipped and the
-    measured TTFT p50 / p99 and ITL p50 / p99: the fortieth session's trial on the H100's
-    Qwen3-32B FP8, whose eager floor (61.5 ms) is such a step's GPU span, its core's 43.8."""
+    measured TTFT p50 / p99, ITL p50 / p99 and share of token gaps of 30 ms or more: the
+    fortieth session's trial on the H100's Qwen3-32B FP8, whose eager floor (61.5 ms) is
+    such a step's GPU span, its core's 38.7-43.8. A third column, the candidate rule: that
+    time drawn a step about its median with the trace's spread (`eager_sigma`), drifting
+    from one graph-less step to the next with autocorrelation `rho` (`_Drifting`, through
+    simulation.core_spread; the other steps' core time kept at its median)."""
+    import capplan.sim.run as simrun
+    import capplan.validate.suite as suite
     from capplan.profiles import resolve_profile
     from capplan.validate.compare import measured_metrics
-    from capplan.validate.corelaunch import step_core_times
+    from capplan.validate.corelaunch import step_core_times, summary
 
     names = engines.split(",")
-    if core_ms is None:
-        stored = _stored_trace(names[0])
-        assert stored is not None, f"{names[0]}: no stored core trace; give CORE_MS"
-        folder = next(p for p in stored_runs() if p.name == names[0])
-        t = step_core_times(*stored, pl.read_parquet(folder / "steps.parquet"))
-        core_s = float(np.median(t.filter(pl.col("kind") == "eager")["core_s"].to_numpy()))
-    else:
-        core_s = float(core_ms) / 1e3
-    print(f"core_eager_s {core_s * 1e3:.1f} ms; each figure measured / shipped / trial (ms)")
+    stored = _stored_trace(names[0])
+    assert stored is not None, f"{names[0]}: no stored core trace"
+    folder = next(p for p in stored_runs() if p.name == names[0])
+    traced = summary(step_core_times(*stored, pl.read_parquet(folder / "steps.parquet")))
+    eager = step_core_times(*stored, pl.read_parquet(folder / "steps.parquet")).filter(
+        pl.col("kind") == "eager")["core_s"].to_numpy()
+    core_s = float(core_ms) / 1e3 if core_ms is not None else float(np.median(eager))
+    sigma, r = traced["eager_sigma"], float(rho)
+    print(f"core_eager_s {core_s * 1e3:.1f} ms, eager_sigma {sigma}, rho {r}; each figure "
+          "measured / shipped / trial / rule (ms)")
     keys = ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s")
+    made = simrun.LaunchSpread
+
+    def figures(r_: Any, exp: Any) -> tuple[Any, float]:
+        w = r_.simulate(exp).workloads[0]
+        rec = _recorders(simulate, r_.mix(exp), "validate", 1, decode_cohort=False)[0]
+        return w, rec.itl.share_above(0.030)
+
     for engine in names:
         folder = next(p for p in stored_runs() if p.name == engine)
         run_, reqs, _ = load_run(folder)
         prof = resolve_profile(run_.pool, load_model_spec(run_.pool.model))
         with tempfile.TemporaryDirectory() as tmp:
-            step = prof.step.model_copy(update={"core_eager_s": core_s})
-            (Path(tmp) / "profile.json").write_text(
-                prof.model_copy(update={"step": step}).model_dump_json())
-            trial_run = run_.model_copy(update={
-                "pool": run_.pool.model_copy(update={"profile": tmp})})
+            runs_: list[Any] = [run_]
+            for k, upd in enumerate(({"core_eager_s": core_s},
+                                     {"core_eager_s": core_s, "eager_sigma": sigma,
+                                      "core_graph_sigma": 0.0, "core_piecewise_sigma": 0.0})):
+                d = Path(tmp) / str(k)
+                d.mkdir()
+                (d / "profile.json").write_text(prof.model_copy(update={
+                    "step": prof.step.model_copy(update=upd)}).model_dump_json())
+                runs_.append(run_.model_copy(update={
+                    "pool": run_.pool.model_copy(update={"profile": str(d)})}))
             for exp in run_.experiments:
                 runs = reqs.filter(pl.col("run").is_in(exp.runs()))
                 m = measured_metrics(runs)
-                got = [r.simulate(exp).workloads[0] for r in (run_, trial_run)]
+                got = [figures(x, exp) for x in runs_[:2]]
+                try:  # the rule: the spread on, drifting, for graph-less steps alone
+                    suite.CORE_SPREAD = True
+                    simrun.LaunchSpread = lambda rng: _Drifting(rng, r)  # type: ignore[assignment,misc]
+                    got.append(figures(runs_[2], exp))
+                finally:
+                    suite.CORE_SPREAD = False
+                    simrun.LaunchSpread = made  # type: ignore[misc]
                 cells = [f"{k[:-2].replace('_', ' ').upper()} {m[k] * 1e3:.1f} / "
-                         + " / ".join(f"{getattr(w, k) * 1e3:.1f}" for w in got) for k in keys]
+                         + " / ".join(f"{getattr(w, k) * 1e3:.1f}" for w, _ in got) for k in keys]
                 # the share of token gaps of 30 ms or more (`tokengaps`): the gaps across a
                 # step past the largest graph, which set ITL p50 where they near half
                 gaps = np.concatenate([np.diff(c) for c in runs["chunk_t"].to_list()
                                        if len(c) > 1] or [[]])
-                shares = [_recorders(simulate, r.mix(exp), "validate", 1, decode_cohort=False)[0]
-                          .itl.share_above(0.030) for r in (run_, trial_run)]
                 cells.append(f"gaps >= 30 ms {np.mean(gaps >= 0.030):.1%} / "
-                             + " / ".join(f"{x:.1%}" for x in shares))
+                             + " / ".join(f"{x:.1%}" for _, x in got))
                 print(f"{engine:22s} {exp.name:9s} " + "; ".join(cells))
 
 
@@ -2560,7 +2586,7 @@ def main() -> None:
         floortrial(*sys.argv[2:4])
         return
     if sys.argv[1:2] == ["coretrial"]:
-        coretrial(*sys.argv[2:4])
+        coretrial(*sys.argv[2:5])
         return
     if sys.argv[1:2] and sys.argv[1] in with_an_argument:  # [ENGINE], or spread's [RHO]
         with_an_argument[sys.argv[1]](*sys.argv[2:3])
