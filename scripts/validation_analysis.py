@@ -713,6 +713,19 @@ def floortrial(engine: str = "qwen3-32b-awq-h100", floors_ms: str = "35,50,62,66
                   f"/ {m['itl_p99_s'] * 1e3:.1f}; " + "; ".join(cells))
 
 
+def _eager_core(engine: str) -> tuple[float, float]:
+    """A traced serving engine's core time for a step past the largest CUDA graph: its
+    median and spread (`eager_sigma`, corelaunch.summary)."""
+    from capplan.validate.corelaunch import step_core_times, summary
+
+    stored = _stored_trace(engine)
+    assert stored is not None, f"{engine}: no stored core trace"
+    folder = next(p for p in stored_runs() if p.name == engine)
+    t = step_core_times(*stored, pl.read_parquet(folder / "steps.parquet"))
+    eager = t.filter(pl.col("kind") == "eager")["core_s"].to_numpy()
+    return float(np.median(eager)), float(summary(t)["eager_sigma"])
+
+
 def coretrial(engines: str = "qwen3-32b-fp8-h100-t", core_ms: str | None = None,
               rho: str = "0.45") -> None:
     """Engines' experiments (comma-separated) predicted again with the serving core's own
@@ -729,17 +742,12 @@ def coretrial(engines: str = "qwen3-32b-fp8-h100-t", core_ms: str | None = None,
     import capplan.validate.suite as suite
     from capplan.profiles import resolve_profile
     from capplan.validate.compare import measured_metrics
-    from capplan.validate.corelaunch import step_core_times, summary
 
     names = engines.split(",")
-    stored = _stored_trace(names[0])
-    assert stored is not None, f"{names[0]}: no stored core trace"
-    folder = next(p for p in stored_runs() if p.name == names[0])
-    traced = summary(step_core_times(*stored, pl.read_parquet(folder / "steps.parquet")))
-    eager = step_core_times(*stored, pl.read_parquet(folder / "steps.parquet")).filter(
-        pl.col("kind") == "eager")["core_s"].to_numpy()
-    core_s = float(core_ms) / 1e3 if core_ms is not None else float(np.median(eager))
-    sigma, r = traced["eager_sigma"], float(rho)
+    core_s, sigma = _eager_core(names[0])
+    if core_ms is not None:
+        core_s = float(core_ms) / 1e3
+    r = float(rho)
     print(f"core_eager_s {core_s * 1e3:.1f} ms, eager_sigma {sigma}, rho {r}; each figure "
           "measured / shipped / trial / rule (ms)")
     keys = ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s")
@@ -798,19 +806,12 @@ def coresuite(rho: str = "0.45") -> None:
     import capplan.sim.run as simrun
     import capplan.validate.suite as suite
     from capplan.profile import Profile
-    from capplan.validate.corelaunch import step_core_times, summary
 
     traces = {"qwen3-32b": "qwen3-32b-fp8-h100-t2", "llama-3.1-8b": "llama-3.1-8b-fp8-h100"}
     terms: dict[str, dict[str, float]] = {}
     for model, engine in traces.items():
-        stored = _stored_trace(engine)
-        assert stored is not None, engine
-        folder = next(p for p in stored_runs() if p.name == engine)
-        t = step_core_times(*stored, pl.read_parquet(folder / "steps.parquet"))
-        fig = summary(t)
-        terms[model] = {"core_eager_s": float(np.median(
-            t.filter(pl.col("kind") == "eager")["core_s"].to_numpy())),
-            "eager_sigma": fig["eager_sigma"]}
+        core_s, sigma = _eager_core(engine)
+        terms[model] = {"core_eager_s": core_s, "eager_sigma": sigma}
         print(f"  {model}: {engine}'s core {terms[model]['core_eager_s'] * 1e3:.1f} ms, "
               f"sigma {terms[model]['eager_sigma']}")
     targets = {"output_tok_s": .05, "ttft_p50_s": .05, "ttft_p99_s": .10, "itl_p50_s": .05,
