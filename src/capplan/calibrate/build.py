@@ -442,19 +442,36 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                          f"{_max_decode_context(df):.0f} < {MIN_DECODE_CONTEXT})")
     # the points every run of this engine was sent (a repeat's plan may hold points the
     # main run's has not), so that "measured of planned" counts the same points
+    # The runner skips a point whose KV tokens pass 0.9 of the engine's cache (runner.py,
+    # main); such a point is beyond this engine, not left undone.
     planned: list[str] = []
+    beyond_kv: set[str] = set()
     for run_meta in [meta, *(json.loads((raw / f"{n}.meta.json").read_text())
                              for n in g.repeats)]:
         plan = _plan_file(run_meta.get("args", {}).get("plan"), raw)
         if plan is not None:
-            planned += [q["id"] for q in json.loads(plan.read_text())["points"]
-                        if not q.get("warmup") and q["id"] not in planned]
+            cap = run_meta["kv"]["kv_tokens"]
+            for q in json.loads(plan.read_text())["points"]:
+                if q.get("warmup"):
+                    continue
+                if q["id"] not in planned:
+                    planned.append(q["id"])
+                if q.get("kv_tokens", 0) > 0.9 * cap:
+                    beyond_kv.add(q["id"])
     if planned:
         measured = set(df["point"].to_list())
         left = [q for q in planned if q not in measured]
         if left:
+            big = [q for q in left if q in beyond_kv]
+            undone = [q for q in left if q not in beyond_kv]
+            why = []
+            if big:
+                why.append(f"{', '.join(big)} need{'s' if len(big) == 1 else ''} more KV "
+                           "than the engine holds")
+            if undone:
+                why.append(f"the runner stopped before {undone[0]}")
             notes.append(f"sweep incomplete: {len(planned) - len(left)} of {len(planned)} "
-                         f"points measured; the runner stopped before {left[0]}")
+                         f"points measured; {' and '.join(why)}")
     if meta.get("points_hung"):
         notes.append(f"vLLM hung in {', '.join(meta['points_hung'])} (the runner's watchdog "
                      "ended the run; the point is left out)")
