@@ -4,7 +4,7 @@ drafter's cost and the stairs of its verify steps.
 
     python scripts/calibration_analysis.py [table|sanity|graph|floor|drafter|stairs|...]
     (also: repeats, cached, decode, firstuse, finishes, graphs, idle, mixlen, specgraphs,
-     encoder, pictures, probe, kvstarts, starts, drain)
+     encoder, pictures, probe, kvstarts, starts, drain, eagerlaunch)
     python scripts/calibration_analysis.py points MODEL/KEY   # e.g. gemma-4-31b/fp8
     python scripts/calibration_analysis.py composition MODEL/KEY  # each run's own steps
     python scripts/calibration_analysis.py speeds [MODEL/KEY]  # two runs: steps vs scheduler
@@ -222,6 +222,27 @@ def floor() -> None:
             print(f"    {at_floor.sum()} steps priced at the floor: measured / floor at "
                   "p10 / p50 / p90 / p99 " + " / ".join(
                       f"{x:.2f}" for x in np.percentile(r, [10, 50, 90, 99])))
+
+
+def eagerlaunch() -> None:
+    """Whose the eager floor is: each profile's graph-less steps of 513-1,100 tokens, their
+    step time and the CPU's launch (`cpu_launch_s`, runners since the fourteenth session) at
+    the median, beside the fitted floor: a floor near the launch is the CPU's, one well above
+    it the GPU's (docs/calibration.md, "A step past the largest CUDA graph")."""
+    for d in sorted(PROFILES.glob("*/*/samples.parquet")):
+        df = pl.read_parquet(d)
+        if "cpu_launch_s" not in df.columns:
+            continue
+        x = df.filter(~pl.col("warmup") & (pl.col("prefill_seqs") > 0)
+                      & (pl.col("tokens") > 512) & (pl.col("tokens") <= 1100)
+                      & pl.col("cpu_launch_s").is_not_null())
+        if x.is_empty():
+            continue
+        prof = Profile.load(d.parent)
+        print(f"  {prof.model}/{prof.key}: {len(x)} steps, step {np.median(x['step_s']) * 1e3:.1f}"
+              f" ms, launch {np.median(x['cpu_launch_s']) * 1e3:.1f} ms; eager_floor_s "
+              f"{prof.step.eager_floor_s * 1e3:.1f} ms, eager_gpu_s "
+              f"{prof.step.eager_gpu_s * 1e3:.1f}, core_eager_s {prof.step.core_eager_s * 1e3:.1f}")
 
 
 def _point_mean_ms(key: str, point: str) -> float:
@@ -1114,7 +1135,8 @@ def main() -> None:
         return
     commands = {"table": table, "sanity": sanity, "graph": graph, "finishes": finishes,
                 "repeats": repeats, "cached": cached, "decode": decode, "firstuse": firstuse,
-                "floor": floor, "drafter": drafter, "stairs": stairs, "graphs": graphs,
+                "floor": floor, "eagerlaunch": eagerlaunch, "drafter": drafter,
+                "stairs": stairs, "graphs": graphs,
                 "idle": idle, "mixlen": mixlen, "specgraphs": specgraphs, "encoder": encoder,
                 "kvstarts": kvstarts, "starts": starts, "pictures": pictures, "probe": probe,
                 "drain": drain, "drainscan": drainscan, "newsizes": newsizes}

@@ -32,7 +32,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capplan.validate.corelaunch import measure
+import numpy as np
+import polars as pl
+
+from capplan.validate.corelaunch import (
+    LONE_MAX_TOKENS,
+    SPREAD_MIN_STEPS,
+    lone_eager,
+    measure,
+    read_trace,
+    step_core_times,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -134,6 +144,65 @@ def spread(fig: dict[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
     return out, why
 
 
+def lone_engines(gpu: str, model: str) -> list[dict[str, Any]]:
+    """`lone_eager` of every step-traced serving engine of `model` on `gpu` that served text
+    alone without speculative decoding (a picture's encoder and a drafter's passes hold the
+    core on such a step too, and the simulator charges them apart), each with its trace, and
+    its host; those with SPREAD_MIN_STEPS such steps or more."""
+    validation = ROOT / "calibration" / gpu / "vllm-0.26.0" / model / "validation"
+    out = []
+    for trace in sorted((ROOT / "validation" / "logs").glob("s*-coretrace/*.parquet")):
+        engine = trace.stem
+        folder = validation / engine
+        if ".start" in engine or not (folder / "steps.parquet").exists():
+            continue
+        run = json.loads((folder / "run.json").read_text())
+        if run.get("draft_model") or run["pool"]["engine"].get("speculative") or any(
+                w.get("image") for e in run["experiments"] for w in e["workloads"]):
+            continue
+        meta = json.loads(trace.with_suffix(".json").read_text())
+        fig = lone_eager(step_core_times(read_trace(trace), meta,
+                                         pl.read_parquet(folder / "steps.parquet")))
+        if fig.get("lone_eager_steps", 0) >= SPREAD_MIN_STEPS:
+            out.append({**fig, "engine": engine, "precision": run["pool"]["precision"],
+                        "trace": str(trace.relative_to(ROOT)), "host": meta.get("host")})
+    return out
+
+
+def write_eager(gpu: str, host: Host, model: str) -> None:
+    """<raw>/core-launch/eager/<model>.json: the core's own time on a chat-sized step past
+    the largest CUDA graph that follows a decode-only one (StepModel.core_eager_s), its
+    spread and drift: the median, over the model's traced engines on this GPU, of each
+    engine's (`lone_engines`). Hosts differ (Qwen3-32B FP8 on three H100 hosts: 18.8, 33.7,
+    42.4 ms), so no one host's figure is taken; nothing is written where no engine has
+    enough such steps."""
+    rows = lone_engines(gpu, model)
+    path = host.out / "eager" / f"{model}.json"
+    if not rows:
+        path.unlink(missing_ok=True)
+        return
+    fig: dict[str, Any] = {
+        key: round(float(np.median([r[key] for r in rows if key in r])), 6 if key ==
+                   "core_eager_s" else 4)
+        for key in ("core_eager_s", "eager_sigma", "eager_rho")}
+    # the GPU's span of such a step is the precision's, not the host's: each precision's
+    # median over its engines (StepModel.eager_gpu_s)
+    fig["gpu_eager_s"] = {
+        prec: round(float(np.median([r["gpu_eager_s"] for r in rows
+                                     if r["precision"] == prec and "gpu_eager_s" in r])), 6)
+        for prec in sorted({r["precision"] for r in rows if "gpu_eager_s" in r})}
+    fig |= {"engines": rows, "min_steps": SPREAD_MIN_STEPS, "max_tokens": LONE_MAX_TOKENS,
+            "command": "python scripts/core_launch.py"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(fig, indent=1) + "\n")
+    print(f"{gpu} {model:14s} graph-less core {fig['core_eager_s'] * 1e3:.1f} ms, sigma "
+          f"{fig['eager_sigma']}, rho {fig['eager_rho']}, GPU "
+          + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in fig["gpu_eager_s"].items())
+          + " ms: median of "
+          + ", ".join(f"{r['engine']} {r['core_eager_s'] * 1e3:.1f} ({r['lone_eager_steps']})"
+                      for r in rows))
+
+
 def main() -> None:
     for gpu, host in HOSTS.items():
         host.out.mkdir(parents=True, exist_ok=True)
@@ -142,6 +211,8 @@ def main() -> None:
         for model, engines in host.unchosen.items():
             for name in engines:
                 show(gpu, model, host.measure(model, name), "not chosen")
+        for model in sorted(p.name for p in host.validation.iterdir() if p.is_dir()):
+            write_eager(gpu, host, model)
 
 
 def write(gpu: str, host: Host, model: str) -> None:

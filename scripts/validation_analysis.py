@@ -32,8 +32,9 @@ saving (validation.md, "The production plan's decision").
 core's launch, the GPU's end and own span) against their price (docs/validation.md,
 eighteenth session); `floortrial [ENGINE] [FLOORS_MS]` predicts an engine's experiments again
 with its profile's eager floor set by hand (thirty-ninth session); `coretrial [ENGINES]
-[CORE_MS] [RHO]` with the core's own time for such a step set apart from that floor, fixed
-and drawn (fortieth); `coresuite [RHO]` the drawn one on the whole suite.
+[RHO]` as shipped, with the core's own time for such a step apart from the GPU's span and
+drawn (forty-first), and under the rule before it; `coresuite [RHO]` the shipped rule
+against its variants on the whole suite.
 `pictures [ENGINE]` the served pictures: a lone picture's TTFT beside its text twin's, and
 the time the steps that encode one hold the decodes, against their price (nineteenth session),
 and where the engine's core was traced, each such step beyond its text price against the
@@ -713,135 +714,112 @@ def floortrial(engine: str = "qwen3-32b-awq-h100", floors_ms: str = "35,50,62,66
                   f"/ {m['itl_p99_s'] * 1e3:.1f}; " + "; ".join(cells))
 
 
-def _eager_core(engine: str) -> tuple[float, float]:
-    """A traced serving engine's core time for a step past the largest CUDA graph: its
-    median and spread (`eager_sigma`, corelaunch.summary)."""
-    from capplan.validate.corelaunch import step_core_times, summary
-
-    stored = _stored_trace(engine)
-    assert stored is not None, f"{engine}: no stored core trace"
-    folder = next(p for p in stored_runs() if p.name == engine)
-    t = step_core_times(*stored, pl.read_parquet(folder / "steps.parquet"))
-    eager = t.filter(pl.col("kind") == "eager")["core_s"].to_numpy()
-    return float(np.median(eager)), float(summary(t)["eager_sigma"])
+CORE_VARIANTS: dict[str, dict[str, float]] = {
+    # StepModel terms each variant of the graph-less core rule sets on every profile that
+    # carries core_eager_s (the forty-first session's trial; the shipped rule needs none)
+    "floor": {"core_eager_s": 0.0, "eager_gpu_s": 0.0},  # the rule before: the floor is both
+    "median": {"eager_sigma": 0.0},  # the core's median time on every such step
+    "terms": {"eager_gpu_s": 1e-9},  # the GPU's span the step's terms alone, no floor
+}
 
 
-def coretrial(engines: str = "qwen3-32b-fp8-h100-t", core_ms: str | None = None,
-              rho: str = "0.45") -> None:
-    """Engines' experiments (comma-separated) predicted again with the serving core's own
-    time for a step past the largest CUDA graph set apart from the GPU's floor
-    (StepModel.core_eager_s, which no shipped profile sets yet): `core_ms`, else the first
-    engine's traced median (`step_core_times`), beside the profile as shipped and the
-    measured TTFT p50 / p99, ITL p50 / p99 and share of token gaps of 30 ms or more: the
-    fortieth session's trial on the H100's Qwen3-32B FP8, whose eager floor (61.5 ms) is
-    such a step's GPU span, its core's 38.7-43.8. A third column, the candidate rule: that
-    time drawn a step about its median with the trace's spread (`eager_sigma`), drifting
-    from one graph-less step to the next with autocorrelation `rho` (`_Drifting`, through
-    simulation.core_spread; the other steps' core time kept at its median)."""
+def _core_variant(name: str, rho: float) -> Any:
+    """A context that runs the simulator under a variant of the graph-less core rule:
+    `CORE_VARIANTS`' terms on every profile that carries core_eager_s, or "drift", the core's
+    time drifting from one such step to the next with autocorrelation `rho` (`_Drifting`,
+    the traces' lag-1 autocorrelation: core-launch/eager/*.json eager_rho)."""
+    import contextlib
+
     import capplan.sim.run as simrun
-    import capplan.validate.suite as suite
-    from capplan.profiles import resolve_profile
+
+    @contextlib.contextmanager
+    def patched() -> Iterator[None]:
+        loaded, made = Profile.__dict__["load"], simrun.LaunchSpread
+
+        def load(cls: type[Profile], path: str | Path) -> Profile:
+            prof: Profile = loaded.__func__(cls, path)
+            if not prof.step.core_eager_s or name not in CORE_VARIANTS:
+                return prof
+            return prof.model_copy(update={"step": prof.step.model_copy(
+                update=CORE_VARIANTS[name])})
+
+        try:
+            Profile.load = classmethod(load)  # type: ignore[assignment,method-assign]
+            if name == "drift":
+                simrun.LaunchSpread = lambda rng: _Drifting(rng, rho)  # type: ignore[assignment,misc]
+            yield
+        finally:
+            Profile.load = loaded  # type: ignore[method-assign]
+            simrun.LaunchSpread = made  # type: ignore[misc]
+
+    return patched()
+
+
+def coretrial(engines: str = "qwen3-32b-fp8-h100-t2,llama-3.1-8b-fp8-h100-t2",
+              rho: str = "0.5") -> None:
+    """Engines' experiments (comma-separated) measured, predicted as shipped (the serving
+    core's own time on a step past the largest CUDA graph, core_eager_s, drawn with its
+    spread; the GPU's span at least eager_gpu_s) and under the rule before it (the eager floor
+    the core's hold and the GPU's least span alike): TTFT p50 / p99, ITL p50 / p99 and the
+    share of token gaps of 30 ms or more, the gaps across such steps, which set ITL p50
+    where they near half (`tokengaps`); then under the drifting variant (`_core_variant`)."""
     from capplan.validate.compare import measured_metrics
 
-    names = engines.split(",")
-    core_s, sigma = _eager_core(names[0])
-    if core_ms is not None:
-        core_s = float(core_ms) / 1e3
-    r = float(rho)
-    print(f"core_eager_s {core_s * 1e3:.1f} ms, eager_sigma {sigma}, rho {r}; each figure "
-          "measured / shipped / trial / rule (ms)")
     keys = ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s")
-    made = simrun.LaunchSpread
+    print(f"each figure measured / shipped / floor / drift (rho {rho}) (ms)")
 
-    def figures(r_: Any, exp: Any) -> tuple[Any, float]:
-        w = r_.simulate(exp).workloads[0]
-        rec = _recorders(simulate, r_.mix(exp), "validate", 1, decode_cohort=False)[0]
+    def figures(run_: Any, exp: Any) -> tuple[Any, float]:
+        w = run_.simulate(exp).workloads[0]
+        rec = _recorders(simulate, run_.mix(exp), "validate", 1, decode_cohort=False)[0]
         return w, rec.itl.share_above(0.030)
 
-    for engine in names:
+    for engine in engines.split(","):
         folder = next(p for p in stored_runs() if p.name == engine)
         run_, reqs, _ = load_run(folder)
-        prof = resolve_profile(run_.pool, load_model_spec(run_.pool.model))
-        with tempfile.TemporaryDirectory() as tmp:
-            runs_: list[Any] = [run_]
-            for k, upd in enumerate(({"core_eager_s": core_s},
-                                     {"core_eager_s": core_s, "eager_sigma": sigma,
-                                      "core_graph_sigma": 0.0, "core_piecewise_sigma": 0.0})):
-                d = Path(tmp) / str(k)
-                d.mkdir()
-                (d / "profile.json").write_text(prof.model_copy(update={
-                    "step": prof.step.model_copy(update=upd)}).model_dump_json())
-                runs_.append(run_.model_copy(update={
-                    "pool": run_.pool.model_copy(update={"profile": str(d)})}))
-            for exp in run_.experiments:
-                runs = reqs.filter(pl.col("run").is_in(exp.runs()))
-                m = measured_metrics(runs)
-                got = [figures(x, exp) for x in runs_[:2]]
-                try:  # the rule: the spread on, drifting, for graph-less steps alone
-                    suite.CORE_SPREAD = True
-                    simrun.LaunchSpread = lambda rng: _Drifting(rng, r)  # type: ignore[assignment,misc]
-                    got.append(figures(runs_[2], exp))
-                finally:
-                    suite.CORE_SPREAD = False
-                    simrun.LaunchSpread = made  # type: ignore[misc]
-                cells = [f"{k[:-2].replace('_', ' ').upper()} {m[k] * 1e3:.1f} / "
-                         + " / ".join(f"{getattr(w, k) * 1e3:.1f}" for w, _ in got) for k in keys]
-                # the share of token gaps of 30 ms or more (`tokengaps`): the gaps across a
-                # step past the largest graph, which set ITL p50 where they near half
-                gaps = np.concatenate([np.diff(c) for c in runs["chunk_t"].to_list()
-                                       if len(c) > 1] or [[]])
-                cells.append(f"gaps >= 30 ms {np.mean(gaps >= 0.030):.1%} / "
-                             + " / ".join(f"{x:.1%}" for _, x in got))
-                print(f"{engine:22s} {exp.name:9s} " + "; ".join(cells))
+        for exp in run_.experiments:
+            runs = reqs.filter(pl.col("run").is_in(exp.runs()))
+            m = measured_metrics(runs)
+            got = [figures(run_, exp)]
+            for variant in ("floor", "drift"):
+                with _core_variant(variant, float(rho)):
+                    got.append(figures(run_, exp))
+            cells = [f"{k[:-2].replace('_', ' ').upper()} {m[k] * 1e3:.1f} / "
+                     + " / ".join(f"{getattr(w, k) * 1e3:.1f}" for w, _ in got) for k in keys]
+            gaps = np.concatenate([np.diff(c) for c in runs["chunk_t"].to_list()
+                                   if len(c) > 1] or [[]])
+            cells.append(f"gaps >= 30 ms {np.mean(gaps >= 0.030):.1%} / "
+                         + " / ".join(f"{x:.1%}" for _, x in got))
+            print(f"{engine:22s} {exp.name:9s} " + "; ".join(cells))
 
 
-def coresuite(rho: str = "0.45") -> None:
-    """`coretrial`'s candidate rule on the whole suite: for each model whose H100 serving
-    core traces hold enough steps past the largest CUDA graph (Qwen3-32B's `-t2`,
-    Llama-3.1-8B's first), its H100 profiles take that trace's median core time for such a
-    step (StepModel.core_eager_s) and spread (`eager_sigma`), drawn a step and drifting from
-    one such step to the next (`_Drifting`, autocorrelation `rho`); every other step and
-    profile keeps its median. Rows within target and those moved, against the suite as
-    shipped."""
-    import capplan.sim.run as simrun
-    import capplan.validate.suite as suite
-    from capplan.profile import Profile
-
-    traces = {"qwen3-32b": "qwen3-32b-fp8-h100-t2", "llama-3.1-8b": "llama-3.1-8b-fp8-h100"}
-    terms: dict[str, dict[str, float]] = {}
-    for model, engine in traces.items():
-        core_s, sigma = _eager_core(engine)
-        terms[model] = {"core_eager_s": core_s, "eager_sigma": sigma}
-        print(f"  {model}: {engine}'s core {terms[model]['core_eager_s'] * 1e3:.1f} ms, "
-              f"sigma {terms[model]['eager_sigma']}")
+def coresuite(rho: str = "0.5") -> None:
+    """The shipped graph-less core rule against its variants on the whole suite
+    (`_core_variant`): the floor as the core's hold (the rule before), the core's median time
+    on every such step (no draw), the GPU's span the step's terms alone (no floor under it),
+    and the core's time drifting from one such step to the next (`rho`). Rows within target,
+    each variant against the rule shipped, by GPU and model, and in all."""
     targets = {"output_tok_s": .05, "ttft_p50_s": .05, "ttft_p99_s": .10, "itl_p50_s": .05,
                "itl_p99_s": .10, "e2e_p99_s": .10}
-    loaded = Profile.__dict__["load"]
 
-    def load(cls: type[Profile], path: str | Path) -> Profile:
-        prof: Profile = loaded.__func__(cls, path)
-        upd = {"core_graph_sigma": 0.0, "core_piecewise_sigma": 0.0, "eager_sigma": 0.0}
-        if prof.gpu == "h100" and prof.model in terms:
-            upd |= terms[prof.model]
-        return prof.model_copy(update={"step": prof.step.model_copy(update=upd)})
+    def within(rows: Any) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for r in rows:
+            model = r.engine.split("-")[0]
+            group = f"{'h100' if '-h100' in r.engine else 'h200'} {model}"
+            for g in (group, "all"):
+                for m, tg in targets.items():
+                    out.setdefault(g, dict.fromkeys(targets, 0))[m] += abs(r.error(m)) <= tg
+        return out
 
-    base = compare_all()
-    made = simrun.LaunchSpread
-    try:
-        Profile.load = classmethod(load)  # type: ignore[assignment,method-assign]
-        suite.CORE_SPREAD = True
-        simrun.LaunchSpread = lambda rng: _Drifting(rng, float(rho))  # type: ignore[assignment,misc]
-        rule = compare_all()
-    finally:
-        Profile.load = loaded  # type: ignore[method-assign]
-        suite.CORE_SPREAD = False
-        simrun.LaunchSpread = made  # type: ignore[misc]
-    for m, tg in targets.items():
-        a = [abs(r.error(m)) <= tg for r in base]
-        b = [abs(r.error(m)) <= tg for r in rule]
-        print(f"  {m:13s} within {sum(a)} -> {sum(b)} of {len(a)}; into the target "
-              f"{sum(y and not x for x, y in zip(a, b, strict=True))}, out of it "
-              f"{sum(x and not y for x, y in zip(a, b, strict=True))}")
+    shipped = within(compare_all())
+    for variant in ("floor", "median", "terms", "drift"):
+        with _core_variant(variant, float(rho)):
+            got = within(compare_all())
+        print(f"  {variant}" + (f" (rho {rho})" if variant == "drift" else "")
+              + ": rows within target, shipped -> variant")
+        for g in sorted(shipped, key=lambda g: (g == "all", g)):
+            print(f"    {g:14s} " + ", ".join(
+                f"{m[:-2]} {shipped[g][m]} -> {got[g][m]}" for m in targets))
 
 
 def pictures(engine: str = "gemma-4-31b-fp8-vision") -> None:

@@ -237,6 +237,11 @@ def test_core_eager_time_sets_the_launch_and_leaves_the_floor_to_the_gpu() -> No
     assert split.step_times(9000, 1, 0.0, 0)[0] == pytest.approx(1e-3 + 9000e-5)
     assert split.step_time_s(600, 1, 0.0, 0) == pytest.approx(0.05)
     assert split.step_times(512, 1, 0.0, 0) == _timer(base).step_times(512, 1, 0.0, 0)
+    # where the serving traces measured the GPU's own span of such a step (a CPU-bound
+    # calibration's floor is its launch, longer than the GPU's span), that bounds the work
+    gpu = _timer(base.model_copy(update={"core_eager_s": 0.03, "eager_gpu_s": 0.02}))
+    assert gpu.step_times(600, 1, 0.0, 0) == (pytest.approx(0.02), pytest.approx(0.03))
+    assert gpu.step_time_s(600, 1, 0.0, 0) == pytest.approx(0.03)
 
 
 def test_gemm_stairs_jump_past_128_tokens_and_every_256() -> None:

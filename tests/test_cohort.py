@@ -83,7 +83,8 @@ by a few bins."""
 def _close(a: Any, b: Any, path: str = "") -> None:
     if isinstance(a, dict):
         assert a.keys() == b.keys(), path
-        if a.get("metric") == "itl":  # an SLO's verdict on ITL quotes its percentile
+        if str(a.get("key", "")).startswith("itl"):  # an SLO's verdict on ITL quotes its
+            # percentile
             path += "(itl)"
         for k in a:
             _close(a[k], b[k], f"{path}/{k}")

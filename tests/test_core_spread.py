@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -41,10 +42,15 @@ def test_sigma_is_the_log_normal_of_the_traced_p10_and_p90() -> None:
 
 def test_profiles_take_the_spread_of_their_models_serving_trace() -> None:
     """Every profile of a model whose serving core was traced carries that trace's spread
-    (calibration/_raw/core-launch/<model>.json, scripts/core_launch.py)."""
+    (calibration/_raw/core-launch/<model>.json, scripts/core_launch.py); a graph-less
+    step's, where the model's traces measured its core time apart (core-launch/eager/),
+    theirs."""
     for model in ("llama-3.1-8b", "qwen3-32b", "gemma-4-31b"):
-        spread = json.loads((CALIBRATION_DIR / "_raw" / "core-launch" / f"{model}.json")
-                            .read_text())["spread"]
+        raw = CALIBRATION_DIR / "_raw" / "core-launch"
+        spread = json.loads((raw / f"{model}.json").read_text())["spread"]
+        eager = raw / "eager" / f"{model}.json"
+        if eager.exists():
+            spread["eager"] = json.loads(eager.read_text())["eager_sigma"]
         for d in sorted((PROFILES / model).glob("*/profile.json")):
             step = Profile.load(d.parent).step
             assert (step.core_graph_sigma, step.core_piecewise_sigma, step.eager_sigma) == (
@@ -52,10 +58,11 @@ def test_profiles_take_the_spread_of_their_models_serving_trace() -> None:
             assert 0.05 < step.core_graph_sigma < 0.3
 
 
-def _mix(spread: bool) -> TrafficMix:
+def _mix(spread: bool, profile: Path | None = None) -> TrafficMix:
+    pool = {"name": "p", "model": "llama-3.1-8b", "engine": {"max_model_len": 4096}}
     return TrafficMix.model_validate({
         "schema_version": 1,
-        "pools": [{"name": "p", "model": "llama-3.1-8b", "engine": {"max_model_len": 4096}}],
+        "pools": [pool | ({"profile": str(profile)} if profile else {})],
         "workloads": [{"pool": "p", "name": "chat", "arrival": {"kind": "poisson",
                                                                 "rate_rps": 20},
                        "input_tokens": {"kind": "constant", "value": 512},
@@ -75,3 +82,21 @@ def test_the_spread_is_seeded_and_moves_only_the_core_time() -> None:
     w_on, w_off = on.workloads[0], off.workloads[0]
     assert abs(w_on.itl_p50_s / w_off.itl_p50_s - 1) < 0.05
     assert w_on.itl_p99_s != w_off.itl_p99_s
+
+
+def test_graph_less_core_time_is_drawn_where_measured(tmp_path: Path) -> None:
+    """Where a profile measured the serving core's own time on a step past the largest CUDA
+    graph (core_eager_s) with its spread, every such step's core time is drawn (no
+    core_spread needed), from the replica's own stream: seeded, the requests the same, the
+    latencies moved; with no spread the median holds every step."""
+    prof = Profile.load(PROFILES / "llama-3.1-8b" / "bf16")
+    assert prof.step.core_eager_s > 0 and prof.step.eager_sigma > 0
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    (flat / "profile.json").write_text(prof.model_copy(update={"step": prof.step.model_copy(
+        update={"eager_sigma": 0.0})}).model_dump_json())
+    drawn = simulate(_mix(False), "p", 1, seed=4)
+    assert drawn.model_dump() == simulate(_mix(False), "p", 1, seed=4).model_dump()
+    median = simulate(_mix(False, flat), "p", 1, seed=4)
+    a, b = drawn.requests(), median.requests()
+    assert a["arrival_s"].equals(b["arrival_s"]) and not a["ttft_s"].equals(b["ttft_s"])

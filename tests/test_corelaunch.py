@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -12,7 +13,14 @@ from capplan.calibrate import store
 from capplan.calibrate.build import build_profile, calibration_core, groups
 from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.profile import Profile, StepTimer
-from capplan.validate.corelaunch import measure, pack
+from capplan.validate.corelaunch import (
+    SPREAD_MIN_STEPS,
+    lone_eager,
+    measure,
+    pack,
+    read_trace,
+    step_core_times,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RAW_DIR = ROOT / "calibration" / "_raw"
@@ -62,7 +70,8 @@ def test_every_profile_of_the_model_carries_it(model: str) -> None:
 
 def test_step_times_charge_the_core_by_kind_of_step() -> None:
     """A decode-only step's launch is core_graph_s, a prefill within the largest CUDA graph
-    core_piecewise_s, a step past it the eager floor; work is unchanged."""
+    core_piecewise_s, a step past it the serving core's own time for one (core_eager_s),
+    else the eager floor; work is unchanged."""
     prof = Profile.load(CALIBRATION_DIR / "h200" / "vllm-0.26.0" / "llama-3.1-8b" / "bf16")
     s = prof.step
     timer = StepTimer(prof, max_num_seqs=1024, max_num_batched_tokens=8192)
@@ -70,7 +79,10 @@ def test_step_times_charge_the_core_by_kind_of_step() -> None:
     _, piece = timer.step_times(208, 1, 208 * (1840 + 104), 0)
     _, eager = timer.step_times(2048, 1, 2048 * 1024, 0)
     assert decode == s.core_graph_s and piece == s.core_piecewise_s
-    assert eager == s.eager_floor_s
+    assert s.core_eager_s > 0 and eager == s.core_eager_s
+    floor = StepTimer(prof.model_copy(update={"step": s.model_copy(
+        update={"core_eager_s": 0.0})}), max_num_seqs=1024, max_num_batched_tokens=8192)
+    assert floor.step_times(2048, 1, 2048 * 1024, 0)[1] == s.eager_floor_s
     bare = prof.model_copy(update={"step": s.model_copy(
         update={"core_graph_s": 0.0, "core_piecewise_s": 0.0})})
     t0 = StepTimer(bare, max_num_seqs=1024, max_num_batched_tokens=8192)
@@ -146,3 +158,61 @@ def test_pack_stores_a_raw_trace_compactly(tmp_path: Path) -> None:
     assert meta == {"engine": "e", "experiments": {"x": {"t0_perf": 100.1, "wall_s": 2.0}},
                     "wrapped": ["Scheduler.schedule"], "host": {"cpus": 2},
                     "clock_base_s": 100.0}
+
+
+# every GPU's graph-less core figures: (gpu, model)
+EAGER = [(gpu, p.stem) for gpu in ("h200", "h100")
+         for p in sorted((store.raw_dir(CALIBRATION_DIR, gpu) / "core-launch" / "eager")
+                         .glob("*.json"))]
+
+
+@pytest.mark.parametrize(("gpu", "model"), EAGER)
+def test_core_eager_is_remeasured_and_every_profile_carries_it(gpu: str, model: str) -> None:
+    """<raw>/core-launch/eager/<model>.json is what its engines' stored traces give
+    (corelaunch.lone_eager), its figures the medians over them; every profile of the model
+    on that GPU carries them, the GPU's span its precision's where one was traced."""
+    shipped = json.loads((store.raw_dir(CALIBRATION_DIR, gpu) / "core-launch" / "eager"
+                          / f"{model}.json").read_text())
+    assert len(shipped["engines"]) >= 1
+    for fig in shipped["engines"]:
+        trace = ROOT / fig["trace"]
+        folder = CALIBRATION_DIR / gpu / "vllm-0.26.0" / model / "validation" / fig["engine"]
+        again = lone_eager(step_core_times(read_trace(trace), json.loads(
+            trace.with_suffix(".json").read_text()), pl.read_parquet(folder / "steps.parquet")))
+        assert {k: fig[k] for k in again} == again, fig["engine"]
+        assert fig["lone_eager_steps"] >= SPREAD_MIN_STEPS
+    # a graph-less step costs the core several times a piecewise one's few ms
+    assert 5e-3 < shipped["core_eager_s"] < 0.1
+    assert shipped["core_eager_s"] == pytest.approx(
+        float(np.median([f["core_eager_s"] for f in shipped["engines"]])), abs=1e-6)
+    dirs = [p.parent for p in (CALIBRATION_DIR / gpu / "vllm-0.26.0" / model).glob(
+        "*/profile.json")]
+    assert dirs
+    for d in dirs:
+        step = Profile.load(d).step
+        assert (step.core_eager_s, step.eager_sigma) == (
+            shipped["core_eager_s"], shipped["eager_sigma"]), d.name
+        prec = d.name.split("-")[0]
+        assert step.eager_gpu_s == shipped["gpu_eager_s"].get(prec, 0.0), d.name
+
+
+def test_lone_eager_reads_graph_less_steps_after_a_decode_only_one() -> None:
+    """Only a graph-less step of at most LONE_MAX_TOKENS right after a decode-only step in
+    the same run counts; its spread and drift need SPREAD_MIN_STEPS of them."""
+    # each run: a decode-only step, a graph-less one (counted), a graph-less one after it
+    # (not), a decode-only one, a long graph-less one (not: past LONE_MAX_TOKENS)
+    pattern = [("graph", 40), ("eager", 600), ("eager", 600), ("graph", 40), ("eager", 4096)]
+    rows = [{"run": run, "step": i, "kind": pattern[i % 5][0], "tokens": pattern[i % 5][1],
+             "core_s": 0.003 if pattern[i % 5][0] == "graph" else 0.020 + i * 1e-4,
+             "gpu_s": 0.017}
+            for run in ("a", "b") for i in range(60)]
+    t = pl.DataFrame(rows)
+    got = lone_eager(t)
+    counted = [r["core_s"] for r in rows if r["step"] % 5 == 1]
+    assert got["lone_eager_steps"] == len(counted) == 24
+    assert got["core_eager_s"] == pytest.approx(float(np.median(counted)), abs=1e-6)
+    assert got["gpu_eager_s"] == pytest.approx(0.017)
+    assert got["eager_rho"] > 0.9  # a steady climb within each run
+    assert "eager_sigma" not in lone_eager(t.filter(pl.col("step") < 20))
+    assert lone_eager(t.head(0)) == {}
+

@@ -75,9 +75,11 @@ class SimulationSettings(InputModel):
     core_spread: bool = Field(
         default=False,
         description="draw each step's engine-core time about its median with the spread the "
-        "profile's serving core trace measured (core_graph_sigma, core_piecewise_sigma, "
-        "eager_sigma; sim/replica.py LaunchSpread); false (the default until the spread of "
-        "graph-less steps is measured under load, docs/validation.md): the median every step",
+        "profile's serving core trace measured (core_graph_sigma, core_piecewise_sigma, and "
+        "eager_sigma about eager_floor_s where the profile has no core_eager_s; sim/replica.py "
+        "LaunchSpread); false (the default: the median every such step). A step past the "
+        "largest CUDA graph whose core time the profile measured under load (core_eager_s) is "
+        "drawn either way",
     )
 
     @model_validator(mode="after")

@@ -286,9 +286,20 @@ class StepModel(BaseModel):
     core_eager_s: float = Field(
         default=0.0, ge=0,
         description="the serving engine core's own time for a step past the largest CUDA "
-        "graph, which launches every kernel itself, where a serving core trace of the model "
-        "on this GPU measured it; the step's GPU span is then at least eager_floor_s (0: not "
-        "measured, and eager_floor_s is the core's time as well)",
+        "graph, which launches every kernel itself, where serving core traces of the model "
+        "on this GPU measured it (the median over its traced engines of their chat-sized "
+        "such steps after a decode-only one, scripts/core_launch.py); the step's GPU span is "
+        "then at least eager_gpu_s (else eager_floor_s), and the core's time on each such step "
+        "is drawn, core_eager_s x exp(eager_sigma z) (sim/replica.py; 0: not measured, and "
+        "eager_floor_s is the core's time as well)",
+    )
+    eager_gpu_s: float = Field(
+        default=0.0, ge=0,
+        description="the GPU's own span of a chat-sized step past the largest CUDA graph, "
+        "where serving core traces of the model in this precision on this GPU measured it "
+        "beside core_eager_s (scripts/core_launch.py): with core_eager_s, such a step's work "
+        "is at least this (0: at least eager_floor_s, the calibration's least such step, "
+        "which is the GPU's span where its launch was shorter)",
     )
     core_graph_sigma: float = Field(
         default=0.0, ge=0,
@@ -302,8 +313,9 @@ class StepModel(BaseModel):
         "largest CUDA graph",
     )
     eager_sigma: float = Field(
-        default=0.0, ge=0, description="the same for a step past the largest CUDA graph, "
-        "whose core time is the CPU's launches (eager_floor_s)",
+        default=0.0, ge=0, description="the same for a step past the largest CUDA graph: "
+        "about core_eager_s where that is measured (drawn on every such step), else about "
+        "eager_floor_s (with simulation.core_spread)",
     )
     eager_step_s: float = Field(
         default=0.0, ge=0,
@@ -497,6 +509,7 @@ class StepTimer:
         "_eager",
         "_eager_above",
         "_eager_floor",
+        "_eager_gpu",
         "_enc",
         "_enc_step",
         "_gemm",
@@ -512,6 +525,7 @@ class StepTimer:
         "_stairs",
         "_window",
         "box",
+        "eager_spread",
         "encoder_draws",
         "encoder_spells",
         "extrapolated_steps",
@@ -549,6 +563,10 @@ class StepTimer:
         self._eager = s.eager_step_s
         self._eager_floor = s.eager_floor_s
         self._core_eager = s.core_eager_s
+        self._eager_gpu = s.eager_gpu_s or s.eager_floor_s
+        # the core's time on a step past the largest graph, where measured apart from the
+        # floor, drawn on every such step with this spread (sim/replica.py; 0: the median)
+        self.eager_spread = s.eager_sigma if s.core_eager_s else 0.0
         self._core = (s.core_graph_s, s.core_piecewise_s)
         self._sigma = (s.core_graph_sigma, s.core_piecewise_sigma, s.eager_sigma)
         self._window = ((float(s.window_tokens), s.decode_window_s, s.prefill_window_s)
@@ -609,6 +627,10 @@ class StepTimer:
         per_token, per_token2, floor = self._enc
         t = encoder_work_s(tokens, max(images, 1), per_token, per_token2)
         return t if t > floor else floor
+
+    def eager(self, tokens: int) -> bool:
+        """Whether a step of `tokens` tokens runs past the largest CUDA graph."""
+        return tokens > self._eager_above
 
     def launch_sigma(self, tokens: int, prefill: bool) -> float:
         """The spread (sigma of the logarithm) of the core's time on a step of `tokens`
@@ -693,13 +715,13 @@ class StepTimer:
             t += self._eager
             launch = self._eager_floor
             if self._core_eager:
-                # measured apart: the floor is the GPU's span (a 512-token prompt's step on
-                # the H100's Qwen3-32B FP8 took 61.4 ms on the GPU, its floor 61.5), the
-                # core's own time shorter (38.7-43.8 ms on two hosts), so the core schedules
-                # the next step while the GPU still runs this one (docs/validation.md,
-                # fortieth session)
-                if t < launch:
-                    t = launch
+                # measured apart, the floor is the least of the GPU's span and the core's
+                # time its own: shorter (Qwen3-32B FP8 on an H100: a 512-token prompt's step
+                # 61.0 ms on the GPU, its floor 61.5, the core's 38.1), the core schedules
+                # the next step while the GPU still runs this one; longer (Llama-3.1-8B:
+                # 17.2 on the GPU, the core's 20.3), the GPU waits for it (docs/simulator.md)
+                if t < self._eager_gpu:
+                    t = self._eager_gpu
                 launch = self._core_eager
         extra = 0.0
         if self.k:

@@ -334,6 +334,18 @@ def core_launch(raw: Path, model: str) -> dict[str, Any] | None:
     return out
 
 
+def core_eager(raw: Path, model: str) -> dict[str, Any] | None:
+    """The serving core's own time on a step past the largest CUDA graph for `model`, its
+    spread and drift (`raw/core-launch/eager/<model>.json`, written by scripts/core_launch.py
+    from the model's traced serving engines on this GPU, validate/corelaunch.py lone_eager):
+    every profile of the model takes it, as `core_launch`'s. None if absent."""
+    path = raw / "core-launch" / "eager" / f"{model}.json"
+    if not path.exists():
+        return None
+    out: dict[str, Any] = json.loads(path.read_text())
+    return out
+
+
 def calibration_core(df: pl.DataFrame, eng: dict[str, Any]) -> dict[str, Any] | None:
     """The engine core's own time a step as the calibration engine measured it (runner.py:
     scheduling + `cpu_launch_s` + `cpu_update_s`, what the serving core's loop spends on a
@@ -589,6 +601,19 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                 "core_piecewise_sigma": core["spread"]["piecewise"],
                 "eager_sigma": core["spread"]["eager"]})
         notes.append(note)
+    eager = core_eager(raw, g.model)
+    if eager is not None:
+        step = step.model_copy(update={k: eager[k] for k in ("core_eager_s", "eager_sigma")} | {
+            "eager_gpu_s": eager["gpu_eager_s"].get(prec, 0.0)})
+        notes.append(f"core_eager_s {eager['core_eager_s'] * 1e3:.1f} ms (sigma "
+                     f"{eager['eager_sigma']}): the serving engine "
+                     "core's own time on a step past the largest CUDA graph after a "
+                     "decode-only one, the median over "
+                     + ", ".join(e["engine"] for e in eager["engines"])
+                     + f" (core-launch/eager/{g.model}.json)"
+                     + (f"; eager_gpu_s {eager['gpu_eager_s'][prec] * 1e3:.1f} ms, the GPU's "
+                        f"span of those steps in the {prec} engines"
+                        if prec in eager["gpu_eager_s"] else ""))
     reserved = image_reservation(g.metas, g.image_metas)
     if reserved is not None:
         kv = kv.model_copy(update={"image_reservation_tokens": reserved})
@@ -646,6 +671,8 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
         extra["shared_ctx"] = shared
     if core is not None:
         extra["core_launch"] = core
+    if eager is not None:
+        extra["core_eager"] = eager
     if graphs is not None:
         extra["graph_scan"] = graphs
     if encoder is not None:

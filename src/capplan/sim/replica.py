@@ -181,9 +181,13 @@ class Replica:
         jitter: OutputJitter | None = None,
         spread: LaunchSpread | None = None,
         pictures: PictureDraws | None = None,
+        eager_draws: LaunchSpread | None = None,
     ) -> None:
         self.env = env
         self.spread = spread  # each step's core time about its median, or the median
+        # the core's time on steps past the largest CUDA graph, where the profile measured it
+        # apart from the GPU's span (StepTimer.eager_spread): drawn
+        self.draws = eager_draws or LaunchSpread(np.random.default_rng(index))
         self.pictures = pictures  # a picture's step around its pass, drawn, or the median
         self.latency = client_latency_s  # outputs reach the client this much later
         self.client = client  # one load generator's event loop (sim/client.py), or none
@@ -274,7 +278,11 @@ class Replica:
                 break
             seqs = len(plan.reqs) + plan.cohort_size
             factor = 1.0
-            if self.spread is not None:
+            if self.timer.eager_spread and self.timer.eager(plan.total_tokens):
+                # the core's own time on a step past the largest CUDA graph, measured apart
+                # from the GPU's span with its spread under load: drawn every such step
+                factor = self.draws.factor(self.timer.eager_spread)
+            elif self.spread is not None:
                 sigma = self.timer.launch_sigma(plan.total_tokens, plan.prefill_seqs > 0)
                 if sigma:
                     factor = self.spread.factor(sigma)

@@ -364,6 +364,7 @@ class _Run:
                 PictureDraws(timer.encoder_draws, np.random.default_rng([seed, 6, i]),
                              timer.encoder_spells)
                 if timer.encoder_draws else None,
+                LaunchSpread(np.random.default_rng([seed, 7, i])),
             ))
         self.router = Router(st.pool.router, self.replicas)
         self.samplers: dict[int, tuple[ClosedLoopSampler, np.random.Generator]] = {}

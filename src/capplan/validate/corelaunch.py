@@ -144,6 +144,50 @@ def summary(times: pl.DataFrame) -> dict[str, Any]:
     return out
 
 
+LONE_MAX_TOKENS = 1100
+"""The largest step `lone_eager` reads: chat-sized steps past the largest CUDA graph (513 to
+1,100 tokens, the span the profiles' eager floor is fitted on, calibrate/fit.py). Past it
+the core's time grows with the tokens (Llama-3.1-8B FP8 on an H100: 22.0 ms at 539 tokens,
+32.6 at 4,108), and the GPU's span more (71 ms)."""
+
+
+def lone_eager(times: pl.DataFrame) -> dict[str, Any]:
+    """The core's own time on a step past the largest CUDA graph that follows a decode-only
+    step (`step_core_times`; of at most LONE_MAX_TOKENS): its median (`core_eager_s`), how
+    many, their spread (`eager_sigma`, as `summary` reads one, with SPREAD_MIN_STEPS or
+    more) and how it drifts (`eager_rho`: the lag-1 autocorrelation of its logarithm from
+    one such step to the next in a run); and the GPU's own span of those steps, at the
+    median (`gpu_eager_s`). Such a step's launch is the core's alone; one that
+    follows another graph-less step also waits on the GPU still running that one (its core
+    time the longer: Qwen3-32B FP8 on an H100, 33.7 ms at the median after a decode-only
+    step, 50.1 after a graph-less one), a wait the simulator has as the GPU's order. Empty
+    where the trace holds none."""
+    if times.is_empty():
+        return {}
+    t = times.sort(["run", "step"]).with_columns(
+        after=pl.col("kind").shift(1).over("run"),
+        gap=(pl.col("step") - pl.col("step").shift(1)).over("run"))
+    x = t.filter((pl.col("kind") == "eager") & (pl.col("after") == "graph")
+                 & (pl.col("gap") == 1) & (pl.col("tokens") <= LONE_MAX_TOKENS))
+    if x.is_empty():
+        return {}
+    core = x["core_s"].to_numpy()
+    out: dict[str, Any] = {"core_eager_s": round(float(np.median(core)), 6),
+                           "lone_eager_steps": len(core)}
+    gpu = x["gpu_s"].drop_nans().drop_nulls().to_numpy()
+    if len(gpu):  # the GPU's own span of those steps (step_core_times' gpu_s)
+        out["gpu_eager_s"] = round(float(np.median(gpu)), 6)
+    p10, p90 = np.percentile(core, [10, 90])
+    if len(core) >= SPREAD_MIN_STEPS and p10 > 0:
+        out["eager_sigma"] = round(float(np.log(p90 / p10) / (2 * Z90)), 4)
+        runs = x["run"].to_numpy()
+        same = runs[1:] == runs[:-1]
+        if same.sum() >= SPREAD_MIN_STEPS:
+            lc = np.log(core)
+            out["eager_rho"] = round(float(np.corrcoef(lc[:-1][same], lc[1:][same])[0, 1]), 3)
+    return out
+
+
 def pack(run_dir: Path) -> tuple[pl.DataFrame, dict[str, Any]]:
     """A traced engine's raw core trace (the runner's `run_dir/coretrace/core-<pid>.jsonl`,
     one `[name, thread, t0_s, t1_s]` line a span, and its `engine.json`) as stored under
