@@ -11,6 +11,13 @@ Each model also takes the spread of each kind of step's core time (`spread`, sig
 logarithm; sim/replica.py LaunchSpread): the chosen engine's where its trace has 20 such
 steps, else the median of the model's other traced engines'.
 
+It also writes <raw>/core-launch/eager/<model>.json for every model and GPU whose traced
+serving engines (text alone, no drafter; any stored core trace) hold 20 graph-less steps of
+at most 1,100 tokens after a decode-only step (`write_eager`): the core's own time on such a
+step, the median over those engines, since hosts differ there more than anywhere
+(StepModel.core_eager_s, eager_sigma, and the GPU's span by precision, eager_gpu_s; forty-first
+session).
+
 Each model takes the engine measured on the host whose small prefills took what most of the
 suite's hosts took (docs/validation.md, "Where the engine core's time goes"): Llama-3.1-8B
 BF16 on the thirteenth session's third lease (cache-hit TTFT p50 18.9 ms there, 18.0-22.0 ms on
