@@ -168,10 +168,13 @@ def lone_engines(gpu: str, model: str) -> list[dict[str, Any]]:
                 w.get("image") for e in run["experiments"] for w in e["workloads"]):
             continue
         meta = json.loads(trace.with_suffix(".json").read_text())
-        fig = lone_eager(step_core_times(read_trace(trace), meta,
-                                         pl.read_parquet(folder / "steps.parquet")))
+        times = step_core_times(read_trace(trace), meta, pl.read_parquet(folder / "steps.parquet"))
+        fig = lone_eager(times)
         if fig.get("lone_eager_steps", 0) >= SPREAD_MIN_STEPS:
-            out.append({**fig, "engine": engine, "precision": run["pool"]["precision"],
+            # the same host's decode-only step beside it: how fast the host's core is
+            graph = times.filter(pl.col("kind") == "graph")["core_s"]
+            out.append({**fig, "core_graph_s": round(float(graph.median()), 6),  # type: ignore[arg-type]
+                        "engine": engine, "precision": run["pool"]["precision"],
                         "trace": str(trace.relative_to(ROOT)), "host": meta.get("host")})
     return out
 
@@ -193,7 +196,10 @@ def write_eager(gpu: str, host: Host, model: str) -> None:
                    "core_eager_s" else 4)
         for key in ("core_eager_s", "eager_sigma", "eager_rho")}
     # the GPU's span of such a step is the precision's, not the host's: each precision's
-    # median over its engines (StepModel.eager_gpu_s)
+    # median over its engines (StepModel.eager_gpu_s; a trace's span holds any wait for the
+    # core's launches, which a slow host lengthens, yet the least of the engines' medians
+    # put fewer rows within target: `python scripts/validation_analysis.py coresuite`,
+    # "gpumin")
     fig["gpu_eager_s"] = {
         prec: round(float(np.median([r["gpu_eager_s"] for r in rows
                                      if r["precision"] == prec and "gpu_eager_s" in r])), 6)
@@ -206,8 +212,8 @@ def write_eager(gpu: str, host: Host, model: str) -> None:
           f"{fig['eager_sigma']}, rho {fig['eager_rho']}, GPU "
           + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in fig["gpu_eager_s"].items())
           + " ms: median of "
-          + ", ".join(f"{r['engine']} {r['core_eager_s'] * 1e3:.1f} ({r['lone_eager_steps']})"
-                      for r in rows))
+          + ", ".join(f"{r['engine']} {r['core_eager_s'] * 1e3:.1f} ({r['lone_eager_steps']}; "
+                      f"decode-only {r['core_graph_s'] * 1e3:.2f})" for r in rows))
 
 
 def main() -> None:

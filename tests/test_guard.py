@@ -67,8 +67,10 @@ def test_targets_tighten_by_the_share_past_the_limit_or_the_error(guard: str, st
                 assert t == t0
     assert by_share >= 6 and by_error >= 1
     # the interactive pool's ITL past 50 ms: one Llama row where the simulator put no gap
-    # past it and the engine 0.55 % takes more of the share than the ratio does
-    assert by_unseen >= 3
+    # past it and the engine 0.55 % takes more of the share than the ratio does (under p10;
+    # under worst, since the forty-first session's graph-less core rule, the largest share
+    # ratio binds tighter on every target)
+    assert by_unseen >= (3 if guard == "p10" else 0)
     assert sum("; then p" in x and "where it put almost none" in x for x in lines) == by_unseen
     tightened = [line for line in lines if " -> " in line]
     assert len(tightened) == by_share + by_error

@@ -715,11 +715,11 @@ class StepTimer:
             t += self._eager
             launch = self._eager_floor
             if self._core_eager:
-                # measured apart, the floor is the least of the GPU's span and the core's
-                # time its own: shorter (Qwen3-32B FP8 on an H100: a 512-token prompt's step
-                # 61.0 ms on the GPU, its floor 61.5, the core's 38.1), the core schedules
-                # the next step while the GPU still runs this one; longer (Llama-3.1-8B:
-                # 17.2 on the GPU, the core's 20.3), the GPU waits for it (docs/simulator.md)
+                # measured apart, the core's time is its own and the GPU's span at least
+                # eager_gpu_s (else the floor): shorter than the span (Qwen3-32B FP8 on an
+                # H100: the core's 38.1 ms against 61.4), the core schedules the next step
+                # while the GPU still runs this one; longer (Llama-3.1-8B: 21.9 against
+                # 20.3), the GPU waits for it (docs/simulator.md)
                 if t < self._eager_gpu:
                     t = self._eager_gpu
                 launch = self._core_eager
