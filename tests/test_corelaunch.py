@@ -56,13 +56,18 @@ def test_core_launch_is_remeasured_from_its_trace(gpu: str, model: str) -> None:
     assert 2 * shipped["core_graph_s"] < shipped["core_piecewise_s"] < 0.05
 
 
+def _profile_dirs(gpu: str, model: str) -> list[Path]:
+    """Every shipped profile folder of `model` on `gpu` (at least one)."""
+    dirs = [p.parent for p in (CALIBRATION_DIR / gpu / "vllm-0.26.0" / model).glob(
+        "*/profile.json")]
+    assert dirs
+    return dirs
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_every_profile_of_the_model_carries_it(model: str) -> None:
     shipped = json.loads((RAW / f"{model}.json").read_text())
-    dirs = [p.parent for p in (CALIBRATION_DIR / "h200" / "vllm-0.26.0" / model).glob(
-        "*/profile.json")]
-    assert dirs
-    for d in dirs:
+    for d in _profile_dirs("h200", model):
         step = Profile.load(d).step
         assert (step.core_graph_s, step.core_piecewise_s) == (
             shipped["core_graph_s"], shipped["core_piecewise_s"]), d.name
@@ -185,10 +190,7 @@ def test_core_eager_is_remeasured_and_every_profile_carries_it(gpu: str, model: 
     assert 5e-3 < shipped["core_eager_s"] < 0.1
     assert shipped["core_eager_s"] == pytest.approx(
         float(np.median([f["core_eager_s"] for f in shipped["engines"]])), abs=1e-6)
-    dirs = [p.parent for p in (CALIBRATION_DIR / gpu / "vllm-0.26.0" / model).glob(
-        "*/profile.json")]
-    assert dirs
-    for d in dirs:
+    for d in _profile_dirs(gpu, model):
         step = Profile.load(d).step
         assert (step.core_eager_s, step.eager_sigma) == (
             shipped["core_eager_s"], shipped["eager_sigma"]), d.name
