@@ -213,7 +213,8 @@ def write_eager(gpu: str, host: Host, model: str) -> None:
           + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in fig["gpu_eager_s"].items())
           + " ms: median of "
           + ", ".join(f"{r['engine']} {r['core_eager_s'] * 1e3:.1f} ({r['lone_eager_steps']}; "
-                      f"decode-only {r['core_graph_s'] * 1e3:.2f})" for r in rows))
+                      f"GPU {r.get('gpu_eager_s', float('nan')) * 1e3:.1f}, decode-only "
+                      f"{r['core_graph_s'] * 1e3:.2f})" for r in rows))
 
 
 def main() -> None:

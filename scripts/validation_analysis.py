@@ -664,6 +664,17 @@ def eager(engine: str = "gemma-4-31b-fp8-opent") -> None:
           + f" ms, the GPU's own span of those with one prompt ({len(one)}) "
           + "/".join(f"{x:.1f}" for x in np.nanpercentile(one, q))
           + f" ms; priced {work * 1e3:.1f} ms of work, {floor * 1e3:.1f} ms of launch")
+    # the core's own time (core_s) on such a step by the step before it: after a decode-only
+    # step the launch is the core's alone (corelaunch.lone_eager), after a graph-less one it
+    # also waits on the GPU still running that one (forty-first session)
+    ordered = t.sort(["run", "step"]).with_columns(
+        before=pl.col("kind").shift(1).over("run"))
+    cells = []
+    for kind, label in (("graph", "a decode-only step"), ("eager", "a graph-less one")):
+        x = ordered.filter((pl.col("kind") == "eager") & (pl.col("before") == kind))["core_s"]
+        if len(x):
+            cells.append(f"after {label} {float(x.median()) * 1e3:.1f} ms ({len(x)})")  # type: ignore[arg-type]
+    print("  the core's own time at the median, " + ", ".join(cells))
     # by the prompts a step holds (fortieth session: the tail of Poisson chat is the steps
     # with two and three), each kind's GPU span against its price at its median composition
     for n in sorted(set(e["prefill_reqs"].to_list())):

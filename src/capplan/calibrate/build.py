@@ -327,11 +327,7 @@ def core_launch(raw: Path, model: str) -> dict[str, Any] | None:
     engine's core trace, validate/corelaunch.py): every profile of the model takes it, as
     the host's and vLLM's, not the precision's (Llama-3.1-8B's BF16 and FP8 engines on one
     host: 2.28 and 2.02 ms a decode step, 8.3 and 8.1 ms a piecewise one). None if absent."""
-    path = raw / "core-launch" / f"{model}.json"
-    if not path.exists():
-        return None
-    out: dict[str, Any] = json.loads(path.read_text())
-    return out
+    return _json_or_none(raw / "core-launch" / f"{model}.json")
 
 
 def core_eager(raw: Path, model: str) -> dict[str, Any] | None:
@@ -339,7 +335,10 @@ def core_eager(raw: Path, model: str) -> dict[str, Any] | None:
     spread and drift (`raw/core-launch/eager/<model>.json`, written by scripts/core_launch.py
     from the model's traced serving engines on this GPU, validate/corelaunch.py lone_eager):
     every profile of the model takes it, as `core_launch`'s. None if absent."""
-    path = raw / "core-launch" / "eager" / f"{model}.json"
+    return _json_or_none(raw / "core-launch" / "eager" / f"{model}.json")
+
+
+def _json_or_none(path: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     out: dict[str, Any] = json.loads(path.read_text())
@@ -453,9 +452,9 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
             notes.append(f"decode_ctx_s from {g.model}/bf16 (sweep reached decode context "
                          f"{_max_decode_context(df):.0f} < {MIN_DECODE_CONTEXT})")
     # the points every run of this engine was sent (a repeat's plan may hold points the
-    # main run's has not), so that "measured of planned" counts the same points
-    # The runner skips a point whose KV tokens pass 0.9 of the engine's cache (runner.py,
-    # main); such a point is beyond this engine, not left undone.
+    # main run's has not), so that "measured of planned" counts the same points; the runner
+    # skips a point whose KV tokens pass 0.9 of the engine's cache (runner.py, main): such a
+    # point is beyond this engine, not left undone
     planned: list[str] = []
     beyond_kv: set[str] = set()
     for run_meta in [meta, *(json.loads((raw / f"{n}.meta.json").read_text())

@@ -147,8 +147,9 @@ def summary(times: pl.DataFrame) -> dict[str, Any]:
 LONE_MAX_TOKENS = 1100
 """The largest step `lone_eager` reads: chat-sized steps past the largest CUDA graph (513 to
 1,100 tokens, the span the profiles' eager floor is fitted on, calibrate/fit.py). Past it
-the core's time grows with the tokens (Llama-3.1-8B FP8 on an H100: 22.0 ms at 539 tokens,
-32.6 at 4,108), and the GPU's span more (71 ms)."""
+the core's time grows with the tokens (Llama-3.1-8B FP8 on two H100 hosts: execute_model
+20.2 ms at the median on steps of 543 tokens, 28.6 on steps of 4,109), and the GPU's span
+more (71 ms: `python scripts/validation_analysis.py eager llama-3.1-8b-fp8-h100-long`)."""
 
 
 def lone_eager(times: pl.DataFrame) -> dict[str, Any]:
@@ -160,7 +161,8 @@ def lone_eager(times: pl.DataFrame) -> dict[str, Any]:
     median (`gpu_eager_s`). Such a step's launch is the core's alone; one that
     follows another graph-less step also waits on the GPU still running that one (its core
     time the longer: Qwen3-32B FP8 on an H100, 33.7 ms at the median after a decode-only
-    step, 50.1 after a graph-less one), a wait the simulator has as the GPU's order. Empty
+    step, 50.1 after a graph-less one: validation_analysis.py eager), a wait the simulator
+    has as the GPU's order. Empty
     where the trace holds none."""
     if times.is_empty():
         return {}
