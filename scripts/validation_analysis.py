@@ -35,6 +35,8 @@ with its profile's eager floor set by hand (thirty-ninth session); `coretrial [E
 [RHO]` as shipped, with the core's own time for such a step apart from the GPU's span and
 drawn (forty-first), and under the rule before it; `coresuite [RHO]` the shipped rule
 against its variants on the whole suite.
+`hosttrial [ENGINES]` predicts engines again with their own host's core times, read from
+their traces (forty-first session).
 `pictures [ENGINE]` the served pictures: a lone picture's TTFT beside its text twin's, and
 the time the steps that encode one hold the decodes, against their price (nineteenth session),
 and where the engine's core was traced, each such step beyond its text price against the
@@ -814,6 +816,50 @@ def coretrial(engines: str = "qwen3-32b-fp8-h100-t2,llama-3.1-8b-fp8-h100-t2",
             cells.append(f"gaps >= 30 ms {np.mean(gaps >= 0.030):.1%} / "
                          + " / ".join(f"{x:.1%}" for _, x in got))
             print(f"{engine:22s} {exp.name:9s} " + "; ".join(cells))
+
+
+def hosttrial(engines: str = "llama-3.1-8b-fp8-h100-mix,llama-3.1-8b-fp8-h100-t2") -> None:
+    """Engines' experiments (comma-separated) predicted again with the core's times of the
+    engine's own host, read from its trace (`corelaunch.summary`: decode-only and, with 20
+    such steps, piecewise; `lone_eager`: graph-less, with its spread) in place of the
+    profile's, which are the model's traced hosts' (scripts/core_launch.py): how much of a
+    row's miss the host's core explains. Each figure of the experiment's first workload
+    measured / shipped / with the host's core (ms)."""
+    from capplan.profiles import resolve_profile
+    from capplan.validate.compare import measured_metrics
+    from capplan.validate.corelaunch import SPREAD_MIN_STEPS, lone_eager, step_core_times, summary
+
+    keys = ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "e2e_p99_s")
+    for engine in engines.split(","):
+        folder = next(p for p in stored_runs() if p.name == engine)
+        run_, reqs, _ = load_run(folder)
+        stored = _stored_trace(engine)
+        assert stored is not None, f"{engine}: no stored core trace"
+        times = step_core_times(*stored, pl.read_parquet(folder / "steps.parquet"))
+        own, lone = summary(times), lone_eager(times)
+        upd: dict[str, float] = {"core_graph_s": own["core_graph_s"]}
+        if own.get("piecewise_steps", 0) >= SPREAD_MIN_STEPS:
+            upd["core_piecewise_s"] = own["core_piecewise_s"]
+        if lone.get("lone_eager_steps", 0) >= SPREAD_MIN_STEPS:
+            upd |= {"core_eager_s": lone["core_eager_s"], "eager_sigma": lone["eager_sigma"]}
+        prof = resolve_profile(run_.pool, load_model_spec(run_.pool.model))
+        print(f"{engine}: the host's core " + ", ".join(
+            f"{k} {v * 1e3:.2f} ms" if k.endswith("_s") else f"{k} {v}" for k, v in upd.items())
+              + " (the profile's " + ", ".join(
+            f"{getattr(prof.step, k) * 1e3:.2f}" if k.endswith("_s") else
+            str(getattr(prof.step, k)) for k in upd) + ")")
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "profile.json").write_text(prof.model_copy(update={
+                "step": prof.step.model_copy(update=upd)}).model_dump_json())
+            host = run_.model_copy(update={"pool": run_.pool.model_copy(update={"profile": tmp})})
+            for exp in run_.experiments:
+                runs = reqs.filter(pl.col("run").is_in(exp.runs())
+                                   & (pl.col("workload") == exp.workloads[0].name))
+                m = measured_metrics(runs)
+                got = [r.simulate(exp).workloads[0] for r in (run_, host)]
+                print(f"  {exp.name:11s} " + "; ".join(
+                    f"{k[:-2].replace('_', ' ').upper()} {m[k] * 1e3:.1f} / "
+                    + " / ".join(f"{getattr(w, k) * 1e3:.1f}" for w in got) for k in keys))
 
 
 def coresuite(rho: str = "0.5") -> None:
@@ -2638,7 +2684,8 @@ def main() -> None:
         "reach": reach, "eager": eager, "pictures": pictures, "sync": sync, "spread": spread,
         "probe": probe, "edge": edge, "routed": routed, "drainfit": drainfit,
         "borrowsaving": borrowsaving, "borrowcore": borrowcore, "tokengaps": tokengaps,
-        "leasecalls": leasecalls, "firsttoken": firsttoken, "coresuite": coresuite}
+        "leasecalls": leasecalls, "firsttoken": firsttoken, "coresuite": coresuite,
+        "hosttrial": hosttrial}
     if sys.argv[1:2] == ["wavesplit"]:
         wavesplit(*sys.argv[2:4])
         return
