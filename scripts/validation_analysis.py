@@ -693,12 +693,23 @@ def eager(engine: str = "gemma-4-31b-fp8-opent") -> None:
               + f" ms, priced {w * 1e3:.1f}")
 
 
+def _with_step(run_: Any, prof: Profile, update: dict[str, float], folder: Path) -> Any:
+    """`run_` with its pool's profile `prof` but for the step-model terms in `update`,
+    written to `folder` (the pool's `profile` path)."""
+    folder.mkdir(exist_ok=True)
+    (folder / "profile.json").write_text(prof.model_copy(update={
+        "step": prof.step.model_copy(update=update)}).model_dump_json())
+    return run_.model_copy(update={"pool": run_.pool.model_copy(
+        update={"profile": str(folder)})})
+
+
 def floortrial(engine: str = "qwen3-32b-awq-h100", floors_ms: str = "35,50,62,66,70") -> None:
     """An engine's experiments predicted again with its profile's eager floor
     (`eager_floor_s`) set by hand to each of `floors_ms`, beside the profile as shipped and
     the measured TTFT p50 and ITL p99: the thirty-ninth session's trial on the H100's
     Qwen3-32B AWQ profile, whose fit found no floor (docs/validation.md, "A sixth and seventh
-    H100 lease")."""
+    H100 lease"), under that session's rule (the floor the core's hold too; the profile as
+    shipped holds the core for its measured core_eager_s since the forty-first)."""
     from capplan.profiles import resolve_profile
     from capplan.validate.compare import measured_metrics
 
@@ -708,13 +719,10 @@ def floortrial(engine: str = "qwen3-32b-awq-h100", floors_ms: str = "35,50,62,66
     with tempfile.TemporaryDirectory() as tmp:
         runs: list[tuple[str, Any]] = [("shipped", run_)]
         for f in floors_ms.split(","):
-            d = Path(tmp) / f
-            d.mkdir()
-            step = prof.step.model_copy(update={"eager_floor_s": float(f) / 1e3})
-            (d / "profile.json").write_text(prof.model_copy(update={"step": step})
-                                            .model_dump_json())
-            runs.append((f"floor {f} ms", run_.model_copy(update={
-                "pool": run_.pool.model_copy(update={"profile": str(d)})})))
+            # under the rule the trial was made with: the floor the core's hold and the
+            # GPU's least span alike (core_eager_s off, as before the forty-first session)
+            floor = {"eager_floor_s": float(f) / 1e3, "core_eager_s": 0.0, "eager_gpu_s": 0.0}
+            runs.append((f"floor {f} ms", _with_step(run_, prof, floor, Path(tmp) / f)))
         for exp in run_.experiments:
             m = measured_metrics(reqs.filter(pl.col("run").is_in(exp.runs())))
             cells = []
@@ -849,9 +857,7 @@ def hosttrial(engines: str = "llama-3.1-8b-fp8-h100-mix,llama-3.1-8b-fp8-h100-t2
             f"{getattr(prof.step, k) * 1e3:.2f}" if k.endswith("_s") else
             str(getattr(prof.step, k)) for k in upd) + ")")
         with tempfile.TemporaryDirectory() as tmp:
-            (Path(tmp) / "profile.json").write_text(prof.model_copy(update={
-                "step": prof.step.model_copy(update=upd)}).model_dump_json())
-            host = run_.model_copy(update={"pool": run_.pool.model_copy(update={"profile": tmp})})
+            host = _with_step(run_, prof, upd, Path(tmp))
             for exp in run_.experiments:
                 runs = reqs.filter(pl.col("run").is_in(exp.runs())
                                    & (pl.col("workload") == exp.workloads[0].name))
