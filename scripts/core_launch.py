@@ -49,6 +49,7 @@ from capplan.validate.corelaunch import (
     measure,
     read_trace,
     step_core_times,
+    summary,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,9 +172,13 @@ def lone_engines(gpu: str, model: str) -> list[dict[str, Any]]:
         times = step_core_times(read_trace(trace), meta, pl.read_parquet(folder / "steps.parquet"))
         fig = lone_eager(times)
         if fig.get("lone_eager_steps", 0) >= SPREAD_MIN_STEPS:
-            # the same host's decode-only step beside it: how fast the host's core is
-            graph = times.filter(pl.col("kind") == "graph")["core_s"]
-            out.append({**fig, "core_graph_s": round(float(graph.median()), 6),  # type: ignore[arg-type]
+            # the same host's decode-only step beside it, and its piecewise one where it ran
+            # enough: how fast the host's core is (Profile.hosts, a pool's `host: slowest`)
+            own = summary(times)
+            piecewise = ({"core_piecewise_s": own["core_piecewise_s"],
+                          "piecewise_steps": own["piecewise_steps"]}
+                         if own.get("piecewise_steps", 0) >= SPREAD_MIN_STEPS else {})
+            out.append({**fig, "core_graph_s": own["core_graph_s"], **piecewise,
                         "engine": engine, "precision": run["pool"]["precision"],
                         "trace": str(trace.relative_to(ROOT)), "host": meta.get("host")})
     return out

@@ -36,7 +36,8 @@ with its profile's eager floor set by hand (thirty-ninth session); `coretrial [E
 drawn (forty-first), and under the rule before it; `coresuite [RHO]` the shipped rule
 against its variants on the whole suite.
 `hosttrial [ENGINES]` predicts engines again with their own host's core times, read from
-their traces (forty-first session).
+their traces (forty-first session); `endtrial [ENGINES]` on the median host's core and on
+each end of the traced hosts' (a pool's `host`, forty-second session).
 `pictures [ENGINE]` the served pictures: a lone picture's TTFT beside its text twin's, and
 the time the steps that encode one hold the decodes, against their price (nineteenth session),
 and where the engine's core was traced, each such step beyond its text price against the
@@ -866,6 +867,31 @@ def hosttrial(engines: str = "llama-3.1-8b-fp8-h100-mix,llama-3.1-8b-fp8-h100-t2
                 print(f"  {exp.name:11s} " + "; ".join(
                     f"{k[:-2].replace('_', ' ').upper()} {m[k] * 1e3:.1f} / "
                     + " / ".join(f"{getattr(w, k) * 1e3:.1f}" for w in got) for k in keys))
+
+
+def endtrial(engines: str = "llama-3.1-8b-fp8-h100-mix,llama-3.1-8b-fp8-h100-mix2") -> None:
+    """Engines' experiments (comma-separated) predicted on the median host's engine core (as
+    shipped) and on each end of the traced hosts' (Pool.host, Profile.on_host): how far a
+    pool's `host: slowest` or `fastest` moves a prediction, beside what the engine's own host
+    measured. Each figure of the experiment's first workload: measured / median / slowest /
+    fastest (ms)."""
+    from capplan.validate.compare import measured_metrics
+
+    keys = ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "e2e_p99_s")
+    hosts = ("median", "slowest", "fastest")
+    for engine in engines.split(","):
+        folder = next(p for p in stored_runs() if p.name == engine)
+        run_, reqs, _ = load_run(folder)
+        runs = [run_.model_copy(update={"pool": run_.pool.model_copy(update={"host": h})})
+                for h in hosts]
+        for exp in run_.experiments:
+            rows = reqs.filter(pl.col("run").is_in(exp.runs())
+                               & (pl.col("workload") == exp.workloads[0].name))
+            m = measured_metrics(rows)
+            got = [r.simulate(exp).workloads[0] for r in runs]
+            print(f"{engine} {exp.name:11s} " + "; ".join(
+                f"{k[:-2].replace('_', ' ').upper()} {m[k] * 1e3:.1f} / "
+                + " / ".join(f"{getattr(w, k) * 1e3:.1f}" for w in got) for k in keys))
 
 
 def coresuite(rho: str = "0.5") -> None:
@@ -2691,7 +2717,7 @@ def main() -> None:
         "probe": probe, "edge": edge, "routed": routed, "drainfit": drainfit,
         "borrowsaving": borrowsaving, "borrowcore": borrowcore, "tokengaps": tokengaps,
         "leasecalls": leasecalls, "firsttoken": firsttoken, "coresuite": coresuite,
-        "hosttrial": hosttrial}
+        "hosttrial": hosttrial, "endtrial": endtrial}
     if sys.argv[1:2] == ["wavesplit"]:
         wavesplit(*sys.argv[2:4])
         return

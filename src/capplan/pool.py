@@ -250,6 +250,14 @@ class Pool(InputModel):
         "with gpu auto the GPUs to choose from, else the pool's gpu's price is taken")
     max_replicas: int = Field(default=64, ge=1, description="search cap when sizing")
     profile: str | None = Field(default=None, description="profile folder; default: best match")
+    host: Literal["median", "slowest", "fastest", "any"] = Field(
+        default="median", description="whose engine core the replicas' steps are priced "
+        "with: median, the median of the hosts the calibration traced serving the model on "
+        "this GPU; slowest or fastest, that traced host's own core times (decode-only, "
+        "graph-less, piecewise); any, sized on each of the three and the most GPUs kept, for "
+        "hosts you do not choose (a slower core is not always the costlier: a faster one "
+        "fills GPU-bound steps sooner and lengthens token gaps). A profile with no traced "
+        "host prices them all the same")
     engine: EngineConfig = Field(default_factory=EngineConfig)
 
     @field_validator("gpu")

@@ -412,6 +412,28 @@ class FitQuality(BaseModel):
     shipped_p95_ape: float | None = None
 
 
+class HostCore(BaseModel):
+    """One traced serving host's engine core: its own times where the profile's are the
+    median over the model's traced hosts on this GPU (scripts/core_launch.py,
+    `raw/core-launch/eager/<model>.json`'s engines). The host sets them, not the model: a
+    graph-less step took the core 11.9-33.8 ms on six H100 hosts serving Llama-3.1-8B."""
+
+    model_config = _FROZEN
+    engine: str = Field(description="the validation engine whose core trace measured it")
+    core_graph_s: float = Field(ge=0, description="median core time of a decode-only step")
+    core_eager_s: float = Field(ge=0, description="median core time of a graph-less step "
+                                "after a decode-only one")
+    eager_sigma: float = Field(default=0.0, ge=0, description="that time's spread")
+    core_piecewise_s: float | None = Field(
+        default=None, ge=0, description="median core time of a piecewise step, where the "
+        "trace held enough of them (else the profile's is kept)")
+
+
+HOSTS = ("median", "slowest", "fastest")
+"""The engine-core hosts a profile prices a step on (Profile.on_host); a pool's `host: any`
+is sized on each of them (solve/options.py size_mix)."""
+
+
 class Provenance(BaseModel):
     """Where a profile's numbers came from."""
 
@@ -444,6 +466,10 @@ class Profile(BaseModel):
     engine: dict[str, object] = Field(
         default_factory=dict, description="engine settings the calibration ran with"
     )
+    hosts: tuple[HostCore, ...] = Field(
+        default=(), description="the model's traced serving hosts on this GPU, each with its "
+        "own core times, whose median the step's graph-less core time is (calibrate/build.py "
+        "core_eager); `on_host('slowest')` takes the slowest's")
 
     @property
     def source(self) -> str:
@@ -458,6 +484,36 @@ class Profile(BaseModel):
         if self.spec_k:
             key += f"-{self.spec_method}{self.spec_k}"
         return key
+
+    def traced_host(self, host: str) -> HostCore | None:
+        """The traced host at one end (`host` "slowest" or "fastest"), by the core's time on a
+        graph-less step (the figure that varies most from host to host); None for "median"
+        or where none was traced."""
+        if host == "slowest":
+            return max(self.hosts, key=lambda h: h.core_eager_s, default=None)
+        if host == "fastest":
+            return min(self.hosts, key=lambda h: h.core_eager_s, default=None)
+        return None
+
+    def on_host(self, host: str) -> Profile:
+        """This profile with the engine core of `host` (HOSTS): "median" as shipped, the
+        median of the model's traced hosts on this GPU; "slowest" or "fastest" with that
+        traced host's own core times (decode-only, graph-less with its spread, and piecewise
+        where its trace held enough such steps). Measured on the slow host's own traffic,
+        those times bring its prediction to the measurement (docs/validation.md, "Three more
+        H100 leases"). A profile with no traced host is returned as it is."""
+        if host not in HOSTS:
+            raise ValueError(f"unknown host {host!r}; known: {', '.join(HOSTS)}")
+        slow = self.traced_host(host)
+        if slow is None:
+            return self
+        upd: dict[str, float] = {"core_graph_s": slow.core_graph_s,
+                                 "core_eager_s": slow.core_eager_s}
+        if slow.eager_sigma:
+            upd["eager_sigma"] = slow.eager_sigma
+        if slow.core_piecewise_s is not None:
+            upd["core_piecewise_s"] = slow.core_piecewise_s
+        return self.model_copy(update={"step": self.step.model_copy(update=upd)})
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:

@@ -27,7 +27,7 @@ from capplan.errors import CalibrationError
 from capplan.hardware import GPUS, Precision
 from capplan.kvlayout import derive_layout, max_in_flight_tokens
 from capplan.modelspec import load_model_spec
-from capplan.profile import Box, Profile, cudagraph_capture_sizes
+from capplan.profile import Box, HostCore, Profile, cudagraph_capture_sizes
 
 UTILS = (0.85, 0.90, 0.95)
 BASE_COEFS = ("fixed_s", "per_token_s", "knee_tokens", "prefill_attn_s", "decode_ctx_s",
@@ -715,8 +715,17 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                                        "block_size", "async_scheduling", "cudagraph_mode",
                                        "enable_prefix_caching", "kv_cache_dtype",
                                        "quantization")},
+        hosts=_hosts(eager),
     )
     return profile, prov, df
+
+
+def _hosts(eager: dict[str, Any] | None) -> tuple[HostCore, ...]:
+    """Each traced host's own core times (`core_eager`'s engines), for a pool sized on the
+    slowest (Profile.on_host)."""
+    keys = ("engine", "core_graph_s", "core_eager_s", "eager_sigma", "core_piecewise_s")
+    return tuple(HostCore(**{k: e[k] for k in keys if k in e})
+                 for e in (eager or {}).get("engines", []))
 
 
 def _check_gpu(raw: Path, order: list[Group], gpu: str) -> None:

@@ -150,6 +150,8 @@ def setup_pool(pool: Pool, *, profile: Profile | None = None, source: str = "") 
             field="engine.max_num_batched_tokens",
         )
     prof = profile or resolve_profile(pool, spec, source=source or None)
+    if pool.host != "any":  # sizing prices `any` on each host in turn (solve/options.py)
+        prof = prof.on_host(pool.host)
     hybrid = pool_layout(prof, spec, pool)
     if hybrid is not None:
         return _setup_hybrid(pool, spec, prof, *hybrid, source)
@@ -586,7 +588,7 @@ class _Run:
             gpus=n * st.pool.tp,
             profile=f"{st.profile.gpu}/{st.profile.model}/{st.profile.key}",
             profile_source=_source(st.profile, text_only=st.pool.engine.text_only,
-                                   shared=hit > 0),
+                                   shared=hit > 0, host=st.pool.host),
             kv_tokens_per_replica=st.kv_tokens,
             duration_s=self.duration,
             warmup_s=self.warmup,
@@ -618,7 +620,8 @@ class _Run:
         return res
 
 
-def _source(profile: Profile, *, text_only: bool, shared: bool = False) -> str:
+def _source(profile: Profile, *, text_only: bool, shared: bool = False,
+            host: str = "median") -> str:
     """`measured`, `analytic`, or `measured (<terms>: analytic)` for a measured profile with
     terms its calibration did not measure (profiles.py: _with_encoder) that this pool uses:
     a text-only pool uses neither the vision encoder nor its KV reservation. A measured
@@ -629,9 +632,19 @@ def _source(profile: Profile, *, text_only: bool, shared: bool = False) -> str:
     measured it) in a pool whose requests hit the prefix cache (`shared`): it prices the
     context they read in common in full, which on the H100's Llama-3.1-8B BF16, before its
     prefix-cache engine ran, put the ITL p50 of a 90 % shared prefix at 44 req/s at 26.5 ms
-    where vLLM took 12.7 (thirty-third session, docs/validation.md)."""
+    where vLLM took 12.7 (thirty-third session, docs/validation.md). A pool sized on the
+    slowest or the fastest traced host (Pool.host) names it, or says the profile traced
+    none."""
     terms = () if text_only else profile.provenance.analytic_terms
     parts = [f"{', '.join(terms)}: analytic"] if terms else []
+    if host in ("slowest", "fastest"):
+        end = profile.traced_host(host)
+        whose = (f"the {host} of {len(profile.hosts)} traced hosts' core"
+                 if len(profile.hosts) > 1 else "the one traced host's core")
+        parts.append(f"{whose}, {end.engine}: "
+                     f"{end.core_eager_s * 1e3:.1f} ms a graph-less step, "
+                     f"{end.core_graph_s * 1e3:.2f} a decode-only one" if end is not None
+                     else f"{host} host: none traced, the profile's core")
     step = profile.step
     if profile.source == "measured" and not (step.core_graph_s or step.core_piecewise_s):
         parts.append("engine core's time: not measured")

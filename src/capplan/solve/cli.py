@@ -49,12 +49,17 @@ def _share(v: float) -> str:
     return f"{v * 100:.2g} %"
 
 
-def _load(traffic: Path, guard: str | None) -> tuple[TrafficMix, list[str]]:
-    """The mix, its SLOs tightened by `guard` (solve/guard.py) with a line per target.
-    Called before any worker starts, so that bad input is one line."""
+def _load(traffic: Path, guard: str | None, host: str | None = None
+          ) -> tuple[TrafficMix, list[str]]:
+    """The mix, every pool on `host` where given (Pool.host), its SLOs tightened by `guard`
+    (solve/guard.py) with a line per target. Called before any worker starts, so that bad
+    input is one line."""
     from capplan.mix import load_mix
 
     mix = load_mix(traffic)
+    if host is not None:
+        mix = mix.model_copy(update={"pools": [p.model_copy(update={"host": host})
+                                               for p in mix.pools]})
     if guard is None:
         return mix, []
     from capplan.solve.guard import guarded
@@ -246,6 +251,12 @@ _workers = click.option("--workers", type=click.IntRange(min=1), default=None,
                         "the CPU count; 1: all in this process); the plan is the same")
 _quick = click.option("--quick", is_flag=True,
                       help="short probes, confirm at probe length (rougher, faster)")
+_host = click.option("--host", type=click.Choice(["median", "slowest", "fastest", "any"]),
+                     default=None,
+                     help="price every pool's engine core as on this host (default: each "
+                     "pool's `host`, median): slowest or fastest, that end of the hosts the "
+                     "calibration traced serving the pool's model on its GPU; any, sized on the "
+                     "median and both ends and the most GPUs kept, for hosts you do not choose")
 _guard = click.option("--guard", type=click.Choice(["p10", "worst"]), default=None,
                       help="tighten each SLO by how far the simulator's predictions have "
                       "fallen short of real vLLM on the pool's profile (its stored validation "
@@ -273,17 +284,18 @@ _guard = click.option("--guard", type=click.Choice(["p10", "worst"]), default=No
 @click.option("--verbose", "-v", is_flag=True,
               help="explain each search step (every simulation and what it found) on stderr")
 @_guard
+@_host
 @_errors_as_lines
 def size(traffic: Path, fmt: str, out: Path | None, growth: float, spare: int,
          seed: int | None, quick: bool, workers: int | None, report_out: Path | None,
-         verbose: bool, guard: str | None) -> None:
+         verbose: bool, guard: str | None, host: str | None) -> None:
     """Fewest GPUs per pool that hold every workload's SLOs, with cost and why."""
     t0 = time.perf_counter()
     check_out(out, "--out", PLAN_SUFFIXES)
     from capplan.report.cli import REPORT_SUFFIXES, write_report
 
     check_out(report_out, "--report", REPORT_SUFFIXES)
-    mix, guarded = _load(traffic, guard)
+    mix, guarded = _load(traffic, guard, host)
     n = _start_workers(workers)
     from capplan.solve.options import size_mix
 
@@ -411,16 +423,18 @@ def _plot(rows: list[dict[str, Any]], path: Path, console: Console) -> None:
 @_quick
 @_workers
 @_guard
+@_host
 @_errors_as_lines
 def sweep(traffic: Path, growth_text: str, out: Path | None, plot: Path | None, spare: int,
-          seed: int | None, quick: bool, workers: int | None, guard: str | None) -> None:
+          seed: int | None, quick: bool, workers: int | None, guard: str | None,
+          host: str | None) -> None:
     """GPUs per pool as traffic grows: the capacity-planning curve. A growth no GPU count
     can serve ends the curve: it and every larger one are rows marked infeasible, and the
     command exits 5 once the rest is printed and written."""
     check_out(out, "--out", (".csv",))
     check_out(plot, "--plot", (".png", ".svg", ".pdf"))
     growths = sorted(_growths(growth_text))
-    mix, guarded = _load(traffic, guard)
+    mix, guarded = _load(traffic, guard, host)
     for line in guarded:
         click.echo(f"guard {guard}: {line}", err=True)
     n_workers = _start_workers(workers)

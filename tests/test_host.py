@@ -1,0 +1,165 @@
+"""A pool sized on the slowest traced host (Pool.host, Profile.on_host, `capplan size --host`):
+the engine core's own times of the slowest host the calibration traced serving the model on
+that GPU, in place of the median's."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from capplan.cli import main
+from capplan.mix import TrafficMix
+from capplan.modelspec import load_model_spec
+from capplan.pool import Pool
+from capplan.profile import HostCore
+from capplan.profiles import resolve_profile
+from capplan.sim.run import setup_pool, simulate
+
+LLAMA8 = load_model_spec("llama-3.1-8b")
+
+
+def _pool(**kw: object) -> Pool:
+    return Pool.model_validate({"name": "chat", "model": "llama-3.1-8b", "gpu": "h100",
+                                "precision": "fp8", **kw})
+
+
+def _mix(pool: Pool, rate: float, duration: float) -> TrafficMix:
+    """Poisson chat (512 -> 128 tokens) at `rate` on `pool`."""
+    return TrafficMix.model_validate({
+        "schema_version": 1,
+        "pools": [pool.model_dump(exclude_defaults=True)],
+        "workloads": [{"pool": pool.name, "name": "chat",
+                       "arrival": {"kind": "poisson", "rate_rps": rate},
+                       "input_tokens": {"kind": "constant", "value": 512},
+                       "output_tokens": {"kind": "constant", "value": 128}}],
+        "simulation": {"duration_s": duration, "warmup_s": 2.0},
+    })
+
+
+def test_shipped_hosts_are_the_traced_engines_whose_median_the_profile_takes() -> None:
+    """Every shipped profile with a graph-less core time carries the hosts it is the median
+    of, read again from the core-launch file it was built from (scripts/core_launch.py)."""
+    root = Path(__file__).resolve().parents[1] / "calibration"
+    checked = 0
+    for path in sorted(root.glob("*/vllm-0.26.0/*/*/profile.json")):
+        prof = json.loads(path.read_text())
+        gpu, model = path.parts[-5], path.parts[-3]
+        raw = root / "_raw" / ("" if gpu == "h200" else gpu) / "core-launch" / "eager"
+        eager = raw / f"{model}.json"
+        if not prof["step"].get("core_eager_s"):
+            assert not prof["hosts"], path
+            continue
+        engines = json.loads(eager.read_text())["engines"]
+        assert [h["engine"] for h in prof["hosts"]] == [e["engine"] for e in engines], path
+        assert prof["step"]["core_eager_s"] == pytest.approx(
+            statistics.median(h["core_eager_s"] for h in prof["hosts"]), abs=1e-6), path
+        checked += 1
+    assert checked >= 10  # the H200's Llama-3.1-8B and Gemma 4, the H100's Llama and Qwen3-32B
+
+
+def test_slowest_takes_the_slowest_hosts_own_core_times() -> None:
+    median = resolve_profile(_pool(), LLAMA8)
+    slow = median.on_host("slowest")
+    host = max(median.hosts, key=lambda h: h.core_eager_s)
+    assert len(median.hosts) >= 2 and host.core_eager_s > median.step.core_eager_s
+    assert (slow.step.core_eager_s, slow.step.core_graph_s) == (host.core_eager_s,
+                                                                host.core_graph_s)
+    assert slow.step.eager_sigma == host.eager_sigma
+    # the rest of the step, and the hosts themselves, as shipped
+    keep = {"core_eager_s", "core_graph_s", "eager_sigma", "core_piecewise_s"}
+    assert {k: v for k, v in slow.step if k not in keep} == {
+        k: v for k, v in median.step if k not in keep}
+    assert median.on_host("median") is median
+
+
+def test_a_hosts_piecewise_time_is_taken_where_its_trace_held_enough() -> None:
+    prof = resolve_profile(_pool(), LLAMA8)
+    hosts = (HostCore(engine="a", core_graph_s=0.003, core_eager_s=0.02),
+             HostCore(engine="b", core_graph_s=0.005, core_eager_s=0.04, eager_sigma=0.3,
+                      core_piecewise_s=0.02))
+    slow = prof.model_copy(update={"hosts": hosts}).on_host("slowest").step
+    assert (slow.core_eager_s, slow.core_graph_s, slow.eager_sigma,
+            slow.core_piecewise_s) == (0.04, 0.005, 0.3, 0.02)
+    fast = prof.model_copy(update={"hosts": hosts}).on_host("fastest").step
+    assert (fast.core_eager_s, fast.core_graph_s) == (0.02, 0.003)
+    without = prof.model_copy(update={"hosts": hosts[:1]}).on_host("slowest").step
+    assert without.core_piecewise_s == prof.step.core_piecewise_s  # not traced: the profile's
+    assert without.eager_sigma == prof.step.eager_sigma  # no spread recorded: the profile's
+
+
+def test_a_profile_with_no_traced_host_prices_both_alike_and_says_so() -> None:
+    """The H200's Qwen3-32B has no traced graph-less steps: slowest is the profile's core,
+    and the plan's profile line says no host was traced."""
+    qwen = Pool.model_validate({"name": "q", "model": "qwen3-32b", "precision": "fp8",
+                                "host": "slowest"})
+    st = setup_pool(qwen)
+    assert st.profile.hosts == () and st.profile.step == setup_pool(
+        qwen.model_copy(update={"host": "median"})).profile.step
+    res = simulate(_mix(qwen, rate=1.0, duration=5.0), "q", 1)
+    assert "slowest host: none traced" in res.pool.profile_source
+
+
+def test_slowest_host_serves_the_same_traffic_slower_and_says_whose() -> None:
+    """Chat on the H100's Llama-3.1-8B FP8 near its knee, where steps past the largest CUDA
+    graph hold the core: the slowest host's core puts first tokens later, and the pool's
+    profile line names the host."""
+    runs = {}
+    for host in ("median", "slowest"):
+        runs[host] = simulate(_mix(_pool(host=host), rate=20.0, duration=20.0), "chat", 1)
+    med, slow = (runs[h].workloads[0] for h in ("median", "slowest"))
+    assert slow.ttft_p50_s > 1.2 * med.ttft_p50_s
+    assert "slowest of 6 traced hosts' core, llama-3.1-8b-fp8-h100-mix" in (
+        runs["slowest"].pool.profile_source)
+    assert runs["median"].pool.profile_source == "measured"
+
+
+def test_an_unknown_host_is_one_line_naming_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "mix.yaml"
+    bad.write_text("schema_version: 1\npools: [{name: p, model: llama-3.1-8b, host: fast}]\n"
+                   "workloads: [{name: w, pool: p, arrival: {kind: poisson, rate_rps: 1}, "
+                   "input_tokens: {kind: constant, value: 100}, output_tokens: {kind: constant, "
+                   "value: 10}, slo: {ttft_p99_s: 1}}]\n")
+    r = CliRunner().invoke(main, ["size", "--traffic", str(bad)])
+    assert r.exit_code != 0
+    line = r.output.strip()
+    assert "\n" not in line and "mix.yaml" in line and "host" in line
+    assert "median" in line and "slowest" in line
+    with pytest.raises(ValueError, match="unknown host"):
+        resolve_profile(_pool(), LLAMA8).on_host("fast")
+
+
+def _size(tmp_path: Path, host: str) -> dict[str, object]:
+    """`capplan size --host HOST --quick` on Poisson chat at 24 req/s on the H100's Llama-3.1-8B
+    FP8, a TTFT p50 SLO of 60 ms: the plan's one pool."""
+    mix = tmp_path / "mix.yaml"
+    mix.write_text(
+        "schema_version: 1\nsimulation: {duration_s: 30, drain_s: 10}\n"
+        "pools: [{name: p, model: llama-3.1-8b, gpu: h100, precision: fp8, max_replicas: 8, "
+        "engine: {max_model_len: 4096}}]\n"
+        "workloads: [{name: w, pool: p, arrival: {kind: poisson, rate_rps: 24}, "
+        "input_tokens: {kind: constant, value: 512}, output_tokens: {kind: constant, "
+        "value: 64}, slo: {ttft_p50_s: 0.06}}]\n")
+    out = tmp_path / f"plan-{host}.json"
+    r = CliRunner().invoke(main, ["size", "--traffic", str(mix), "--host", host, "--quick",
+                                  "--workers", "1", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    pool: dict[str, object] = json.loads(out.read_text())["pools"][0]
+    return pool
+
+
+def test_size_host_flag_prices_every_pool_on_it(tmp_path: Path) -> None:
+    """--host slowest names the host in the plan; --host any sizes on the median and both
+    ends, keeps the most GPUs and says each."""
+    plans = {h: _size(tmp_path, h) for h in ("median", "slowest", "fastest", "any")}
+    assert "slowest of 6 traced hosts' core" in str(plans["slowest"]["profile_source"])
+    assert "fastest of 6 traced hosts' core" in str(plans["fastest"]["profile_source"])
+    assert plans["median"]["profile_source"] == "measured"
+    ends = [int(plans[h]["gpus"]) for h in ("median", "slowest", "fastest")]  # type: ignore[call-overload]
+    assert plans["any"]["gpus"] == max(ends)
+    assert "host any: " in str(plans["any"]["reasoning"])
+    for h, n in zip(("median", "slowest", "fastest"), ends, strict=True):
+        assert f"{n} GPUs on the {h} host's core" in str(plans["any"]["reasoning"])
