@@ -163,3 +163,28 @@ def test_size_host_flag_prices_every_pool_on_it(tmp_path: Path) -> None:
     assert "host any: " in str(plans["any"]["reasoning"])
     for h, n in zip(("median", "slowest", "fastest"), ends, strict=True):
         assert f"{n} GPUs on the {h} host's core" in str(plans["any"]["reasoning"])
+
+
+def test_host_any_chooses_among_candidates_on_their_costliest_host(tmp_path: Path) -> None:
+    """With the GPU left open, each candidate is sized on every host's core and priced at the
+    most it needs there; the plan keeps the cheapest of those (examples/which-gpu.yaml:
+    Qwen3-32B FP8 on an H100, seven traced hosts, or an H200, none)."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "plan.json"
+    r = CliRunner().invoke(main, ["size", "--traffic", str(root / "examples/which-gpu.yaml"),
+                                  "--host", "any", "--quick", "--workers", "1",
+                                  "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    pool = json.loads(out.read_text())["pools"][0]
+
+    def most(text: str) -> int:
+        found = [int(n) for n in re.findall(r"(\d+) GPUs on the \w+ host's core", text)]
+        assert len(found) == 3, text
+        return max(found)
+
+    assert pool["gpus"] == most(pool["reasoning"])
+    for runner in pool["runners_up"]:
+        assert runner["gpus"] == most(runner["note"])
+        assert runner["usd_per_month"] >= pool["cost"]["usd_per_month"]

@@ -645,6 +645,8 @@ def _source(profile: Profile, *, text_only: bool, shared: bool = False,
                      f"{end.core_eager_s * 1e3:.1f} ms a graph-less step, "
                      f"{end.core_graph_s * 1e3:.2f} a decode-only one" if end is not None
                      else f"{host} host: none traced, the profile's core")
+    elif host == "any":  # capplan size prices each host in turn (solve/choose.py)
+        parts.append("host any: the median host's core here; capplan size sizes on each")
     step = profile.step
     if profile.source == "measured" and not (step.core_graph_s or step.core_piecewise_s):
         parts.append("engine core's time: not measured")

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from capplan.errors import ConfigError, InfeasibleError
 from capplan.hardware import Precision
 from capplan.mix import TrafficMix
 from capplan.pool import EngineConfig, Pool, SpeculativeConfig
+from capplan.profile import HOSTS
 from capplan.profiles import measured_speculative
 from capplan.sim.results import SimResult
 from capplan.sim.run import PoolSetup, setup_pool
@@ -182,6 +183,12 @@ class _Option:
     sizing: PoolSizing | None = None
     error: InfeasibleError | None = None
     note: str = ""
+    ends: dict[str, PoolSetup] = field(default_factory=dict)
+    """For a pool on `host: any`, its setup on each host's engine core (Pool.host): the
+    option is sized on each and takes the most replicas."""
+    by_host: dict[str, int] = field(default_factory=dict)
+    """The replicas each host's core needs, from the latest search or confirmation."""
+    sizers: dict[str, Sizer] = field(default_factory=dict)
 
     def cost(self) -> float:
         if self.replicas is None:
@@ -203,27 +210,55 @@ class _Option:
 
     def size(self, mix: TrafficMix, settings: SearchSettings, *, level: str, floor: int,
              start: int | None = None, label: str | None = None) -> None:
-        """Search this candidate; an infeasible one keeps the reason."""
+        """Search this candidate (on each host's core for `host: any`, keeping the most
+        replicas, then the smallest margin); an infeasible one keeps the reason."""
         assert self.setup is not None
-        sizer = Sizer(with_pool(mix, self.pool), self.pool.name, settings, setup=self.setup,
-                      floor=floor, start=start, label=label)
-        try:
-            n = sizer.search()
-        except InfeasibleError as e:
-            self.replicas, self.level, self.error, self.note = None, "", e, str(e)
-            return
-        self.sizer, self.replicas, self.level = sizer, n, level
+        best: tuple[tuple[int, float], str, Sizer, SimResult] | None = None
+        for host, setup in (self.ends or {"": self.setup}).items():
+            sizer = Sizer(with_pool(mix, setup.pool), self.pool.name, settings, setup=setup,
+                          floor=floor, start=start, label=label)
+            try:
+                n = sizer.search()
+            except InfeasibleError as e:
+                self.replicas, self.level, self.error = None, "", e
+                self.note = f"on the {host} host's core: {e}" if host else str(e)
+                return
+            run = sizer.run(n, sizer.probe_s, sizer.seed, probe=True)
+            key = (n, -worst_margin([run]))
+            if host:
+                self.by_host[host], self.sizers[host] = n, sizer
+            if best is None or key > best[0]:
+                best = (key, host, sizer, run)
+        assert best is not None
+        (n, _), _, self.sizer, run = best
+        self.replicas, self.level = n, level
         if level == "probe":
             self.probe_replicas = n
         else:
             self.screen_replicas = n
-        self._judge([sizer.run(n, sizer.probe_s, sizer.seed, probe=True)])
+        self._judge([run])
 
     def confirm(self) -> None:
         assert self.sizer is not None and self.replicas is not None
-        self.sizing = self.sizer.confirm(self.replicas)
+        if not self.ends:
+            self.sizing = self.sizer.confirm(self.replicas)
+        else:  # each host's core confirmed from the most any needed; the most replicas kept
+            confirmed = {h: (z, z.confirm(self.replicas)) for h, z in self.sizers.items()}
+            self.by_host = {h: sizing.replicas for h, (_, sizing) in confirmed.items()}
+            self.sizer, self.sizing = max(
+                confirmed.values(),
+                key=lambda zs: (zs[1].replicas, -worst_margin(zs[1].seed_results)))
         self.replicas, self.level = self.sizing.replicas, "confirmed"
         self._judge(self.sizing.seed_results)
+
+    def host_note(self) -> str:
+        """For `host: any`: the replicas each host's core needs, and which was kept."""
+        if not self.by_host:
+            return ""
+        kept = next(h for h, z in self.sizers.items() if z is self.sizer)
+        return ("host any: " + ", ".join(f"{n * self.pool.tp} GPUs on the {h} host's core"
+                                         for h, n in self.by_host.items())
+                + f"; sized on the {kept}")
 
     def _judge(self, results: list[SimResult]) -> None:
         self.margin = worst_margin(results)
@@ -242,15 +277,25 @@ class PoolChoice:
     reasoning: str = ""
 
 
+def _option(mix: TrafficMix, cand: Pool, name: str) -> _Option:
+    """A candidate and its setup; on `host: any`, its setup on each host's core
+    (profile.HOSTS: the median and each end of the traced hosts)."""
+    if cand.host != "any":
+        return _Option(cand, name, setup_pool(cand, source=mix.source))
+    ends = {h: setup_pool(cand.model_copy(update={"host": h}), source=mix.source)
+            for h in HOSTS}
+    return _Option(cand, name, ends["median"], ends=ends)
+
+
 def _options(mix: TrafficMix, pool: Pool) -> list[_Option]:
     opened = pool.open_settings
     if not opened:  # a fixed pool that cannot start is the user's error, not a lost candidate
-        return [_Option(pool, label(pool, []), setup_pool(pool, source=mix.source))]
+        return [_option(mix, pool, label(pool, []))]
     out = []
     for cand in candidates(pool):
         name = label(cand, opened)
         try:
-            out.append(_Option(cand, name, setup_pool(cand, source=mix.source)))
+            out.append(_option(mix, cand, name))
         except ConfigError as e:
             out.append(_Option(cand, name, None, note=f"cannot start: {e}"))
     return out
@@ -344,7 +389,8 @@ def choose(
     return PoolChoice(
         best.sizing, best.sizer, best.probe_replicas,
         [_candidate(o, best, spare, opened) for o in runners] if len(opts) > 1 else [],
-        opened, _reasoning(best, opts, opened, screen),
+        opened, "; ".join(x for x in (_reasoning(best, opts, opened, screen), best.host_note())
+                          if x),
     )
 
 
@@ -375,6 +421,8 @@ def _candidate(o: _Option, best: _Option, spare: int, opened: list[str]) -> Cand
             else:
                 note += (f": {same}, smaller SLO margin ({_pct(o.margin)} vs "
                          f"{_pct(best.margin)})")
+        if o.by_host:
+            note += f"; {o.host_note()}"
     elif o.level == "probe":
         note = f"{o.note or 'probe estimate'}, not confirmed"
     else:

@@ -17,11 +17,11 @@ import numpy as np
 from capplan.errors import ConfigError, InfeasibleError
 from capplan.mix import TrafficMix
 from capplan.pool import Pool, SpeculativeConfig
-from capplan.profile import HOSTS, StepTimer
+from capplan.profile import StepTimer
 from capplan.profiles import measured_speculative
 from capplan.sim.run import PoolSetup
 from capplan.solve import jobs
-from capplan.solve.choose import AUTO_PRECISIONS, PoolChoice, as_planned, choose, with_pool
+from capplan.solve.choose import AUTO_PRECISIONS, PoolChoice, choose, with_pool
 from capplan.solve.plan import Advice, InfeasiblePool, Plan, PoolPlan, pool_plan
 from capplan.solve.search import SearchSettings, Sizer, worst_check
 from capplan.traffic import ClosedLoop, GammaArrival, PoissonArrival, Workload
@@ -292,36 +292,6 @@ def size_mix(
     ]
 
     def plan_pool(pool: Pool, settings: SearchSettings) -> PoolPlan | InfeasiblePool:
-        if pool.host != "any":
-            return plan_one(m, pool, settings)
-        # hosts the pool does not choose (Pool.host): its configuration chosen on the median
-        # host's engine core, then sized on each end of the traced hosts' too, the most GPUs
-        # kept (a slower core is not always the costlier one)
-        median = pool.model_copy(update={"host": "median"})
-        sized = {"median": plan_one(with_pool(m, median), median, settings)}
-        if isinstance(sized["median"], InfeasiblePool):
-            return sized["median"]
-        chosen = as_planned(median, sized["median"], source=m.source)
-        for h in HOSTS[1:]:
-            end = chosen.model_copy(update={"host": h})
-            answer = sized[h] = plan_one(with_pool(m, end), end, settings)
-            if isinstance(answer, InfeasiblePool):
-                return answer.model_copy(update={"reason": f"on the {h} traced host's core: "
-                                                           f"{answer.reason}"})
-        plans = {h: a for h, a in sized.items() if isinstance(a, PoolPlan)}
-        host, worst = max(plans.items(), key=lambda kv: (kv[1].gpus, -(kv[1].binding_margin
-                                                                       or 0.0)))
-        first = plans["median"]
-        note = ("host any: " + ("the configuration chosen on the median host's core (its "
-                                "runners-up priced there); " if first.auto else "")
-                + ", ".join(f"{a.gpus} GPUs on the {h} host's core" for h, a in plans.items())
-                + f"; sized on the {host}")
-        return worst.model_copy(update={
-            "runners_up": first.runners_up, "auto": first.auto,
-            "reasoning": "; ".join(x for x in (first.reasoning, note) if x)})
-
-    def plan_one(m: TrafficMix, pool: Pool, settings: SearchSettings
-                 ) -> PoolPlan | InfeasiblePool:
         try:
             choice = choose(m, pool.name, settings, spare=spare, floors=floors)
         except InfeasibleError as e:
