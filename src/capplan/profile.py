@@ -431,7 +431,7 @@ class HostCore(BaseModel):
 
 HOSTS = ("median", "slowest", "fastest")
 """The engine-core hosts a profile prices a step on (Profile.on_host); a pool's `host: any`
-is sized on each of them (solve/options.py size_mix)."""
+is sized on each of them (solve/choose.py `_Option`)."""
 
 
 class Provenance(BaseModel):
@@ -469,7 +469,7 @@ class Profile(BaseModel):
     hosts: tuple[HostCore, ...] = Field(
         default=(), description="the model's traced serving hosts on this GPU, each with its "
         "own core times, whose median the step's graph-less core time is (calibrate/build.py "
-        "core_eager); `on_host('slowest')` takes the slowest's")
+        "core_eager); `on_host` takes one end's")
 
     @property
     def source(self) -> str:
@@ -504,15 +504,15 @@ class Profile(BaseModel):
         H100 leases"). A profile with no traced host is returned as it is."""
         if host not in HOSTS:
             raise ValueError(f"unknown host {host!r}; known: {', '.join(HOSTS)}")
-        slow = self.traced_host(host)
-        if slow is None:
+        end = self.traced_host(host)
+        if end is None:
             return self
-        upd: dict[str, float] = {"core_graph_s": slow.core_graph_s,
-                                 "core_eager_s": slow.core_eager_s}
-        if slow.eager_sigma:
-            upd["eager_sigma"] = slow.eager_sigma
-        if slow.core_piecewise_s is not None:
-            upd["core_piecewise_s"] = slow.core_piecewise_s
+        upd: dict[str, float] = {"core_graph_s": end.core_graph_s,
+                                 "core_eager_s": end.core_eager_s}
+        if end.eager_sigma:
+            upd["eager_sigma"] = end.eager_sigma
+        if end.core_piecewise_s is not None:
+            upd["core_piecewise_s"] = end.core_piecewise_s
         return self.model_copy(update={"step": self.step.model_copy(update=upd)})
 
     @classmethod

@@ -721,8 +721,8 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
 
 
 def _hosts(eager: dict[str, Any] | None) -> tuple[HostCore, ...]:
-    """Each traced host's own core times (`core_eager`'s engines), for a pool sized on the
-    slowest (Profile.on_host)."""
+    """Each traced host's own core times (`core_eager`'s engines), for a pool sized on one
+    end of them (Profile.on_host)."""
     keys = ("engine", "core_graph_s", "core_eager_s", "eager_sigma", "core_piecewise_s")
     return tuple(HostCore(**{k: e[k] for k in keys if k in e})
                  for e in (eager or {}).get("engines", []))

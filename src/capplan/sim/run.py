@@ -150,7 +150,7 @@ def setup_pool(pool: Pool, *, profile: Profile | None = None, source: str = "") 
             field="engine.max_num_batched_tokens",
         )
     prof = profile or resolve_profile(pool, spec, source=source or None)
-    if pool.host != "any":  # sizing prices `any` on each host in turn (solve/options.py)
+    if pool.host != "any":  # sizing prices `any` on each host in turn (solve/choose.py)
         prof = prof.on_host(pool.host)
     hybrid = pool_layout(prof, spec, pool)
     if hybrid is not None:
