@@ -773,9 +773,9 @@ class StepTimer:
             if self._core_eager:
                 # measured apart, the core's time is its own and the GPU's span at least
                 # eager_gpu_s (else the floor): shorter than the span (Qwen3-32B FP8 on an
-                # H100: the core's 38.1 ms against 61.4), the core schedules the next step
-                # while the GPU still runs this one; longer (Llama-3.1-8B: 21.9 against
-                # 20.3), the GPU waits for it (docs/simulator.md)
+                # H100: the core's 29.9 ms against 61.0), the core schedules the next step
+                # while the GPU still runs this one; longer (Llama-3.1-8B: 22.3 against
+                # 19.2), the GPU waits for it (docs/simulator.md)
                 if t < self._eager_gpu:
                     t = self._eager_gpu
                 launch = self._core_eager
