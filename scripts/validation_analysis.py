@@ -36,8 +36,10 @@ with its profile's eager floor set by hand (thirty-ninth session); `coretrial [E
 drawn (forty-first), and under the rule before it; `coresuite [RHO]` the shipped rule
 against its variants on the whole suite.
 `hosttrial [ENGINES]` predicts engines again with their own host's core times, read from
-their traces (forty-first session); `endtrial [ENGINES]` on the median host's core and on
-each end of the traced hosts' (a pool's `host`, forty-second session).
+their traces (forty-first session); `hostsuite` every traced text engine so, rows within
+target and the errors' median and p90 shipped against its own host's; `endtrial [ENGINES]`
+on the median host's core and on each end of the traced hosts' (a pool's `host`,
+forty-second session).
 `pictures [ENGINE]` the served pictures: a lone picture's TTFT beside its text twin's, and
 the time the steps that encode one hold the decodes, against their price (nineteenth session),
 and where the engine's core was traced, each such step beyond its text price against the
@@ -827,6 +829,84 @@ def coretrial(engines: str = "qwen3-32b-fp8-h100-t2,llama-3.1-8b-fp8-h100-t2",
             print(f"{engine:22s} {exp.name:9s} " + "; ".join(cells))
 
 
+def _own_host(folder: Path, run_: Any) -> tuple[Profile, dict[str, float]] | None:
+    """A traced engine's profile and its own host's core times, read from its stored trace
+    (`corelaunch.summary`: decode-only and, with SPREAD_MIN_STEPS such steps, piecewise;
+    `lone_eager`: graph-less, with its spread), as step-model terms to put in the profile's
+    place; None where the trace matches none of the run's steps."""
+    from capplan.profiles import resolve_profile
+    from capplan.validate.corelaunch import SPREAD_MIN_STEPS, lone_eager, step_core_times, summary
+
+    stored = _stored_trace(folder.name)
+    assert stored is not None, f"{folder.name}: no stored core trace"
+    times = step_core_times(*stored, pl.read_parquet(folder / "steps.parquet"))
+    if not len(times):  # a trace none of whose calls match the run's step records
+        return None
+    own, lone = summary(times), lone_eager(times)
+    upd: dict[str, float] = {"core_graph_s": own["core_graph_s"]}
+    if own.get("piecewise_steps", 0) >= SPREAD_MIN_STEPS:
+        upd["core_piecewise_s"] = own["core_piecewise_s"]
+    if lone.get("lone_eager_steps", 0) >= SPREAD_MIN_STEPS:
+        upd |= {"core_eager_s": lone["core_eager_s"], "eager_sigma": lone["eager_sigma"]}
+    return resolve_profile(run_.pool, load_model_spec(run_.pool.model)), upd
+
+
+def hostsuite() -> None:
+    """Every step-traced engine that served text alone without a drafter (the engines
+    scripts/core_launch.py reads), each of its rows predicted as shipped and with its own
+    host's core times (`_own_host`, as `hosttrial`): rows within target either way, by GPU
+    and model and in all. How much of those rows' miss the host explains, where it is
+    known."""
+    import capplan.validate.compare as compare
+
+    targets = {"output_tok_s": .05, "ttft_p50_s": .05, "ttft_p99_s": .10, "itl_p50_s": .05,
+               "itl_p99_s": .10, "e2e_p99_s": .10}
+    counts: dict[str, dict[str, list[int]]] = {}
+    errors: dict[str, list[list[float]]] = {m: [[], []] for m in targets}
+    engines = []
+    for folder in stored_runs():
+        if not (folder / "steps.parquet").exists() or _stored_trace(folder.name) is None:
+            continue
+        run_, reqs, measured = load_run(folder)
+        if run_.draft_model or run_.pool.engine.speculative is not None or any(
+                w.image is not None for e in run_.experiments for w in e.workloads):
+            continue
+        got = _own_host(folder, run_)
+        if got is None:
+            continue
+        prof, upd = got
+        engines.append(folder.name)
+        with tempfile.TemporaryDirectory() as tmp:
+            host = _with_step(run_, prof, upd, Path(tmp))
+            shipped = compare.compare_run(folder)
+            loaded = compare.load_run
+            compare.load_run = lambda _f, got=(host, reqs, measured): got  # type: ignore[assignment,misc]
+            try:
+                own = compare.compare_run(folder)
+            finally:
+                compare.load_run = loaded
+        group = f"{prof.gpu} {prof.model}"
+        for a, b in zip(shipped, own, strict=True):
+            for m in targets:
+                errors[m][0].append(abs(a.error(m)))
+                errors[m][1].append(abs(b.error(m)))
+            for g in (group, "all"):
+                c = counts.setdefault(g, {m: [0, 0, 0] for m in targets})
+                for m, tg in targets.items():
+                    c[m][0] += 1
+                    c[m][1] += abs(a.error(m)) <= tg
+                    c[m][2] += abs(b.error(m)) <= tg
+    print(f"{len(engines)} traced text engines: " + ", ".join(engines))
+    print("rows within target, shipped (the model's median host) -> the engine's own host")
+    for g in sorted(counts, key=lambda g: (g == "all", g)):
+        n = counts[g]["output_tok_s"][0]
+        print(f"  {g:18s} {n:3d} rows: " + ", ".join(
+            f"{m[:-2]} {c[1]} -> {c[2]}" for m, c in counts[g].items()))
+    print("  median (p90) absolute error, all rows: " + ", ".join(
+        f"{m[:-2]} {np.median(e[0]):.1%} ({np.quantile(e[0], .9):.1%}) -> "
+        f"{np.median(e[1]):.1%} ({np.quantile(e[1], .9):.1%})" for m, e in errors.items()))
+
+
 def hosttrial(engines: str = "llama-3.1-8b-fp8-h100-mix,llama-3.1-8b-fp8-h100-t2") -> None:
     """Engines' experiments (comma-separated) predicted again with the core's times of the
     engine's own host, read from its trace (`corelaunch.summary`: decode-only and, with 20
@@ -834,24 +914,15 @@ def hosttrial(engines: str = "llama-3.1-8b-fp8-h100-mix,llama-3.1-8b-fp8-h100-t2
     profile's, which are the model's traced hosts' (scripts/core_launch.py): how much of a
     row's miss the host's core explains. Each figure of the experiment's first workload
     measured / shipped / with the host's core (ms)."""
-    from capplan.profiles import resolve_profile
     from capplan.validate.compare import measured_metrics
-    from capplan.validate.corelaunch import SPREAD_MIN_STEPS, lone_eager, step_core_times, summary
 
     keys = ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "e2e_p99_s")
     for engine in engines.split(","):
         folder = next(p for p in stored_runs() if p.name == engine)
         run_, reqs, _ = load_run(folder)
-        stored = _stored_trace(engine)
-        assert stored is not None, f"{engine}: no stored core trace"
-        times = step_core_times(*stored, pl.read_parquet(folder / "steps.parquet"))
-        own, lone = summary(times), lone_eager(times)
-        upd: dict[str, float] = {"core_graph_s": own["core_graph_s"]}
-        if own.get("piecewise_steps", 0) >= SPREAD_MIN_STEPS:
-            upd["core_piecewise_s"] = own["core_piecewise_s"]
-        if lone.get("lone_eager_steps", 0) >= SPREAD_MIN_STEPS:
-            upd |= {"core_eager_s": lone["core_eager_s"], "eager_sigma": lone["eager_sigma"]}
-        prof = resolve_profile(run_.pool, load_model_spec(run_.pool.model))
+        got = _own_host(folder, run_)
+        assert got is not None, f"{engine}: its core trace matches none of its steps"
+        prof, upd = got
         print(f"{engine}: the host's core " + ", ".join(
             f"{k} {v * 1e3:.2f} ms" if k.endswith("_s") else f"{k} {v}" for k, v in upd.items())
               + " (the profile's " + ", ".join(
@@ -2718,6 +2789,9 @@ def main() -> None:
         "borrowsaving": borrowsaving, "borrowcore": borrowcore, "tokengaps": tokengaps,
         "leasecalls": leasecalls, "firsttoken": firsttoken, "coresuite": coresuite,
         "hosttrial": hosttrial, "endtrial": endtrial}
+    if sys.argv[1:2] == ["hostsuite"]:
+        hostsuite()
+        return
     if sys.argv[1:2] == ["wavesplit"]:
         wavesplit(*sys.argv[2:4])
         return
