@@ -188,3 +188,17 @@ def test_host_any_chooses_among_candidates_on_their_costliest_host(tmp_path: Pat
     for runner in pool["runners_up"]:
         assert runner["gpus"] == most(runner["note"])
         assert runner["usd_per_month"] >= pool["cost"]["usd_per_month"]
+
+
+def test_a_mix_on_a_host_sets_every_pool_and_keeps_its_file() -> None:
+    from capplan.errors import ConfigError
+    from capplan.mix import load_mix
+
+    root = Path(__file__).resolve().parents[1]
+    mix = load_mix(root / "examples/production-mix.yaml")
+    anywhere = mix.on_host("any")
+    assert {p.host for p in anywhere.pools} == {"any"} and {p.host for p in mix.pools} == {
+        "median"}
+    assert anywhere.source == mix.source
+    with pytest.raises(ConfigError, match="unknown host 'fast'"):
+        mix.on_host("fast")

@@ -164,6 +164,15 @@ class TrafficMix(InputModel):
     def workloads_of(self, pool: str) -> list[Workload]:
         return [w for w in self.workloads if w.pool == pool]
 
+    def on_host(self, host: str) -> TrafficMix:
+        """This mix with every pool's engine core priced as on `host` (Pool.host: median,
+        slowest, fastest, or any, which `size_mix` sizes on each)."""
+        if host not in ("median", "slowest", "fastest", "any"):
+            raise ConfigError(f"unknown host {host!r}; give median, slowest, fastest or any",
+                              field="host")
+        return self.model_copy(update={"pools": [p.model_copy(update={"host": host})
+                                                 for p in self.pools]})
+
     def with_source(self, source: str, base_dir: Path) -> TrafficMix:
         self._source = source
         self._base_dir = base_dir

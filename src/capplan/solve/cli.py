@@ -58,8 +58,7 @@ def _load(traffic: Path, guard: str | None, host: str | None = None
 
     mix = load_mix(traffic)
     if host is not None:
-        mix = mix.model_copy(update={"pools": [p.model_copy(update={"host": host})
-                                               for p in mix.pools]})
+        mix = mix.on_host(host)
     if guard is None:
         return mix, []
     from capplan.solve.guard import guarded
