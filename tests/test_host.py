@@ -163,6 +163,16 @@ def test_size_host_flag_prices_every_pool_on_it(tmp_path: Path) -> None:
     assert "host any: " in str(plans["any"]["reasoning"])
     for h, n in zip(("median", "slowest", "fastest"), ends, strict=True):
         assert f"{n} GPUs on the {h} host's core" in str(plans["any"]["reasoning"])
+        assert plans[h]["host"] == h
+    # the plan names the host it was sized on, and the pool as planned runs on it
+    kept = str(plans["any"]["host"])
+    assert str(plans["any"]["reasoning"]).endswith(f"sized on the {kept}")
+    from capplan.solve.choose import as_planned
+    from capplan.solve.plan import PoolPlan
+
+    planned = PoolPlan.model_validate(plans["any"])
+    mine = _pool(name="p", host="any", engine={"max_model_len": 4096})
+    assert as_planned(mine, planned).host == kept
 
 
 def test_host_any_chooses_among_candidates_on_their_costliest_host(tmp_path: Path) -> None:

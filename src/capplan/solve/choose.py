@@ -63,12 +63,14 @@ def with_pool(mix: TrafficMix, pool: Pool) -> TrafficMix:
 
 def as_planned(pool: Pool, planned: PoolPlan, *, source: str | None = None) -> Pool:
     """The mix's pool on the plan's GPU (at its price), at the plan's precision and with the
-    values the plan chose for the engine settings the pool leaves open. A mix whose pool
-    fixes something else than the plan has (another model, TP, GPU, precision or engine
-    setting) is not the mix the plan was sized for: a ConfigError says which (naming the
-    mix's file, `source`)."""
+    values the plan chose for the engine settings the pool leaves open, on the host whose
+    core a pool on `host: any` was sized on. A mix whose pool fixes something else than the
+    plan has (another model, TP, GPU, precision or engine setting) is not the mix the plan
+    was sized for: a ConfigError says which (naming the mix's file, `source`)."""
     check_planned(pool, planned, source=source)
     update: dict[str, Any] = {}
+    if pool.host == "any":
+        update["host"] = planned.host
     if pool.gpu != planned.gpu:
         update.update(gpu=planned.gpu, price_per_gpu_hour=pool.gpu_prices[planned.gpu])
     if precision_of(pool) != planned.precision:

@@ -327,6 +327,8 @@ class PoolPlan(BaseModel):
     extrapolated_steps: int
     profile: str
     profile_source: str
+    host: str = Field(default="median", description="whose engine core the replicas were "
+                      "sized on (the pool's `host`; for `any`, the one that needed the most)")
     cost: Cost
     confidence: Confidence
     bracket: BracketLine
@@ -526,7 +528,7 @@ def pool_plan(
         kv_headroom=round(1 - res.pool.kv_usage_peak, 6),
         kv_tokens_per_replica=res.pool.kv_tokens_per_replica,
         extrapolated_steps=res.pool.extrapolated_steps,
-        profile=res.pool.profile, profile_source=res.pool.profile_source,
+        profile=res.pool.profile, profile_source=res.pool.profile_source, host=pool.host,
         cost=Cost(
             gpu_hours_per_month=gpus * HOURS_PER_MONTH,
             usd_per_month=round(usd, 2),
