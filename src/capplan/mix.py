@@ -8,7 +8,7 @@ max_model_len) are checked here, before anything runs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
@@ -17,7 +17,7 @@ from capplan._input import InputModel
 from capplan._yaml import load_model, read_mapping
 from capplan.errors import ConfigError
 from capplan.modelspec import ModelSpec, load_model_spec
-from capplan.pool import Pool, refuse_open
+from capplan.pool import Pool, PoolHost, refuse_open
 from capplan.replay import read_trace
 from capplan.traffic import ReplayArrival, Workload
 
@@ -167,8 +167,9 @@ class TrafficMix(InputModel):
     def on_host(self, host: str) -> TrafficMix:
         """This mix with every pool's engine core priced as on `host` (Pool.host: median,
         slowest, fastest, or any, which `size_mix` sizes on each)."""
-        if host not in ("median", "slowest", "fastest", "any"):
-            raise ConfigError(f"unknown host {host!r}; give median, slowest, fastest or any",
+        known = get_args(PoolHost)
+        if host not in known:
+            raise ConfigError(f"unknown host {host!r}; give one of {', '.join(known)}",
                               field="host")
         return self.model_copy(update={"pools": [p.model_copy(update={"host": host})
                                                  for p in self.pools]})

@@ -38,6 +38,8 @@ from capplan.hardware import GPUS, Precision
 _FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 AutoSetting = Literal["speculative", "max_num_seqs"]
+PoolHost = Literal["median", "slowest", "fastest", "any"]
+"""Whose engine core a pool is priced on (Pool.host; profile.HOSTS but `any`)."""
 AUTO_SETTINGS: tuple[AutoSetting, ...] = ("speculative", "max_num_seqs")
 """Engine settings a traffic file may leave `auto` for `capplan size` to choose."""
 
@@ -250,7 +252,7 @@ class Pool(InputModel):
         "with gpu auto the GPUs to choose from, else the pool's gpu's price is taken")
     max_replicas: int = Field(default=64, ge=1, description="search cap when sizing")
     profile: str | None = Field(default=None, description="profile folder; default: best match")
-    host: Literal["median", "slowest", "fastest", "any"] = Field(
+    host: PoolHost = Field(
         default="median", description="whose engine core the replicas' steps are priced "
         "with: median, the median of the hosts the calibration traced serving the model on "
         "this GPU; slowest or fastest, that traced host's own core times (decode-only, "

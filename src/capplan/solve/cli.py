@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import click
 from rich.console import Console
@@ -19,6 +19,7 @@ from capplan._cli import ProgressBar, check_out, finite_positive, write_out
 from capplan._cli import errors_as_lines as _errors_as_lines
 from capplan._cli import one_line as _one_line
 from capplan.errors import ConfigError, InfeasibleError
+from capplan.pool import PoolHost
 from capplan.traffic import slo_allowed_share, slo_percentile
 
 if TYPE_CHECKING:
@@ -250,7 +251,7 @@ _workers = click.option("--workers", type=click.IntRange(min=1), default=None,
                         "the CPU count; 1: all in this process); the plan is the same")
 _quick = click.option("--quick", is_flag=True,
                       help="short probes, confirm at probe length (rougher, faster)")
-_host = click.option("--host", type=click.Choice(["median", "slowest", "fastest", "any"]),
+_host = click.option("--host", type=click.Choice(get_args(PoolHost)),
                      default=None,
                      help="price every pool's engine core as on this host (default: each "
                      "pool's `host`, median): slowest or fastest, that end of the hosts the "
