@@ -36,5 +36,8 @@ def test_every_queue_line_names_a_plan_and_an_engine_in_the_tree() -> None:
 def test_every_validation_job_is_an_engine_of_the_next_suites() -> None:
     engines = {e["name"] for gpu in ("h200", "h100") for e in yaml.safe_load(
         (ROOT / "validation" / f"{gpu}-next.yaml").read_text())["engines"]}
-    jobs = re.findall(r"LANE0=/tmp/keep/(\S+)\.json", SCRIPT)
-    assert len(jobs) == 2 and set(jobs) <= engines, (jobs, engines)
+    lanes = [lane.strip('"').split() for lane in re.findall(r'LANE0=("[^"]*"|\S+)', SCRIPT)]
+    assert len(lanes) == 2 and all(lanes), lanes  # each GPU's lane runs one job or more
+    jobs = [re.fullmatch(r"/tmp/keep/(\S+)\.json", j) for lane in lanes for j in lane]
+    assert all(jobs), lanes
+    assert {j.group(1) for j in jobs if j} <= engines, (lanes, engines)
