@@ -39,7 +39,7 @@ _FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 AutoSetting = Literal["speculative", "max_num_seqs"]
 PoolHost = Literal["median", "slowest", "fastest", "any"]
-"""Whose engine core a pool is priced on (Pool.host; profile.HOSTS but `any`)."""
+"""Whose engine core a pool is priced on (Pool.host): profile.HOSTS, or `any` of them."""
 AUTO_SETTINGS: tuple[AutoSetting, ...] = ("speculative", "max_num_seqs")
 """Engine settings a traffic file may leave `auto` for `capplan size` to choose."""
 

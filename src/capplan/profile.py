@@ -105,12 +105,13 @@ from __future__ import annotations
 import bisect
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from capplan.errors import CalibrationCoverageError, ConfigError
 from capplan.kvlayout import KvLayout
+from capplan.pool import PoolHost
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 _POOL_KEYS = ("layout", "slope_blocks", "intercept_blocks", "image_reservation_blocks")
@@ -429,9 +430,9 @@ class HostCore(BaseModel):
         "trace held enough of them (else the profile's is kept)")
 
 
-HOSTS = ("median", "slowest", "fastest")
-"""The engine-core hosts a profile prices a step on (Profile.on_host); a pool's `host: any`
-is sized on each of them (solve/choose.py `_Option`)."""
+HOSTS: tuple[str, ...] = tuple(h for h in get_args(PoolHost) if h != "any")
+"""The engine-core hosts a profile prices a step on (Profile.on_host: median, slowest,
+fastest); a pool's `host: any` is sized on each of them (solve/choose.py `_Option`)."""
 
 
 class Provenance(BaseModel):
