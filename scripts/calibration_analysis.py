@@ -1122,6 +1122,39 @@ def newsizes() -> None:
                  if len(firsts) else "none"))
 
 
+def byrun(profile: str, top: int = 8) -> None:
+    """Where one profile's held-out error comes from, run by run: its held-out units as
+    shipped (fit.heldout_ape's seeded split), the points with the largest share of units
+    more than 8 % off, and each point's median signed error (predicted / measured - 1) in
+    each calibration run. A point off in one run and not in another is that run's, not the
+    model's."""
+    d = PROFILES / profile
+    prof, s, sizes = _fit_inputs(d)
+    run = pl.read_parquet(d / "samples.parquet")["run"].to_numpy()
+    s = {**s, "eager_step": (s["tokens"] > eager_threshold(
+        int(prof.engine["max_num_seqs"]),  # type: ignore[call-overload]
+        int(prof.engine["max_num_batched_tokens"]))).astype(float)}  # type: ignore[call-overload]
+    win = F._heldout(s, 0, 0.2)
+    err = (F._window_sum(F.predict_steps(s, prof.step, sizes, prof.spec_k), win)
+           / F._window_sum(s["step_s"], win) - 1)
+    unit_run, point = run[win[:, 0]], s["point"][win[:, 0]]
+    runs = sorted(set(unit_run.tolist()))
+    print(f"  {profile}: {len(err)} held-out units, median {np.median(np.abs(err)):.1%}, p95 "
+          f"{np.percentile(np.abs(err), 95):.1%}; "
+          + ", ".join(f"run {r} p95 {np.percentile(np.abs(err[unit_run == r]), 95):.1%}"
+                      for r in runs))
+    rows = []
+    for p in sorted(set(point.tolist())):
+        m = point == p
+        by_run = [f"{np.median(err[m & (unit_run == r)]):+.1%}" if (m & (unit_run == r)).any()
+                  else "-" for r in runs]
+        rows.append((float(np.mean(np.abs(err[m]) > 0.08)), int(m.sum()), p, by_run))
+    rows.sort(key=lambda r: (-r[0], r[2]))
+    for share, n, p, by_run in rows[:top]:
+        print(f"  {p:30s} {share:4.0%} of {n:3d} units past 8 %; median by run: "
+              + ", ".join(by_run))
+
+
 def main() -> None:
     what = sys.argv[1:] or ["sanity", "graph"]
     if what[0] == "points":
@@ -1129,6 +1162,9 @@ def main() -> None:
         return
     if what[0] == "composition":
         composition(what[1])
+        return
+    if what[0] == "byrun":
+        byrun(what[1])
         return
     if what[0] == "speeds":
         speeds(*what[1:2])
@@ -1144,7 +1180,7 @@ def main() -> None:
     if unknown:
         sys.exit(f"calibration_analysis.py: no command {unknown[0]!r}; the commands: "
                  f"{', '.join(commands)}, points PROFILE [ONLY], composition PROFILE, "
-                 "speeds [PROFILE]")
+                 "speeds [PROFILE], byrun PROFILE")
     for name in what:
         print(f"== {name}")
         commands[name]()

@@ -227,7 +227,8 @@ def _print_pool(p: PoolPlan, console: Console, *, quick: bool = False) -> None:
         console.print(f"  … {len(p.runners_up) - len(shown)} more runners-up in the JSON plan "
                       "(--out plan.json) and the report")
     for a in p.advice:
-        console.print(f"  [cyan]advice[/]: {a.message}")
+        label = "[red]warning[/]" if a.kind == "memory" else "[cyan]advice[/]"
+        console.print(f"  {label}: {a.message}")
 
 
 PLAN_SUFFIXES = (".json", ".csv")

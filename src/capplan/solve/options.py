@@ -15,6 +15,7 @@ from typing import Literal
 import numpy as np
 
 from capplan.errors import ConfigError, InfeasibleError
+from capplan.memory import failure_for
 from capplan.mix import TrafficMix
 from capplan.pool import Pool, SpeculativeConfig
 from capplan.profile import StepTimer
@@ -204,6 +205,29 @@ def text_only_advice(mix: TrafficMix, setup: PoolSetup) -> Advice | None:
     )
 
 
+def memory_advice(setup: PoolSetup) -> Advice | None:
+    """A pool whose engine settings reach a configuration measured to run out of GPU
+    memory under load (capplan/memory.py), with the highest utilisation measured to serve
+    and the KV it gives up."""
+    pool, kv = setup.pool, setup.profile.kv
+    run = failure_for(pool, setup.profile)
+    if run is None:
+        return None
+    util = pool.engine.gpu_memory_utilization
+    message = (f"gpu_memory_utilization {util:g}: vLLM {setup.profile.vllm_version} ran out of "
+               f"GPU memory serving {run.model} {run.precision} on {setup.profile.gpu} at "
+               f"{run.gpu_memory_utilization:g} ({run.engine}, {run.logs[0]}): the CUDA graphs "
+               "and the API process must fit in what the utilisation leaves")
+    safe = [u for u in run.served_at if u < run.gpu_memory_utilization]
+    if not safe:
+        return Advice(kind="memory", message=message)
+    best = max(safe)
+    gain = kv.tokens(best) / kv.tokens(util) - 1
+    return Advice(kind="memory", kv_gain=round(gain, 6),
+                  message=f"{message}; {best:g} was measured to serve ({gain:+.1%} KV tokens "
+                          f"per replica, {kv.tokens(util):,} → {kv.tokens(best):,})")
+
+
 ENCODER_SHARE = 0.2
 """An encoder pass of at least this share of a binding inter-token limit gets advice."""
 
@@ -301,7 +325,9 @@ def size_mix(
             gpu = " or ".join(pool.gpu_prices) if pool.gpu == "auto" else pool.gpu
             return InfeasiblePool(pool=pool.name, model=pool.model, gpu=gpu,
                                   precision=str(pool.precision), reason=str(e))
-        notes: list[Advice] = []
+        # a crash is no suggestion: said whether or not advice was asked for
+        oom = memory_advice(choice.sizing.setup)
+        notes: list[Advice] = [] if oom is None else [oom]
         if advice:
             chosen = with_pool(m, choice.sizing.setup.pool)
             for a in (split_advice(chosen, choice, settings),
