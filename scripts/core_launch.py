@@ -222,6 +222,76 @@ def write_eager(gpu: str, host: Host, model: str) -> None:
                       f"{r['core_graph_s'] * 1e3:.2f})" for r in rows))
 
 
+def drafter_engines(gpu: str, model: str) -> list[dict[str, Any]]:
+    """Each core-traced serving engine of `model` on `gpu` with a draft model: the median
+    time its core spent in the drafter's pass a step (`propose`, on the core's thread:
+    validate/coretrace.py) over the steps of its concurrency-1 experiments, each a decode
+    of one request at a time, and its host."""
+    validation = ROOT / "calibration" / gpu / "vllm-0.26.0" / model / "validation"
+    out = []
+    for path in sorted((ROOT / "validation" / "logs").glob("s*-coretrace/*.parquet")):
+        folder = validation / path.stem
+        if not (folder / "run.json").exists():
+            continue
+        run = json.loads((folder / "run.json").read_text())
+        spec = run["pool"]["engine"].get("speculative") or {}
+        if spec.get("method") != "draft_model":
+            continue
+        meta = json.loads(path.with_suffix(".json").read_text())
+        trace = read_trace(path).filter(pl.col("name").is_in(["propose",
+                                                               "step_with_batch_queue"]))
+        lone = [e["name"] for e in run["experiments"]
+                if all(w["arrival"].get("concurrency") == 1 for w in e["workloads"])]
+        per_exp, per_step, steps = [], [], 0
+        for name in lone:
+            when = meta["experiments"].get(name)
+            if when is None:
+                continue
+            lo = (when["t0_perf"] - meta["clock_base_s"]) * 1e6
+            win = trace.filter((pl.col("t0_us") >= lo)
+                               & (pl.col("t0_us") < lo + when["wall_s"] * 1e6))
+            spans = win.filter(pl.col("name") == "propose")["dur_us"]
+            if len(spans) >= SPREAD_MIN_STEPS:
+                per_exp.append(float(spans.median()) / 1e6)  # type: ignore[arg-type]
+                core = win.filter(pl.col("name") == "step_with_batch_queue")["dur_us"]
+                per_step.append(float(core.median()) / 1e6)  # type: ignore[arg-type]
+                steps += len(spans)
+        if per_exp:
+            out.append({"engine": path.stem, "pass_s": round(statistics.median(per_exp), 6),
+                        "step_s": round(statistics.median(per_step), 6),
+                        "experiments": len(per_exp), "steps": steps,
+                        "k": int(spec["num_speculative_tokens"]),
+                        "trace": str(path.relative_to(ROOT)), "host": meta.get("host")})
+    return out
+
+
+def write_drafter(gpu: str, host: Host, model: str) -> None:
+    """<raw>/core-launch/drafter/<model>.json: the drafter's pass a step, on the serving
+    engine's core, at concurrency 1: the median over the model's traced draft-model engines
+    on this GPU of each one's (`drafter_engines`). A draft model's 1B forwards are launched
+    layer by layer on the core's thread, so the pass is the host's (1.0-1.8x the calibration
+    engine's on ten H200 engines: docs/validation.md, twenty-seventh session) and no one
+    host's figure is taken; `capplan calibrate --from-raw` prices a draft-model profile's
+    drafter terms at it (calibrate/build.py: drafter_serving)."""
+    rows = drafter_engines(gpu, model)
+    # one k, so that the profiles compare like with like (build.py prices the pass at it)
+    rows = [r for r in rows if r["k"] == max((r["k"] for r in rows), default=0)]
+    path = host.out / "drafter" / f"{model}.json"
+    if not rows:
+        path.unlink(missing_ok=True)
+        return
+    fig = {"step_s": round(float(np.median([r["step_s"] for r in rows])), 6),
+           "pass_s": round(float(np.median([r["pass_s"] for r in rows])), 6),
+           "k": [rows[0]["k"]], "engines": rows,
+           "min_steps": SPREAD_MIN_STEPS, "command": "python scripts/core_launch.py"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(fig, indent=1) + "\n")
+    print(f"{gpu} {model:14s} draft model at concurrency 1: the core's step "
+          f"{fig['step_s'] * 1e3:.2f} ms, the drafter's pass {fig['pass_s'] * 1e3:.2f}: median "
+          "of " + ", ".join(f"{r['engine']} {r['step_s'] * 1e3:.2f} / {r['pass_s'] * 1e3:.2f} "
+                            f"({r['steps']})" for r in rows))
+
+
 def main() -> None:
     for gpu, host in HOSTS.items():
         host.out.mkdir(parents=True, exist_ok=True)
@@ -232,6 +302,7 @@ def main() -> None:
                 show(gpu, model, host.measure(model, name), "not chosen")
         for model in sorted(p.name for p in host.validation.iterdir() if p.is_dir()):
             write_eager(gpu, host, model)
+            write_drafter(gpu, host, model)
 
 
 def write(gpu: str, host: Host, model: str) -> None:

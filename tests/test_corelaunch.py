@@ -218,3 +218,56 @@ def test_lone_eager_reads_graph_less_steps_after_a_decode_only_one() -> None:
     assert "eager_sigma" not in lone_eager(t.filter(pl.col("step") < 20))
     assert lone_eager(t.head(0)) == {}
 
+
+
+DRAFTER = [(gpu, p.stem) for gpu in ("h200", "h100")
+           for p in sorted((store.raw_dir(CALIBRATION_DIR, gpu) / "core-launch" / "drafter")
+                           .glob("*.json"))]
+
+
+@pytest.mark.parametrize(("gpu", "model"), DRAFTER)
+def test_a_draft_model_profile_steps_at_the_serving_cores_median_pace(gpu: str,
+                                                                      model: str) -> None:
+    """<raw>/core-launch/drafter/<model>.json holds each traced draft-model engine's median
+    core step and drafter pass at concurrency 1, as its stored trace gives them, and their
+    medians; every draft-model profile of the model at that k prices a step of one request
+    at the median (StepModel.draft_serving_scale), and the fit's error is left as fitted."""
+    shipped = json.loads((store.raw_dir(CALIBRATION_DIR, gpu) / "core-launch" / "drafter"
+                          / f"{model}.json").read_text())
+    for fig in shipped["engines"]:
+        trace = ROOT / fig["trace"]
+        meta = json.loads(trace.with_suffix(".json").read_text())
+        spans = read_trace(trace)
+        steps, passes = [], []
+        run = json.loads((CALIBRATION_DIR / gpu / "vllm-0.26.0" / model / "validation"
+                          / fig["engine"] / "run.json").read_text())
+        for e in run["experiments"]:
+            when = meta["experiments"].get(e["name"])
+            if when is None or any(w["arrival"].get("concurrency") != 1 for w in e["workloads"]):
+                continue
+            lo = (when["t0_perf"] - meta["clock_base_s"]) * 1e6
+            win = spans.filter((pl.col("t0_us") >= lo)
+                               & (pl.col("t0_us") < lo + when["wall_s"] * 1e6))
+            p = win.filter(pl.col("name") == "propose")["dur_us"]
+            if len(p) >= SPREAD_MIN_STEPS:
+                passes.append(float(p.median()) / 1e6)  # type: ignore[arg-type]
+                steps.append(float(win.filter(pl.col("name") == "step_with_batch_queue")
+                                   ["dur_us"].median()) / 1e6)  # type: ignore[arg-type]
+        assert fig["pass_s"] == pytest.approx(float(np.median(passes)), abs=1e-6)
+        assert fig["step_s"] == pytest.approx(float(np.median(steps)), abs=1e-6)
+        # the drafter holds the core most of a step
+        assert 0.5 * fig["step_s"] < fig["pass_s"] < fig["step_s"]
+    assert shipped["step_s"] == pytest.approx(
+        float(np.median([f["step_s"] for f in shipped["engines"]])), abs=1e-6)
+    profiles = [Profile.load(d) for d in _profile_dirs(gpu, model)]
+    drafts = [p for p in profiles if p.spec_method == "draft_model" and p.spec_k in shipped["k"]]
+    assert drafts
+    for p in drafts:
+        timer = StepTimer(p, max_num_seqs=int(p.engine["max_num_seqs"]),  # type: ignore[call-overload]
+                          max_num_batched_tokens=int(p.engine["max_num_batched_tokens"]))  # type: ignore[call-overload]
+        assert timer.step_time_s(1 + p.spec_k, 1, 0.0, 576) == pytest.approx(
+            shipped["step_s"], rel=1e-3)
+        assert p.step.draft_serving_scale != 1.0
+    for p in profiles:
+        if p not in drafts:
+            assert p.step.draft_serving_scale == 1.0

@@ -186,6 +186,13 @@ class StepModel(BaseModel):
     draft_seq_s: float = Field(
         default=0.0, ge=0, description="per request in each of the k - 1 later draft passes"
     )
+    draft_serving_scale: float = Field(
+        default=1.0, gt=0,
+        description="a draft model's pass on a serving engine's core against the calibration "
+        "engine's, at concurrency 1: the median over the model's traced serving engines on "
+        "this GPU (scripts/core_launch.py, core-launch/drafter/); the simulator multiplies the "
+        "drafter's three terms by it, the fit's error does not",
+    )
     encoder_token_s: float = Field(default=0.0, ge=0, description="per image token encoded")
     encoder_token2_s: float = Field(
         default=0.0, ge=0,
@@ -603,8 +610,10 @@ class StepTimer:
                    s.per_seq_s)
         self.k = profile.spec_k
         # the drafter's k passes, its first pass's per-token cost, its later passes' per request
-        self._draft = (self.k * s.draft_pass_s, s.draft_token_s,
-                       max(self.k - 1, 0) * s.draft_seq_s)
+        # (a draft model's at a serving host's pace: `draft_serving_scale`)
+        scale = s.draft_serving_scale
+        self._draft = (self.k * s.draft_pass_s * scale, s.draft_token_s * scale,
+                       max(self.k - 1, 0) * s.draft_seq_s * scale)
         # a draft model's passes hold the engine core: vLLM runs the drafter inside the
         # step's sample_tokens (vllm/v1/worker/gpu_model_runner.py propose_draft_token_ids,
         # vllm/v1/spec_decode/draft_model.py), a 1B model launched layer by layer

@@ -27,7 +27,7 @@ from capplan.errors import CalibrationError
 from capplan.hardware import GPUS, Precision
 from capplan.kvlayout import derive_layout, max_in_flight_tokens
 from capplan.modelspec import load_model_spec
-from capplan.profile import Box, HostCore, Profile, cudagraph_capture_sizes
+from capplan.profile import Box, HostCore, Profile, StepTimer, cudagraph_capture_sizes
 
 UTILS = (0.85, 0.90, 0.95)
 BASE_COEFS = ("fixed_s", "per_token_s", "knee_tokens", "prefill_attn_s", "decode_ctx_s",
@@ -336,6 +336,14 @@ def core_eager(raw: Path, model: str) -> dict[str, Any] | None:
     from the model's traced serving engines on this GPU, validate/corelaunch.py lone_eager):
     every profile of the model takes it, as `core_launch`'s. None if absent."""
     return _json_or_none(raw / "core-launch" / "eager" / f"{model}.json")
+
+
+def core_drafter(raw: Path, model: str) -> dict[str, Any] | None:
+    """A draft model's pass a step on the serving engine's core at concurrency 1, the median
+    over the model's traced draft-model engines on this GPU (`raw/core-launch/drafter/
+    <model>.json`, written by scripts/core_launch.py): each draft-model profile of the
+    model prices its drafter at it (StepModel.draft_serving_scale). None if absent."""
+    return _json_or_none(raw / "core-launch" / "drafter" / f"{model}.json")
 
 
 def _json_or_none(path: Path) -> dict[str, Any] | None:
@@ -717,7 +725,44 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                                        "quantization")},
         hosts=_hosts(eager),
     )
+    drafter = core_drafter(raw, g.model) if method == "draft_model" else None
+    if drafter is not None and k in drafter["k"]:
+        profile, note, drafter = _serving_drafter(profile, drafter)
+        prov = {**prov, "note": f"{prov['note']}; {note}", "drafter_serving": drafter}
+        profile = profile.model_copy(update={"provenance": profile.provenance.model_copy(
+            update={"note": prov["note"]})})
     return profile, prov, df
+
+
+DRAFT_CONTEXT = 576
+"""A chat request's mean decode context (512-token prompt, 128 out) for `_serving_drafter`."""
+
+
+def _serving_drafter(profile: Profile, drafter: dict[str, Any]
+                     ) -> tuple[Profile, str, dict[str, Any]]:
+    """A draft-model profile priced at the serving engines' pace: the core's median step at
+    concurrency 1 on the traced serving engines (`core_drafter`), whose drafter's launches
+    hold it, against the profile's own such step (a decode of one request with k drafts),
+    the difference put on the drafter's terms (StepModel.draft_serving_scale). The drafter
+    is what varies: its pass took 9.3-18.0 ms of the core on ten H200 engines where the
+    target's forward took 6.4-7.8 ms of GPU (docs/validation.md, twenty-seventh session)."""
+    eng = profile.engine
+    timer = StepTimer(profile, max_num_seqs=int(eng["max_num_seqs"]),  # type: ignore[call-overload]
+                      max_num_batched_tokens=int(eng["max_num_batched_tokens"]))  # type: ignore[call-overload]
+    k, step = profile.spec_k, profile.step
+    priced = timer.step_time_s(1 + k, 1, 0.0, DRAFT_CONTEXT)
+    passes, per_token, per_seq = timer._draft
+    extra = passes + per_token * timer.pad(1 + k) + per_seq
+    scale = round(max(1 + (drafter["step_s"] - priced) / extra, 0.1), 4)
+    out = profile.model_copy(update={"step": step.model_copy(
+        update={"draft_serving_scale": scale})})
+    note = (f"draft_serving_scale {scale}: a step of one request on the serving engines' core "
+            f"{drafter['step_s'] * 1e3:.2f} ms (the median over "
+            + ", ".join(e["engine"] for e in drafter["engines"])
+            + f", core-launch/drafter/{profile.model}.json) against {priced * 1e3:.2f} ms as "
+            f"fitted, its drafter's {extra * 1e3:.2f} ms scaled to take the difference")
+    return out, note, {**drafter, "priced_step_s": round(priced, 6),
+                       "priced_drafter_s": round(extra, 6), "scale": scale}
 
 
 def _hosts(eager: dict[str, Any] | None) -> tuple[HostCore, ...]:
