@@ -268,6 +268,15 @@ def test_a_draft_model_profile_steps_at_the_serving_cores_median_pace(gpu: str,
         assert timer.step_time_s(1 + p.spec_k, 1, 0.0, 576) == pytest.approx(
             shipped["step_s"], rel=1e-3)
         assert p.step.draft_serving_scale != 1.0
+        # each traced engine's own pace, for a pool sized on one end (Profile.on_host)
+        assert [h.engine for h in p.drafter_hosts] == [e["engine"] for e in shipped["engines"]]
+        for h in p.drafter_hosts:
+            own = p.model_copy(update={"step": p.step.model_copy(
+                update={"draft_serving_scale": h.draft_serving_scale})})
+            timer = StepTimer(own, max_num_seqs=int(p.engine["max_num_seqs"]),  # type: ignore[call-overload]
+                              max_num_batched_tokens=int(p.engine["max_num_batched_tokens"]))  # type: ignore[call-overload]
+            assert timer.step_time_s(1 + p.spec_k, 1, 0.0, 576) == pytest.approx(
+                h.step_s, rel=1e-3), h.engine
     for p in profiles:
         if p not in drafts:
-            assert p.step.draft_serving_scale == 1.0
+            assert p.step.draft_serving_scale == 1.0 and p.drafter_hosts == ()

@@ -212,3 +212,27 @@ def test_a_mix_on_a_host_sets_every_pool_and_keeps_its_file() -> None:
     assert anywhere.source == mix.source
     with pytest.raises(ConfigError, match="unknown host 'fast'"):
         mix.on_host("fast")
+
+
+def test_a_draft_pool_on_one_end_takes_that_drafters_pace_and_says_whose() -> None:
+    """A draft-model profile carries each traced draft engine's pace (Profile.drafter_hosts):
+    `slowest` and `fastest` take the ends' drafter scales with the text hosts' core times,
+    the median is the profile as shipped, and a lone request's decode slows with the host."""
+    pool = Pool.model_validate({"name": "d", "model": "llama-3.1-8b", "precision": "bf16",
+                                "engine": {"speculative": {"method": "draft_model",
+                                                           "num_speculative_tokens": 4}}})
+    prof = setup_pool(pool).profile
+    scales = [h.draft_serving_scale for h in prof.drafter_hosts]
+    assert len(scales) >= 2
+    assert prof.on_host("median") == prof
+    assert prof.on_host("slowest").step.draft_serving_scale == max(scales)
+    assert prof.on_host("fastest").step.draft_serving_scale == min(scales)
+    assert min(scales) < prof.step.draft_serving_scale < max(scales)
+    itl = {}
+    for host in ("fastest", "median", "slowest"):
+        res = simulate(_mix(pool.model_copy(update={"host": host}), rate=0.5, duration=20.0),
+                       "d", 1)
+        itl[host] = res.workloads[0].itl_p50_s
+        if host == "slowest":
+            assert "slowest of 10 traced drafters' pace" in res.pool.profile_source
+    assert itl["fastest"] < itl["median"] < itl["slowest"]

@@ -437,6 +437,18 @@ class HostCore(BaseModel):
         "trace held enough of them (else the profile's is kept)")
 
 
+class DrafterHost(BaseModel):
+    """One traced draft-model serving engine's drafter pace: the scale of the drafter's terms
+    that puts the profile's step of one request at that engine's core step
+    (StepModel.draft_serving_scale is the median engine's; core-launch/drafter/). The host
+    sets it: a lone request's core step took 12.5-24.3 ms on ten H200 engines."""
+
+    model_config = _FROZEN
+    engine: str = Field(description="the validation engine whose core trace measured it")
+    step_s: float = Field(gt=0, description="its core's median step of one request")
+    draft_serving_scale: float = Field(gt=0)
+
+
 HOSTS: tuple[str, ...] = tuple(h for h in get_args(PoolHost) if h != "any")
 """The engine-core hosts a profile prices a step on (Profile.on_host: median, slowest,
 fastest); a pool's `host: any` is sized on each of them (solve/choose.py `_Option`)."""
@@ -478,6 +490,9 @@ class Profile(BaseModel):
         default=(), description="the model's traced serving hosts on this GPU, each with its "
         "own core times, whose median the step's graph-less core time is (calibrate/build.py "
         "core_eager); `on_host` takes one end's")
+    drafter_hosts: tuple[DrafterHost, ...] = Field(
+        default=(), description="a draft-model profile's traced serving engines, each with its "
+        "drafter's pace (calibrate/build.py _serving_drafter); `on_host` takes one end's")
 
     @property
     def source(self) -> str:
@@ -512,16 +527,28 @@ class Profile(BaseModel):
         H100 leases"). A profile with no traced host is returned as it is."""
         if host not in HOSTS:
             raise ValueError(f"unknown host {host!r}; known: {', '.join(HOSTS)}")
-        end = self.traced_host(host)
-        if end is None:
+        end, drafter = self.traced_host(host), self.traced_drafter(host)
+        upd: dict[str, float] = {}
+        if end is not None:
+            upd |= {"core_graph_s": end.core_graph_s, "core_eager_s": end.core_eager_s}
+            if end.eager_sigma:
+                upd["eager_sigma"] = end.eager_sigma
+            if end.core_piecewise_s is not None:
+                upd["core_piecewise_s"] = end.core_piecewise_s
+        if drafter is not None:  # a draft model's passes: that end's pace too
+            upd["draft_serving_scale"] = drafter.draft_serving_scale
+        if not upd:
             return self
-        upd: dict[str, float] = {"core_graph_s": end.core_graph_s,
-                                 "core_eager_s": end.core_eager_s}
-        if end.eager_sigma:
-            upd["eager_sigma"] = end.eager_sigma
-        if end.core_piecewise_s is not None:
-            upd["core_piecewise_s"] = end.core_piecewise_s
         return self.model_copy(update={"step": self.step.model_copy(update=upd)})
+
+    def traced_drafter(self, host: str) -> DrafterHost | None:
+        """The traced draft-model engine at one end (`host` "slowest" or "fastest"), by its
+        core's step of one request; None for "median" or where none was traced."""
+        if host == "slowest":
+            return max(self.drafter_hosts, key=lambda h: h.step_s, default=None)
+        if host == "fastest":
+            return min(self.drafter_hosts, key=lambda h: h.step_s, default=None)
+        return None
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:

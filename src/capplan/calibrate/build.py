@@ -27,7 +27,14 @@ from capplan.errors import CalibrationError
 from capplan.hardware import GPUS, Precision
 from capplan.kvlayout import derive_layout, max_in_flight_tokens
 from capplan.modelspec import load_model_spec
-from capplan.profile import Box, HostCore, Profile, StepTimer, cudagraph_capture_sizes
+from capplan.profile import (
+    Box,
+    DrafterHost,
+    HostCore,
+    Profile,
+    StepTimer,
+    cudagraph_capture_sizes,
+)
 
 UTILS = (0.85, 0.90, 0.95)
 BASE_COEFS = ("fixed_s", "per_token_s", "knee_tokens", "prefill_attn_s", "decode_ctx_s",
@@ -753,9 +760,15 @@ def _serving_drafter(profile: Profile, drafter: dict[str, Any]
     priced = timer.step_time_s(1 + k, 1, 0.0, DRAFT_CONTEXT)
     passes, per_token, per_seq = timer._draft
     extra = passes + per_token * timer.pad(1 + k) + per_seq
-    scale = round(max(1 + (drafter["step_s"] - priced) / extra, 0.1), 4)
+    def scale_for(step_s: float) -> float:
+        return round(max(1 + (step_s - priced) / extra, 0.1), 4)
+
+    scale = scale_for(drafter["step_s"])
+    hosts = tuple(DrafterHost(engine=e["engine"], step_s=e["step_s"],
+                              draft_serving_scale=scale_for(e["step_s"]))
+                  for e in drafter["engines"])
     out = profile.model_copy(update={"step": step.model_copy(
-        update={"draft_serving_scale": scale})})
+        update={"draft_serving_scale": scale}), "drafter_hosts": hosts})
     note = (f"draft_serving_scale {scale}: a step of one request on the serving engines' core "
             f"{drafter['step_s'] * 1e3:.2f} ms (the median over "
             + ", ".join(e["engine"] for e in drafter["engines"])

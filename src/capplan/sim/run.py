@@ -645,6 +645,11 @@ def _source(profile: Profile, *, text_only: bool, shared: bool = False,
                      f"{end.core_eager_s * 1e3:.1f} ms a graph-less step, "
                      f"{end.core_graph_s * 1e3:.2f} a decode-only one" if end is not None
                      else f"{host} host: none traced, the profile's core")
+        drafter = profile.traced_drafter(host)
+        if drafter is not None:
+            parts.append(f"the {host} of {len(profile.drafter_hosts)} traced drafters' pace, "
+                         f"{drafter.engine}: {drafter.step_s * 1e3:.1f} ms a lone request's "
+                         "step")
     elif host == "any":  # capplan size prices each host in turn (solve/choose.py)
         parts.append("host any: the median host's core here; capplan size sizes on each")
     step = profile.step
