@@ -64,3 +64,31 @@ def test_a_broken_failure_file_names_itself_and_the_field(tmp_path: Path) -> Non
     with pytest.raises(CalibrationError, match=r"out-of-memory\.json: runs\.0\."
                                                r"gpu_memory_utilization: Field required"):
         failure_for(_pool(gpu_memory_utilization=0.95), profile, calibration_dir=tmp_path)
+
+
+def test_emit_warns_before_a_lease_is_spent_on_settings_that_ran_out(tmp_path: Path) -> None:
+    """`capplan validate emit` still writes the job, and says on stderr that these settings
+    ran vLLM out of GPU memory before, naming the engine and its log."""
+    from click.testing import CliRunner
+
+    from capplan.cli import main
+
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(
+        "schema_version: 1\ngpu: h100\nvllm: 0.26.0\nengines:\n"
+        "  - name: q95\n"
+        "    pool: {name: v, model: qwen3-32b, gpu: h100, precision: fp8, engine: "
+        "{max_model_len: 8192, gpu_memory_utilization: UTIL}}\n"
+        "    experiments:\n"
+        "      - {name: chat-c4, duration_s: 5, workloads: [{pool: validate, name: chat, "
+        "input_tokens: {kind: constant, value: 512}, output_tokens: {kind: constant, value: "
+        "128}, arrival: {kind: closed, concurrency: 4}}]}\n")
+    text = suite.read_text()
+    for util, warned in (("0.95", True), ("0.92", False)):
+        suite.write_text(text.replace("UTIL", util))
+        r = CliRunner().invoke(main, ["validate", "emit", str(suite), "--out",
+                                      str(tmp_path / util)])
+        assert r.exit_code == 0, r.output
+        assert (tmp_path / util / "q95.json").exists()
+        assert ("ran out of GPU memory" in r.output
+                and "qwen3-32b-fp8-h100-u95" in r.output) is warned

@@ -19,6 +19,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -26,9 +27,13 @@ from rich.table import Table
 
 from capplan._cli import check_out, errors_as_lines, finite_positive, write_out
 from capplan.calibrate.store import CALIBRATION_DIR
-from capplan.errors import CalibrationError, ConfigError
+from capplan.errors import CalibrationError, CapplanError, ConfigError
 from capplan.validate.queued import QUEUED_DIR
 from capplan.validate.suite import RUNNER, Suite, emit_job, load_suite
+
+if TYPE_CHECKING:
+    from capplan.memory import OutOfMemory
+    from capplan.pool import Pool
 
 MODELS_DIR = Path(__file__).resolve().parents[3] / "models"
 
@@ -91,10 +96,26 @@ def emit(suite_file: Path, out: Path, engines: tuple[str, ...], models: Path, mi
             continue
         _write_json(out / f"{name}.json", job)
         click.echo(f"{out / (name + '.json')}: {n} experiment run{'s' * (n != 1)}")
+        oom = _measured_oom(run.pool)
+        if oom is not None:
+            click.echo(f"{name}: vLLM ran out of GPU memory under load with these settings "
+                       f"before ({oom.engine}, {oom.logs[0]}); the lease may measure nothing",
+                       err=True)
         if not (queued_dir / f"{name}.json").exists():
             click.echo(f"{name}: no prediction recorded before its run; record one now: "
                        f"capplan validate predict {suite_file} --engine {name} --record "
                        f"{queued_dir}", err=True)
+
+
+def _measured_oom(pool: Pool) -> OutOfMemory | None:
+    """The stored out-of-memory run (capplan/memory.py) a suite engine's settings reach."""
+    from capplan.memory import failure_for
+    from capplan.sim.run import setup_pool
+
+    try:
+        return failure_for(pool, setup_pool(pool).profile)
+    except CapplanError:  # a pool the simulator refuses is said so by `predict`
+        return None
 
 
 @validate.command()
