@@ -45,6 +45,7 @@ import polars as pl
 from capplan.validate.corelaunch import (
     LONE_MAX_TOKENS,
     SPREAD_MIN_STEPS,
+    lone_drafter,
     lone_eager,
     measure,
     read_trace,
@@ -238,29 +239,9 @@ def drafter_engines(gpu: str, model: str) -> list[dict[str, Any]]:
         if spec.get("method") != "draft_model":
             continue
         meta = json.loads(path.with_suffix(".json").read_text())
-        trace = read_trace(path).filter(pl.col("name").is_in(["propose",
-                                                               "step_with_batch_queue"]))
-        lone = [e["name"] for e in run["experiments"]
-                if all(w["arrival"].get("concurrency") == 1 for w in e["workloads"])]
-        per_exp, per_step, steps = [], [], 0
-        for name in lone:
-            when = meta["experiments"].get(name)
-            if when is None:
-                continue
-            lo = (when["t0_perf"] - meta["clock_base_s"]) * 1e6
-            win = trace.filter((pl.col("t0_us") >= lo)
-                               & (pl.col("t0_us") < lo + when["wall_s"] * 1e6))
-            spans = win.filter(pl.col("name") == "propose")["dur_us"]
-            if len(spans) >= SPREAD_MIN_STEPS:
-                per_exp.append(float(spans.median()) / 1e6)  # type: ignore[arg-type]
-                core = win.filter(pl.col("name") == "step_with_batch_queue")["dur_us"]
-                per_step.append(float(core.median()) / 1e6)  # type: ignore[arg-type]
-                steps += len(spans)
-        if per_exp:
-            out.append({"engine": path.stem, "pass_s": round(statistics.median(per_exp), 6),
-                        "step_s": round(statistics.median(per_step), 6),
-                        "experiments": len(per_exp), "steps": steps,
-                        "k": int(spec["num_speculative_tokens"]),
+        fig = lone_drafter(read_trace(path), meta, run)
+        if fig is not None:
+            out.append({"engine": path.stem, **fig, "k": int(spec["num_speculative_tokens"]),
                         "trace": str(path.relative_to(ROOT)), "host": meta.get("host")})
     return out
 

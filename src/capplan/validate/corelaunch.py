@@ -253,3 +253,32 @@ def measure(trace_dir: Path, engine: str, validation_dir: Path) -> dict[str, Any
     out["engine"] = engine
     out["host"] = meta.get("host")
     return out
+
+
+def lone_drafter(trace: pl.DataFrame, meta: dict[str, Any], run: dict[str, Any]
+                 ) -> dict[str, Any] | None:
+    """A draft-model serving engine's pace at concurrency 1 (its `run.json` as `run`, its
+    core trace and the trace's metadata): over each experiment whose every workload is one
+    closed-loop user, the median core step (`step_with_batch_queue`) and drafter pass
+    (`propose`, on the core's thread: coretrace.py), where it holds SPREAD_MIN_STEPS passes
+    or more; the medians over those experiments, how many and the passes counted. None where
+    no experiment holds enough."""
+    spans = trace.filter(pl.col("name").is_in(["propose", "step_with_batch_queue"]))
+    passes, steps, counted = [], [], 0
+    for e in run["experiments"]:
+        when = meta["experiments"].get(e["name"])
+        if when is None or any(w["arrival"].get("concurrency") != 1 for w in e["workloads"]):
+            continue
+        lo = (when["t0_perf"] - meta["clock_base_s"]) * 1e6
+        win = spans.filter((pl.col("t0_us") >= lo) & (pl.col("t0_us") < lo + when["wall_s"] * 1e6))
+        drafter = win.filter(pl.col("name") == "propose")["dur_us"]
+        if len(drafter) >= SPREAD_MIN_STEPS:
+            passes.append(float(drafter.median()) / 1e6)  # type: ignore[arg-type]
+            steps.append(float(win.filter(pl.col("name") == "step_with_batch_queue")
+                               ["dur_us"].median()) / 1e6)  # type: ignore[arg-type]
+            counted += len(drafter)
+    if not passes:
+        return None
+    return {"pass_s": round(float(np.median(passes)), 6),
+            "step_s": round(float(np.median(steps)), 6),
+            "experiments": len(passes), "steps": counted}
