@@ -188,10 +188,11 @@ class StepModel(BaseModel):
     )
     draft_serving_scale: float = Field(
         default=1.0, gt=0,
-        description="a draft model's pass on a serving engine's core against the calibration "
-        "engine's, at concurrency 1: the median over the model's traced serving engines on "
-        "this GPU (scripts/core_launch.py, core-launch/drafter/); the simulator multiplies the "
-        "drafter's three terms by it, the fit's error does not",
+        description="the scale of the drafter's three terms that puts a step of one request "
+        "(k drafts) at the median core step of the model's traced draft-model serving "
+        "engines on this GPU (core-launch/drafter/, calibrate/build.py _serving_drafter): "
+        "the serving hosts' pace, where the fit has the calibration engine's; the simulator "
+        "applies it, the fit's error does not",
     )
     encoder_token_s: float = Field(default=0.0, ge=0, description="per image token encoded")
     encoder_token2_s: float = Field(

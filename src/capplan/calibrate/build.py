@@ -758,8 +758,10 @@ def _serving_drafter(profile: Profile, drafter: dict[str, Any]
                       max_num_batched_tokens=int(eng["max_num_batched_tokens"]))  # type: ignore[call-overload]
     k, step = profile.spec_k, profile.step
     priced = timer.step_time_s(1 + k, 1, 0.0, DRAFT_CONTEXT)
-    passes, per_token, per_seq = timer._draft
-    extra = passes + per_token * timer.pad(1 + k) + per_seq
+    # the drafter's share of that step (profile.py StepTimer.step_times, unscaled)
+    extra = (k * step.draft_pass_s + step.draft_token_s * timer.pad(1 + k)
+             + (k - 1) * step.draft_seq_s)
+
     def scale_for(step_s: float) -> float:
         return round(max(1 + (step_s - priced) / extra, 0.1), 4)
 
