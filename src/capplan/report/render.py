@@ -280,7 +280,8 @@ def _config(p: PoolPlan, quick: bool = False) -> str:
         out += "<p class='sub'>runners-up: none (the mix fixes this pool's configuration)</p>"
     for a in p.advice:
         saved = "" if a.gpus_saved is None else f" (GPUs saved: {a.gpus_saved})"
-        out += f"<p class='note'><b>advice ({_e(a.kind)})</b>: {_e(a.message)}{saved}</p>"
+        label = "warning" if a.kind == "memory" else "advice"  # a crash, not a suggestion
+        out += f"<p class='note'><b>{label} ({_e(a.kind)})</b>: {_e(a.message)}{saved}</p>"
     return out + "</div>"
 
 
