@@ -262,6 +262,7 @@ def write_drafter(gpu: str, host: Host, model: str) -> None:
         path.unlink(missing_ok=True)
         return
     fig = {"step_s": round(float(np.median([r["step_s"] for r in rows])), 6),
+           "pass_sigma": round(float(np.median([r["pass_sigma"] for r in rows])), 4),
            "pass_s": round(float(np.median([r["pass_s"] for r in rows])), 6),
            "k": [rows[0]["k"]], "engines": rows,
            "min_steps": SPREAD_MIN_STEPS, "command": "python scripts/core_launch.py"}

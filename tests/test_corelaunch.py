@@ -245,8 +245,9 @@ def test_a_draft_model_profile_steps_at_the_serving_cores_median_pace(gpu: str,
         assert fig["steps"] >= SPREAD_MIN_STEPS
         # the drafter holds the core most of a step
         assert 0.5 * fig["step_s"] < fig["pass_s"] < fig["step_s"]
-    assert shipped["step_s"] == pytest.approx(
-        float(np.median([f["step_s"] for f in shipped["engines"]])), abs=1e-6)
+    for key in ("step_s", "pass_sigma"):
+        assert shipped[key] == pytest.approx(
+            float(np.median([f[key] for f in shipped["engines"]])), abs=1e-4), key
     profiles = [Profile.load(d) for d in _profile_dirs(gpu, model)]
     drafts = [p for p in profiles if p.spec_method == "draft_model" and p.spec_k in shipped["k"]]
     assert drafts
@@ -256,6 +257,8 @@ def test_a_draft_model_profile_steps_at_the_serving_cores_median_pace(gpu: str,
         assert timer.step_time_s(1 + p.spec_k, 1, 0.0, 576) == pytest.approx(
             shipped["step_s"], rel=1e-3)
         assert p.step.draft_serving_scale != 1.0
+        # drawn every step with the engines' spread (sim/replica.py)
+        assert p.step.draft_sigma == shipped["pass_sigma"] > 0
         # each traced engine's own pace, for a pool sized on one end (Profile.on_host)
         assert [h.engine for h in p.drafter_hosts] == [e["engine"] for e in shipped["engines"]]
         for h in p.drafter_hosts:
@@ -268,3 +271,4 @@ def test_a_draft_model_profile_steps_at_the_serving_cores_median_pace(gpu: str,
     for p in profiles:
         if p not in drafts:
             assert p.step.draft_serving_scale == 1.0 and p.drafter_hosts == ()
+            assert p.step.draft_sigma == 0.0

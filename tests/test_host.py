@@ -236,3 +236,21 @@ def test_a_draft_pool_on_one_end_takes_that_drafters_pace_and_says_whose() -> No
         if host == "slowest":
             assert "slowest of 10 traced drafters' pace" in res.pool.profile_source
     assert itl["fastest"] < itl["median"] < itl["slowest"]
+
+
+def test_a_draft_models_pass_is_drawn_every_step_so_its_gaps_have_a_tail() -> None:
+    """With the drafter's spread (StepModel.draft_sigma, from the serving traces) a lone
+    request's inter-token gaps spread about the same median: its ITL p99 stands above its
+    p50 as the engine's did (docs/validation.md), where without it every gap is the same."""
+    pool = Pool.model_validate({"name": "d", "model": "llama-3.1-8b", "precision": "bf16",
+                                "engine": {"speculative": {"method": "draft_model",
+                                                           "num_speculative_tokens": 4}}})
+    prof = setup_pool(pool).profile
+    assert prof.step.draft_sigma > 0
+    flat = prof.model_copy(update={"step": prof.step.model_copy(update={"draft_sigma": 0.0})})
+    mix = _mix(pool, rate=0.5, duration=30.0)
+    drawn = simulate(mix, "d", 1).workloads[0]
+    fixed = simulate(mix, "d", 1, profile=flat).workloads[0]
+    assert drawn.itl_p99_s > 1.2 * drawn.itl_p50_s
+    assert fixed.itl_p99_s < 1.1 * fixed.itl_p50_s
+    assert drawn.itl_p50_s == pytest.approx(fixed.itl_p50_s, rel=0.1)

@@ -194,6 +194,13 @@ class StepModel(BaseModel):
         "the serving hosts' pace, where the fit has the calibration engine's; the simulator "
         "applies it, the fit's error does not",
     )
+    draft_sigma: float = Field(
+        default=0.0, ge=0,
+        description="the spread of a draft model's pass from step to step on the serving "
+        "engines' core (sigma of its logarithm at concurrency 1, the median over the traced "
+        "draft-model engines, core-launch/drafter/): the simulator draws the drafter's time "
+        "on every step as its median x exp(draft_sigma z) (0: the median)",
+    )
     encoder_token_s: float = Field(default=0.0, ge=0, description="per image token encoded")
     encoder_token2_s: float = Field(
         default=0.0, ge=0,
@@ -617,6 +624,7 @@ class StepTimer:
         "_stairs",
         "_window",
         "box",
+        "draft_spread",
         "eager_spread",
         "encoder_draws",
         "encoder_spells",
@@ -646,6 +654,8 @@ class StepTimer:
         # step's sample_tokens (vllm/v1/worker/gpu_model_runner.py propose_draft_token_ids,
         # vllm/v1/spec_decode/draft_model.py), a 1B model launched layer by layer
         self._draft_in_launch = profile.spec_method == "draft_model"
+        # its pass varies step to step with the host's moment (sim/replica.py draws it)
+        self.draft_spread = s.draft_sigma if self.k else 0.0
         self._enc = (s.encoder_token_s, s.encoder_token2_s, s.encoder_floor_s)
         self._enc_step = s.encoder_step_s
         self.encoder_draws = tuple(s.encoder_step_draws_s)
@@ -748,6 +758,7 @@ class StepTimer:
         encoder_images: int = 1,
         encoder_step_s: float | None = None,
         launch_factor: float = 1.0,
+        draft_factor: float = 1.0,
     ) -> tuple[float, float]:
         """(work, launch) seconds of one engine step of this composition. `launch` is the
         engine core's own time for the step, during which it can neither schedule nor hand
@@ -766,7 +777,8 @@ class StepTimer:
         encoder runs in this step (`encoder_pass_s`); the step around the pass costs
         `encoder_step_s`, the profile's median unless given (one of its draws).
         `launch_factor` scales the core's own time (simulation.core_spread), not the
-        encoder's, whose spread its draws carry."""
+        encoder's, whose spread its draws carry; `draft_factor` the drafter's pass (a draw
+        of `draft_spread`)."""
         fixed, per_tok, knee, p_attn, d_ctx, per_seq = self._c
         max_tokens, max_seqs, max_context = self._box
         if tokens > max_tokens or seqs > max_seqs or (seqs and decode_ctx > max_context * seqs):
@@ -820,7 +832,7 @@ class StepTimer:
         extra = 0.0
         if self.k:
             passes, per_token, per_seq_later = self._draft
-            extra = passes + per_token * t_pad + per_seq_later * seqs
+            extra = (passes + per_token * t_pad + per_seq_later * seqs) * draft_factor
         encoder = 0.0
         if encoder_tokens:
             around = self._enc_step if encoder_step_s is None else encoder_step_s

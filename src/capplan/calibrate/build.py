@@ -770,12 +770,14 @@ def _serving_drafter(profile: Profile, drafter: dict[str, Any]
                               draft_serving_scale=scale_for(e["step_s"]))
                   for e in drafter["engines"])
     out = profile.model_copy(update={"step": step.model_copy(
-        update={"draft_serving_scale": scale}), "drafter_hosts": hosts})
+        update={"draft_serving_scale": scale, "draft_sigma": drafter["pass_sigma"]}),
+        "drafter_hosts": hosts})
     note = (f"draft_serving_scale {scale}: a step of one request on the serving engines' core "
             f"{drafter['step_s'] * 1e3:.2f} ms (the median over "
             + ", ".join(e["engine"] for e in drafter["engines"])
             + f", core-launch/drafter/{profile.model}.json) against {priced * 1e3:.2f} ms as "
-            f"fitted, its drafter's {extra * 1e3:.2f} ms scaled to take the difference")
+            f"fitted, its drafter's {extra * 1e3:.2f} ms scaled to take the difference, and "
+            f"drawn every step with the engines' median spread, sigma {drafter['pass_sigma']}")
     return out, note, {**drafter, "priced_step_s": round(priced, 6),
                        "priced_drafter_s": round(extra, 6), "scale": scale}
 

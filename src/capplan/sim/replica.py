@@ -286,6 +286,9 @@ class Replica:
                 sigma = self.timer.launch_sigma(plan.total_tokens, plan.prefill_seqs > 0)
                 if sigma:
                     factor = self.spread.factor(sigma)
+            draft = 1.0
+            if self.timer.draft_spread:  # the drafter's pass, the host's moment (profile.py)
+                draft = self.draws.factor(self.timer.draft_spread)
             work, launch = self.timer.step_times(
                 plan.total_tokens,
                 seqs,
@@ -299,6 +302,7 @@ class Replica:
                 encoder_step_s=(self.pictures.draw(now)
                                 if plan.encoder_tokens and self.pictures is not None else None),
                 launch_factor=factor,
+                draft_factor=draft,
             )
             if self._serial:
                 work += self._serial

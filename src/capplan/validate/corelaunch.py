@@ -261,10 +261,11 @@ def lone_drafter(trace: pl.DataFrame, meta: dict[str, Any], run: dict[str, Any]
     core trace and the trace's metadata): over each experiment whose every workload is one
     closed-loop user, the median core step (`step_with_batch_queue`) and drafter pass
     (`propose`, on the core's thread: coretrace.py), where it holds SPREAD_MIN_STEPS passes
-    or more; the medians over those experiments, how many and the passes counted. None where
-    no experiment holds enough."""
+    or more; the medians over those experiments (with the pass's spread, `pass_sigma`, as
+    `summary` reads one), how many and the passes counted. None where no experiment holds
+    enough."""
     spans = trace.filter(pl.col("name").is_in(["propose", "step_with_batch_queue"]))
-    passes, steps, counted = [], [], 0
+    passes, steps, sigmas, counted = [], [], [], 0
     for e in run["experiments"]:
         when = meta["experiments"].get(e["name"])
         if when is None or any(w["arrival"].get("concurrency") != 1 for w in e["workloads"]):
@@ -274,6 +275,8 @@ def lone_drafter(trace: pl.DataFrame, meta: dict[str, Any], run: dict[str, Any]
         drafter = win.filter(pl.col("name") == "propose")["dur_us"]
         if len(drafter) >= SPREAD_MIN_STEPS:
             passes.append(float(drafter.median()) / 1e6)  # type: ignore[arg-type]
+            lo10, hi90 = np.percentile(drafter.to_numpy(), [10, 90])
+            sigmas.append(float(np.log(hi90 / lo10)) / (2 * Z90))
             steps.append(float(win.filter(pl.col("name") == "step_with_batch_queue")
                                ["dur_us"].median()) / 1e6)  # type: ignore[arg-type]
             counted += len(drafter)
@@ -281,4 +284,5 @@ def lone_drafter(trace: pl.DataFrame, meta: dict[str, Any], run: dict[str, Any]
         return None
     return {"pass_s": round(float(np.median(passes)), 6),
             "step_s": round(float(np.median(steps)), 6),
+            "pass_sigma": round(float(np.median(sigmas)), 4),
             "experiments": len(passes), "steps": counted}
