@@ -72,7 +72,7 @@ def test_refit_from_samples_gives_same_coefficients(d: Path) -> None:
                                               "core_graph_s", "core_piecewise_s",
                                               "core_graph_sigma", "core_piecewise_sigma",
                                               "core_eager_s", "eager_gpu_s",
-                                              "eager_sigma", "draft_serving_scale",
+                                              "eager_sigma", "draft_serving_scale", "draft_sigma",
                                               *ENCODER}).items():
         assert getattr(res.step, k) == pytest.approx(v, rel=1e-6, abs=1e-15), k
     scan = prov.get("encoder_scan", {})
