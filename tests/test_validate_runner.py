@@ -250,3 +250,24 @@ def test_a_new_start_needs_its_engine_start_warm_ups_and_first_experiment() -> N
         {"name": "a", "duration_s": 30.0}, {"name": "b", "duration_s": 90.0}]}
     assert runner.start_need_s(job) == pytest.approx(200 + 12.6 + 13.9 + 49.0)
     assert runner.start_need_s({**job, "expected_start_s": 0.0}) == pytest.approx(75.5)
+
+
+class DeadEngine(FixedTimingEngine):
+    """Fails every request at once, as vLLM's engine does once its core has died."""
+
+    async def generate(self, prompt, max_tokens, rid, priority=0):
+        self.prompts.append(prompt)
+        raise RuntimeError("EngineDeadError: EngineCore encountered an issue")
+        yield  # an async generator, as the engine's
+
+
+def test_closed_loop_users_stop_at_a_failed_request(tmp_path):
+    """A dead engine fails each request at once: the users stop at the first failure rather
+    than send thousands in the experiment's time, and the run fails naming it."""
+    engine = DeadEngine()
+    prompts = runner.Prompts(vocab=5000, seed=0)
+    exp = {"name": "c", "duration_s": 0.5, "workloads": [closed(4)]}
+    x = runner.Experiment(engine, exp, prompts, str(tmp_path / "x.jsonl"), lambda n: n)
+    asyncio.run(x.run())
+    assert 1 <= len(engine.prompts) <= 4  # one each at most, not one per loop turn
+    assert x.errors and "EngineDeadError" in x.errors[0]

@@ -269,8 +269,10 @@ class Experiment:
         return task
 
     async def user(self, wl, spec, rows, cursor):
-        """One closed-loop user: next request when the last ends, until duration_s."""
-        while self.now() < self.duration:
+        """One closed-loop user: next request when the last ends, until duration_s, or until
+        a request has failed: a dead engine fails each at once, and its users would send tens
+        of thousands (an H100 out of memory, forty-third session); the run fails on them."""
+        while self.now() < self.duration and not self.errors:
             i = cursor[0]
             cursor[0] += 1
             inp, out, group, ptoks = rows[i % len(rows)]
