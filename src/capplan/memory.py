@@ -61,11 +61,12 @@ def measured_failures(gpu: str, vllm_version: str = "0.26.0",
         return ()
     try:
         return _File.model_validate(json.loads(path.read_text())).runs
-    except (ValueError, ValidationError) as e:
-        first = e.errors()[0] if isinstance(e, ValidationError) else None
-        where = ".".join(str(x) for x in first["loc"]) if first else "the file"
-        raise CalibrationError(f"{path}: {where}: {first['msg'] if first else e}; fix the entry "
-                           "or restore the file from git") from None
+    except ValidationError as e:
+        first = e.errors()[0]
+        where, why = ".".join(str(x) for x in first["loc"]), first["msg"]
+    except ValueError as e:  # not JSON
+        where, why = "the file", str(e)
+    raise CalibrationError(f"{path}: {where}: {why}; fix the entry or restore the file from git")
 
 
 def failure_for(pool: Pool, profile: Profile,

@@ -123,6 +123,12 @@ Z90 = 1.2815516
 """The standard normal's 90th percentile: ln(p90 / p10) / (2 Z90) is a log-normal's sigma."""
 
 
+def log_sigma(x: np.ndarray) -> float:
+    """The sigma of a log-normal with the same 10th and 90th percentiles as `x`."""
+    p10, p90 = np.percentile(x, [10, 90])
+    return float(np.log(p90 / p10) / (2 * Z90))
+
+
 def summary(times: pl.DataFrame) -> dict[str, Any]:
     """The two figures a profile takes (medians), with their spread and counts; and for
     each kind of step with SPREAD_MIN_STEPS or more (decode-only "graph", "piecewise", and
@@ -140,7 +146,7 @@ def summary(times: pl.DataFrame) -> dict[str, Any]:
         p10, p90 = np.percentile(x, [10, 90])
         out[f"{kind}_p10_p90_s"] = [round(float(p10), 6), round(float(p90), 6)]
         if len(x) >= SPREAD_MIN_STEPS and p10 > 0:
-            out[f"{kind}_sigma"] = round(float(np.log(p90 / p10) / (2 * Z90)), 4)
+            out[f"{kind}_sigma"] = round(log_sigma(x), 4)
     return out
 
 
@@ -179,9 +185,8 @@ def lone_eager(times: pl.DataFrame) -> dict[str, Any]:
     gpu = x["gpu_s"].drop_nans().drop_nulls().to_numpy()
     if len(gpu):  # the GPU's own span of those steps (step_core_times' gpu_s)
         out["gpu_eager_s"] = round(float(np.median(gpu)), 6)
-    p10, p90 = np.percentile(core, [10, 90])
-    if len(core) >= SPREAD_MIN_STEPS and p10 > 0:
-        out["eager_sigma"] = round(float(np.log(p90 / p10) / (2 * Z90)), 4)
+    if len(core) >= SPREAD_MIN_STEPS and np.percentile(core, 10) > 0:
+        out["eager_sigma"] = round(log_sigma(core), 4)
         runs = x["run"].to_numpy()
         same = runs[1:] == runs[:-1]
         if same.sum() >= SPREAD_MIN_STEPS:
@@ -275,8 +280,7 @@ def lone_drafter(trace: pl.DataFrame, meta: dict[str, Any], run: dict[str, Any]
         drafter = win.filter(pl.col("name") == "propose")["dur_us"]
         if len(drafter) >= SPREAD_MIN_STEPS:
             passes.append(float(drafter.median()) / 1e6)  # type: ignore[arg-type]
-            lo10, hi90 = np.percentile(drafter.to_numpy(), [10, 90])
-            sigmas.append(float(np.log(hi90 / lo10)) / (2 * Z90))
+            sigmas.append(log_sigma(drafter.to_numpy()))
             steps.append(float(win.filter(pl.col("name") == "step_with_batch_queue")
                                ["dur_us"].median()) / 1e6)  # type: ignore[arg-type]
             counted += len(drafter)
