@@ -8,6 +8,8 @@ drafter's cost and the stairs of its verify steps.
     python scripts/calibration_analysis.py points MODEL/KEY   # e.g. gemma-4-31b/fp8
     python scripts/calibration_analysis.py composition MODEL/KEY  # each run's own steps
     python scripts/calibration_analysis.py speeds [MODEL/KEY]  # two runs: steps vs scheduler
+    python scripts/calibration_analysis.py byrun MODEL/KEY  # held-out error run by run
+    python scripts/calibration_analysis.py steadiness MODEL/KEY...  # what the steps leave a fit
 
 With no argument it prints sanity and graph.
 """
@@ -1155,6 +1157,49 @@ def byrun(profile: str, top: int = 8) -> None:
               + ", ".join(by_run))
 
 
+def steadiness(profile: str) -> None:
+    """How much of one profile's held-out error the steps leave to a model: its held-out
+    p95 as shipped (every run's steps, one fit), with each run fitted alone on its own
+    seeded split, and against no model at all: each held-out step against the median of its
+    neighbours of the same composition (same point and run, within six steps, the same
+    tokens and sequences and a prefill attention within 25 %), where it has two or more.
+    A fit can come no closer than that last figure; the gap between it and a run's own fit
+    is a point's drift over the minutes it ran, which `byrun` shows moving from run to run."""
+    d = PROFILES / profile
+    prof, s, sizes = _fit_inputs(d)
+    run = pl.read_parquet(d / "samples.parquet")["run"].to_numpy()
+    mns = int(prof.engine["max_num_seqs"])  # type: ignore[call-overload]
+    mbt = int(prof.engine["max_num_batched_tokens"])  # type: ignore[call-overload]
+    s = {**s, "eager_step": (s["tokens"] > eager_threshold(mns, mbt)).astype(float)}
+    win = F._heldout(s, 0, 0.2)
+    shipped = (F._window_sum(F.predict_steps(s, prof.step, sizes, prof.spec_k), win)
+               / F._window_sum(s["step_s"], win) - 1)
+    own = []
+    df = pl.read_parquet(d / "samples.parquet")
+    for r in sorted(set(run.tolist())):
+        alone = store.samples_of(df.filter(pl.col("run") == r),
+                                 window_tokens=prof.step.window_tokens)
+        own.append(F.fit_step_model(alone, max_num_seqs=mns, max_num_batched_tokens=mbt,
+                                    spec_k=prof.spec_k).test_ape)
+    y, point, tokens, seqs, attn = (s["step_s"], s["point"], s["tokens"], s["seqs"],
+                                    s["prefill_attn"])
+    near = []
+    for a in win[:, 0] if F.unit_width(s) == 1 else []:
+        twins = [j for j in range(max(a - 6, 0), min(a + 7, len(y)))
+                 if j != a and point[j] == point[a] and run[j] == run[a]
+                 and not s["warmup"][j] and tokens[j] == tokens[a] and seqs[j] == seqs[a]
+                 and abs(attn[j] - attn[a]) <= 0.25 * max(attn[a], 1.0)]
+        if len(twins) >= 2:
+            near.append(abs(y[a] / np.median(y[twins]) - 1))
+    own_all = np.concatenate(own)
+    print(f"  {profile}: held-out p95 as shipped {np.percentile(np.abs(shipped), 95):.1%} "
+          f"({len(shipped)} units); each run fitted alone {np.percentile(own_all, 95):.1%} ("
+          + ", ".join(f"run {i + 1} {np.percentile(a, 95):.1%}" for i, a in enumerate(own))
+          + "); against its same-composition neighbours "
+          + (f"{np.percentile(near, 95):.1%} (median {np.median(near):.1%}; {len(near)} of "
+             f"{len(win)} held-out steps have two)" if near else "- (not GPU-timed steps)"))
+
+
 def main() -> None:
     what = sys.argv[1:] or ["sanity", "graph"]
     if what[0] == "points":
@@ -1165,6 +1210,10 @@ def main() -> None:
         return
     if what[0] == "byrun":
         byrun(what[1])
+        return
+    if what[0] == "steadiness":
+        for profile in what[1:]:
+            steadiness(profile)
         return
     if what[0] == "speeds":
         speeds(*what[1:2])
@@ -1180,7 +1229,7 @@ def main() -> None:
     if unknown:
         sys.exit(f"calibration_analysis.py: no command {unknown[0]!r}; the commands: "
                  f"{', '.join(commands)}, points PROFILE [ONLY], composition PROFILE, "
-                 "speeds [PROFILE], byrun PROFILE")
+                 "speeds [PROFILE], byrun PROFILE, steadiness PROFILE...")
     for name in what:
         print(f"== {name}")
         commands[name]()

@@ -5,17 +5,16 @@
 # validation/_jobs` wrote it. Sent again on the same host, it resumes (gpu_session.sh).
 #
 # Queued by the thirty-eighth session (whose leases, two H100s and an H200, ran both GPUs'
-# queues of then), the forty-second and the forty-third:
+# queues of then), the forty-second and the forty-fourth:
 #   H200: the near-saturation Poisson rows of Llama-3.1-8B BF16 on one more lease, and
 #         Qwen3-32B FP8's Poisson chat step- and core-traced (queued by the forty-second
 #         session: the H200's Qwen3-32B has no graph-less core time yet;
 #         validation/h200-next.yaml), then Llama-3.1-8B FP8 measured a fourth time
 #         (calibration/_plans/queue-s38.txt);
-#   H100: Qwen3-32B FP8 at vLLM serve's default gpu_memory_utilization, 0.92, long prompts
-#         from 36 closed-loop users (whose KV it holds) and 40 (whose KV it does not;
-#         validation/h100-next.yaml), queued by the forty-third session, whose two H100
-#         leases ran the forty-second's (Qwen3-32B FP8 with max_num_seqs 8), its own at 0.85
-#         (the twin at 0.95 ran out of GPU memory) and three calibration runs.
+#   H100: Qwen3-32B FP8 serving prompts half and 90 % shared from 32 closed-loop users, prefix
+#         caching on (validation/h100-next.yaml), queued by the forty-fourth session, whose
+#         H100 leases ran the forty-third's (Qwen3-32B FP8 at gpu_memory_utilization 0.92), four
+#         calibration runs and its own (Qwen3-32B AWQ's long prompts where its KV binds).
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -25,6 +24,6 @@ if nvidia-smi -L | grep -q H200; then
     bash scripts/gpu_session.sh "$deadline"
 else
   LANE0_FIRST=validate \
-    LANE0=/tmp/keep/qwen3-32b-fp8-h100-u92.json \
+    LANE0=/tmp/keep/qwen3-32b-fp8-h100-hit.json \
     bash scripts/gpu_session.sh "$deadline"
 fi
