@@ -1167,7 +1167,8 @@ def steadiness(profile: str) -> None:
     is a point's drift over the minutes it ran, which `byrun` shows moving from run to run."""
     d = PROFILES / profile
     prof, s, sizes = _fit_inputs(d)
-    run = pl.read_parquet(d / "samples.parquet")["run"].to_numpy()
+    df = pl.read_parquet(d / "samples.parquet")
+    run = df["run"].to_numpy()
     mns = int(prof.engine["max_num_seqs"])  # type: ignore[call-overload]
     mbt = int(prof.engine["max_num_batched_tokens"])  # type: ignore[call-overload]
     s = {**s, "eager_step": (s["tokens"] > eager_threshold(mns, mbt)).astype(float)}
@@ -1175,7 +1176,6 @@ def steadiness(profile: str) -> None:
     shipped = (F._window_sum(F.predict_steps(s, prof.step, sizes, prof.spec_k), win)
                / F._window_sum(s["step_s"], win) - 1)
     own = []
-    df = pl.read_parquet(d / "samples.parquet")
     for r in sorted(set(run.tolist())):
         alone = store.samples_of(df.filter(pl.col("run") == r),
                                  window_tokens=prof.step.window_tokens)
@@ -1183,7 +1183,7 @@ def steadiness(profile: str) -> None:
                                     spec_k=prof.spec_k).test_ape)
     y, point, tokens, seqs, attn = (s["step_s"], s["point"], s["tokens"], s["seqs"],
                                     s["prefill_attn"])
-    near = []
+    near = []  # (GPU-timed profiles only: a CPU-timed unit is a window of steps)
     for a in win[:, 0] if F.unit_width(s) == 1 else []:
         twins = [j for j in range(max(a - 6, 0), min(a + 7, len(y)))
                  if j != a and point[j] == point[a] and run[j] == run[a]
