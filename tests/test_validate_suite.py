@@ -447,18 +447,24 @@ def _one_engine_suite(folder: Path) -> Path:
 def test_predict_prints_what_compare_will_hold_the_engine_to(tmp_path) -> None:
     """`capplan validate predict SUITE` gives, per engine, run and workload, the figures the
     simulator predicts for an experiment not yet measured: compare.predict's, as a table or
-    CSV; an unknown engine is one line."""
+    CSV, and on stderr what each engine's prediction rests on (the profile and its KV tokens,
+    to check against the engine's log); an unknown engine is one line."""
     import polars as pl
     from click.testing import CliRunner
 
     from capplan.cli import main
-    from capplan.validate.compare import predict
+    from capplan.validate.compare import predict, predict_pool
 
     path = _one_engine_suite(tmp_path)
     res = CliRunner().invoke(main, ["validate", "predict", str(path), "--format", "csv"])
     assert res.exit_code == 0, res.output
-    (row,) = pl.read_csv(res.output.encode()).iter_rows(named=True)
-    want = predict(load_suite(path).engine("t"), "c1", None)["chat"]
+    (row,) = pl.read_csv(res.stdout.encode()).iter_rows(named=True)
+    want, pool = predict_pool(load_suite(path).engine("t"), "c1", None)
+    assert res.stderr == (f"t: profile {pool.profile} ({pool.profile_source}), "
+                          f"{pool.kv_tokens_per_replica:,} KV tokens at "
+                          "gpu_memory_utilization 0.92\n")
+    assert want == predict(load_suite(path).engine("t"), "c1", None)
+    want = want["chat"]
     assert (row["engine"], row["run"], row["workload"]) == ("t", "c1", "chat")
     assert row["ttft_p50_s"] == pytest.approx(want["ttft_p50_s"])
     assert row["itl_p99_s"] == pytest.approx(want["itl_p99_s"])

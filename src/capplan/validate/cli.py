@@ -340,7 +340,7 @@ def predict(suite_file: Path, engines: tuple[str, ...], fmt: str, record: Path |
     the figures `compare` will hold the engine to (write them down when you queue a run:
     --record)."""
     from capplan.validate import queued
-    from capplan.validate.compare import predict as predict_run
+    from capplan.validate.compare import predict_pool
     from capplan.validate.store import stored_run_names
 
     suite = load_suite(suite_file)
@@ -357,8 +357,12 @@ def predict(suite_file: Path, engines: tuple[str, ...], fmt: str, record: Path |
         run = suite.engine(name)
         mine: dict[str, dict[str, dict[str, float]]] = {}
         for exp in run.experiments:
-            mine[exp.name] = predict_run(run, exp.name, None)
+            mine[exp.name], pool = predict_pool(run, exp.name, None)
             rows += [(name, exp.name, w, m) for w, m in mine[exp.name].items()]
+        # what the prediction rests on, to check against the engine's own log when it runs
+        click.echo(f"{name}: profile {pool.profile} ({pool.profile_source}), "
+                   f"{pool.kv_tokens_per_replica:,} KV tokens at gpu_memory_utilization "
+                   f"{run.pool.engine.gpu_memory_utilization}", err=True)
         if record is not None:
             path = queued.record(record, name, mine, suite=str(suite_file))
             click.echo(f"{path}: recorded", err=True)

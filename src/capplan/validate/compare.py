@@ -20,6 +20,7 @@ import numpy as np
 import polars as pl
 
 from capplan.calibrate.store import CALIBRATION_DIR
+from capplan.sim.results import PoolRunResult
 from capplan.validate.store import load_run, stored_runs
 from capplan.validate.suite import EngineRun, Experiment
 
@@ -194,12 +195,20 @@ def predict(run: EngineRun, exp_name: str, acceptance: float | None) -> dict[str
     return _predict(run, exp_name, acceptance)[0]
 
 
+def predict_pool(run: EngineRun, exp_name: str, acceptance: float | None
+                 ) -> tuple[dict[str, dict[str, float]], PoolRunResult]:
+    """predict(), and the simulated pool's summary: the profile it used, its KV tokens."""
+    out, pool, _ = _predict(run, exp_name, acceptance)
+    return out, pool
+
+
 TAIL_METRICS = ("ttft", "itl", "e2e")
 
 
 def _predict(run: EngineRun, exp_name: str, acceptance: float | None
-             ) -> tuple[dict[str, dict[str, float]], str, dict[str, dict[str, np.ndarray]]]:
-    """predict(), the profile it used, and per workload and latency metric the predicted
+             ) -> tuple[dict[str, dict[str, float]], PoolRunResult,
+                        dict[str, dict[str, np.ndarray]]]:
+    """predict(), and per workload and latency metric the predicted
     share past each of fidelity.GRID_S's thresholds. The shares are the simulation's own SLO
     checks (`SloCheck.beyond`), one target per threshold: an SLO decides nothing in the
     simulator, so the run is the one that predicts the figures."""
@@ -224,7 +233,7 @@ def _predict(run: EngineRun, exp_name: str, acceptance: float | None
         tails[w.name] = {m: np.array([math.nan if c.beyond is None else c.beyond
                                       for c in w.slo[i * len(GRID_S):(i + 1) * len(GRID_S)]])
                          for i, m in enumerate(TAIL_METRICS)}
-    return out, res.pool.profile, tails
+    return out, res.pool, tails
 
 
 def latency_samples(rows: pl.DataFrame) -> dict[str, np.ndarray]:
@@ -283,7 +292,7 @@ def with_repeats(rows: list[Row]) -> list[Row]:
 def compare_run(folder: Path) -> list[Row]:
     run, reqs, measured = load_run(folder)
     rows: list[Row] = []
-    cache: dict[tuple[str, float | None], tuple[dict[str, dict[str, float]], str,
+    cache: dict[tuple[str, float | None], tuple[dict[str, dict[str, float]], PoolRunResult,
                                                 dict[str, dict[str, np.ndarray]]]] = {}
     for exp in run.experiments:
         for name in exp.runs():
@@ -298,7 +307,7 @@ def compare_run(folder: Path) -> list[Row]:
             key = (exp.name, acc)
             if key not in cache:
                 cache[key] = _predict(run, exp.name, acc)
-            pred, profile, tails = cache[key]
+            pred, pool, tails = cache[key]
             for w in exp.workloads:
                 wr = r.filter(pl.col("workload") == w.name)
                 if not len(wr):
@@ -309,7 +318,7 @@ def compare_run(folder: Path) -> list[Row]:
                 note = "; ".join(notes)
                 rows.append(Row(run.name, run.pool.model, str(run.pool.precision), exp.name,
                                 name, w.name, tuple(exp.tags), measured_metrics(wr),
-                                pred[w.name], note, profile, w.arrival.kind,
+                                pred[w.name], note, pool.profile, w.arrival.kind,
                                 measured_intervals(wr), experiment_key(run, exp),
                                 tails={m: (x, tails[w.name][m])
                                        for m, x in measured_tails(wr).items()}))
