@@ -11,10 +11,11 @@
 #         session: the H200's Qwen3-32B has no graph-less core time yet;
 #         validation/h200-next.yaml), then Llama-3.1-8B FP8 measured a fourth time
 #         (calibration/_plans/queue-s38.txt);
-#   H100: Qwen3-32B FP8 serving prompts half and 90 % shared from 32 closed-loop users, prefix
-#         caching on (validation/h100-next.yaml), queued by the forty-fourth session, whose
-#         H100 leases ran the forty-third's (Qwen3-32B FP8 at gpu_memory_utilization 0.92), four
-#         calibration runs and its own (Qwen3-32B AWQ's long prompts where its KV binds).
+#   H100: Llama-3.1-8B FP8 serving prompts half and 90 % shared from 32 closed-loop users,
+#         prefix caching on (validation/h100-next.yaml), queued by the forty-fourth session,
+#         whose H100 leases ran the forty-third's (Qwen3-32B FP8 at gpu_memory_utilization
+#         0.92), four calibration runs and its own (Qwen3-32B AWQ's long prompts where its KV
+#         binds; Qwen3-32B FP8 at two prefix hit rates).
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -24,6 +25,6 @@ if nvidia-smi -L | grep -q H200; then
     bash scripts/gpu_session.sh "$deadline"
 else
   LANE0_FIRST=validate \
-    LANE0=/tmp/keep/qwen3-32b-fp8-h100-hit.json \
+    LANE0=/tmp/keep/llama-3.1-8b-fp8-h100-hit.json \
     bash scripts/gpu_session.sh "$deadline"
 fi
