@@ -1649,7 +1649,8 @@ GAP_ROWS = (("llama-3.1-8b-bf16-waves", "chat-c32-r2"), ("llama-3.1-8b-fp8", "ch
             ("llama-3.1-8b-bf16-loop", "prefix90-on-c32"),
             ("llama-3.1-8b-fp8-loop", "chat-c20"), ("llama-3.1-8b-fp8-loop", "chat-c28"),
             ("llama-3.1-8b-fp8-loop", "prefix90-on-c48"), ("llama-3.1-8b-bf16-loop", "chat-c28"),
-            ("gemma-4-31b-fp8-open", "chat-p8"), ("gemma-4-31b-fp8-open2", "chat-p11"))
+            ("gemma-4-31b-fp8-open", "chat-p8"), ("gemma-4-31b-fp8-open2", "chat-p11"),
+            ("qwen3-32b-fp8-h100-hit", "prefix90-on-c32"))
 GAP_QS = (10, 30, 50, 60, 70, 90, 95, 98, 99, 99.5)
 
 

@@ -192,7 +192,7 @@ class Row:
 
 def predict(run: EngineRun, exp_name: str, acceptance: float | None) -> dict[str, dict[str, float]]:
     """Predicted figures per workload for one experiment of the run."""
-    return _predict(run, exp_name, acceptance)[0]
+    return predict_pool(run, exp_name, acceptance)[0]
 
 
 def predict_pool(run: EngineRun, exp_name: str, acceptance: float | None
@@ -208,8 +208,8 @@ TAIL_METRICS = ("ttft", "itl", "e2e")
 def _predict(run: EngineRun, exp_name: str, acceptance: float | None
              ) -> tuple[dict[str, dict[str, float]], PoolRunResult,
                         dict[str, dict[str, np.ndarray]]]:
-    """predict(), and per workload and latency metric the predicted
-    share past each of fidelity.GRID_S's thresholds. The shares are the simulation's own SLO
+    """predict_pool(), and per workload and latency metric the predicted share past each of
+    fidelity.GRID_S's thresholds. The shares are the simulation's own SLO
     checks (`SloCheck.beyond`), one target per threshold: an SLO decides nothing in the
     simulator, so the run is the one that predicts the figures."""
     from capplan.fidelity import GRID_S
