@@ -2255,6 +2255,41 @@ def stalls() -> None:
                 print(line)
 
 
+def hiccups() -> None:
+    """Closed-loop shared-prefix rows with prefix caching on (forty-fourth session): their
+    ITL p99, measured and predicted, over every such row; and where the engine's steps were
+    traced, its steady decode-only steps (no prompt in the step or the one before): their
+    median gap, the share more than 1.25x that, and their p99 against the median. In such a
+    row most inter-token gaps are decode-only steps (a wave's prompts come in a few steps
+    between long runs of decodes), so a tail of slow ones reaches its ITL p99; the simulator
+    prices each decode-only step at its size's time and draws no such tail."""
+    rows = [r for r in compare_all() if r.arrival == "closed" and "-on-c" in r.experiment
+            and r.workload.startswith("prefix")]
+    err = np.array([r.predicted["itl_p99_s"] / r.measured["itl_p99_s"] - 1 for r in rows])
+    print(f"  {len(rows)} closed-loop shared-prefix rows, caching on: ITL p99 more than 10 % "
+          f"low on {int((err < -0.1).sum())}, more than 10 % high on {int((err > 0.1).sum())}, "
+          f"median error {np.median(err):+.1%}")
+    traced = {(r.engine, r.run): r for r in rows}
+    for folder in stored_runs():
+        if not (folder / "steps.parquet").exists():
+            continue
+        steps = pl.read_parquet(folder / "steps.parquet")
+        for run in steps["run"].unique().sort():
+            r = traced.get((folder.name, run))
+            if r is None:
+                continue
+            x = steps.filter(pl.col("run") == run).sort("t")
+            gap = np.diff(x["t"].to_numpy()) * 1e3
+            prompt = x["prefill_tokens"].to_numpy()
+            steady = gap[(prompt[1:] == 0) & (prompt[:-1] == 0)]
+            med = np.median(steady)
+            print(f"  {folder.name} {run}: ITL p99 {r.measured['itl_p99_s'] * 1e3:.1f} ms "
+                  f"measured, {r.predicted['itl_p99_s'] * 1e3:.1f} predicted; {len(steady)} "
+                  f"steady decode-only steps, median {med:.1f} ms, "
+                  f"{np.mean(steady > 1.25 * med):.1%} past 1.25x it, p99 "
+                  f"{np.percentile(steady, 99) / med:.2f}x")
+
+
 def tocore() -> None:
     """From each request's send stamp to the engine core's input thread taking it (the
     runner's records against the core trace, one perf_counter clock): a text request's,
@@ -2815,7 +2850,7 @@ def main() -> None:
         "drift": drift, "stalls": stalls, "floors": floors, "tocore": tocore,
         "cliff": cliff, "picturepath": picturepath, "past": past, "shares": shares,
         "accepted": accepted, "probes": probes, "drafter": drafter, "firsttoken": firsttoken,
-        "corecalls": corecalls,
+        "corecalls": corecalls, "hiccups": hiccups,
     }
     for name in what:
         if name not in commands:
