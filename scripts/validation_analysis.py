@@ -71,6 +71,9 @@ run's measured inter-token gaps (thirty-third and thirty-fourth sessions); `wave
 `leasecalls [EXPERIMENT]` the same experiment (prefix90-on-p44 unless named) on every lease
 whose engine core was traced: the core's four calls a step, median ms, beside the run's
 measured and predicted TTFT p50 / p99 and ITL p99.
+`hiccups` the closed-loop shared-prefix rows' ITL p99 beside their traced engines' slow
+decode-only steps; `hiccuptrial [SHARES] [FACTORS]` the suite with such a tail drawn on every
+engine (forty-fourth session).
 `recorded ENGINE` the engine's rows against the prediction recorded before its run
 (validation/queued/) and against today's: rows within target and the median absolute error
 per metric, each way (docs/validation.md, "The H100 (thirty-second session)": the analytic
@@ -1796,6 +1799,31 @@ def loop() -> None:
         suite.HARNESS_JITTER_S = kept
 
 
+def hiccuptrial(share: str = "0.015,0.03", factor: str = "1.5,1.4") -> None:
+    """The whole suite predicted again with a slow tail drawn on every engine's decode-only
+    steps (forty-fourth session, after `hiccups`): each such step, with probability `share`,
+    takes `factor` times its time (pairs, comma-separated), against the simulator as shipped.
+    Rows within target, per metric."""
+    from capplan.profile import StepTimer
+
+    shipped = StepTimer.step_times
+    rng = np.random.default_rng(7)
+    print(f"  as shipped: {_within(compare_all())}")
+    for p, f in zip((float(x) for x in share.split(",")), (float(x) for x in factor.split(",")),
+                    strict=True):
+        def slow(self: StepTimer, tokens: int, seqs: int, prefill_attn: float, *args: Any,
+                 p: float = p, f: float = f, **kwargs: Any) -> tuple[float, float]:
+            work, launch = shipped(self, tokens, seqs, prefill_attn, *args, **kwargs)
+            if prefill_attn == 0 and rng.random() < p:  # a decode-only step, now and then
+                work *= f
+            return work, launch
+        StepTimer.step_times = slow  # type: ignore[method-assign]
+        try:
+            print(f"  {p:.1%} of decode-only steps x{f}: {_within(compare_all())}")
+        finally:
+            StepTimer.step_times = shipped  # type: ignore[method-assign]
+
+
 def _within(rows: list[Row]) -> dict[str, int]:
     targets = {"output_tok_s": .05, "ttft_p50_s": .05, "ttft_p99_s": .10, "itl_p50_s": .05,
                "itl_p99_s": .10, "e2e_p99_s": .10}
@@ -2827,6 +2855,9 @@ def main() -> None:
         "hosttrial": hosttrial, "endtrial": endtrial}
     if sys.argv[1:2] == ["hostsuite"]:
         hostsuite()
+        return
+    if sys.argv[1:2] == ["hiccuptrial"]:
+        hiccuptrial(*sys.argv[2:4])
         return
     if sys.argv[1:2] == ["wavesplit"]:
         wavesplit(*sys.argv[2:4])
