@@ -2293,7 +2293,7 @@ def hiccups() -> None:
     prices each decode-only step at its size's time and draws no such tail."""
     rows = [r for r in compare_all() if r.arrival == "closed" and "-on-c" in r.experiment
             and r.workload.startswith("prefix")]
-    err = np.array([r.predicted["itl_p99_s"] / r.measured["itl_p99_s"] - 1 for r in rows])
+    err = np.array([r.error("itl_p99_s") for r in rows])
     print(f"  {len(rows)} closed-loop shared-prefix rows, caching on: ITL p99 more than 10 % "
           f"low on {int((err < -0.1).sum())}, more than 10 % high on {int((err > 0.1).sum())}, "
           f"median error {np.median(err):+.1%}")
