@@ -5,17 +5,15 @@
 # validation/_jobs` wrote it. Sent again on the same host, it resumes (gpu_session.sh).
 #
 # Queued by the thirty-eighth session (whose leases, two H100s and an H200, ran both GPUs'
-# queues of then), the forty-second and the forty-fourth:
+# queues of then), the forty-second and the forty-fifth:
 #   H200: the near-saturation Poisson rows of Llama-3.1-8B BF16 on one more lease, and
 #         Qwen3-32B FP8's Poisson chat step- and core-traced (queued by the forty-second
 #         session: the H200's Qwen3-32B has no graph-less core time yet;
 #         validation/h200-next.yaml), then Llama-3.1-8B FP8 measured a fourth time
 #         (calibration/_plans/queue-s38.txt);
-#   H100: Llama-3.1-8B FP8 serving prompts half and 90 % shared from 32 closed-loop users,
-#         prefix caching on (validation/h100-next.yaml), queued by the forty-fourth session,
-#         whose H100 leases ran the forty-third's (Qwen3-32B FP8 at gpu_memory_utilization
-#         0.92), four calibration runs and its own (Qwen3-32B AWQ's long prompts where its KV
-#         binds; Qwen3-32B FP8 at two prefix hit rates).
+#   H100: examples/which-gpu.yaml's Qwen3-32B FP8 chat at the load one replica of 3, 4 and 5
+#         takes (validation/h100-next.yaml), queued by the forty-fifth session, whose first
+#         H100 lease ran the forty-fourth's (Llama-3.1-8B FP8 at two prefix hit rates).
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -25,6 +23,6 @@ if nvidia-smi -L | grep -q H200; then
     bash scripts/gpu_session.sh "$deadline"
 else
   LANE0_FIRST=validate \
-    LANE0=/tmp/keep/llama-3.1-8b-fp8-h100-hit.json \
+    LANE0=/tmp/keep/qwen3-32b-fp8-h100-plan.json \
     bash scripts/gpu_session.sh "$deadline"
 fi
