@@ -11,7 +11,7 @@
 #         session: the H200's Qwen3-32B has no graph-less core time yet;
 #         validation/h200-next.yaml), then Llama-3.1-8B FP8 measured a fourth time
 #         (calibration/_plans/queue-s38.txt);
-#   H100: examples/which-gpu.yaml's Qwen3-32B FP8 chat at the load one replica of 3, 4 and 5
+#   H100: examples/which-gpu.yaml's Qwen3-32B FP8 chat at the load one replica of 4 and of 3
 #         takes (validation/h100-next.yaml), queued by the forty-fifth session, whose first
 #         H100 lease ran the forty-fourth's (Llama-3.1-8B FP8 at two prefix hit rates).
 set -u
