@@ -11,10 +11,10 @@
 #         session: the H200's Qwen3-32B has no graph-less core time yet;
 #         validation/h200-next.yaml), then Llama-3.1-8B FP8 measured a fourth time
 #         (calibration/_plans/queue-s38.txt);
-#   H100: examples/which-gpu.yaml's Qwen3-32B FP8 chat at the load one replica of 5 takes
-#         (validation/h100-next.yaml), queued by the forty-fifth session, whose H100 leases
-#         ran the forty-fourth's (Llama-3.1-8B FP8 at two prefix hit rates) and its own (the
-#         same chat at the loads of 4 and 3 replicas).
+#   H100: examples/which-gpu.yaml's Qwen3-32B FP8 chat at the load one replica of 4 takes,
+#         steps and core traced (validation/h100-next.yaml), queued by the forty-fifth
+#         session, whose H100 leases ran the forty-fourth's (Llama-3.1-8B FP8 at two prefix
+#         hit rates) and its own (the same chat at the loads of 3, 4 and 5 replicas).
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -24,6 +24,6 @@ if nvidia-smi -L | grep -q H200; then
     bash scripts/gpu_session.sh "$deadline"
 else
   LANE0_FIRST=validate \
-    LANE0=/tmp/keep/qwen3-32b-fp8-h100-plan5.json \
+    LANE0=/tmp/keep/qwen3-32b-fp8-h100-plant.json \
     bash scripts/gpu_session.sh "$deadline"
 fi
