@@ -74,8 +74,9 @@ measured and predicted TTFT p50 / p99 and ITL p99.
 `hiccups` the closed-loop shared-prefix rows' ITL p99 beside their traced engines' slow
 decode-only steps; `hiccuptrial [SHARES] [FACTORS]` the suite with such a tail drawn on every
 engine (forty-fourth session).
-`promptsteps ENGINE RUN` a step-traced open-loop run's lone steps carrying a prompt, measured
-and simulated: what each costs over two decode-only steps, by its prompt's tokens (forty-fifth
+`promptsteps ENGINE RUN [HOST]` a step-traced open-loop run's lone steps carrying a prompt,
+measured and simulated (on the median host's core, or HOST's): the record before each, its
+own and what the two cost over two decode-only steps, by its prompt's tokens (forty-fifth
 session: the H100 plan edge's ITL p99).
 `recorded ENGINE` the engine's rows against the prediction recorded before its run
 (validation/queued/) and against today's: rows within target and the median absolute error
@@ -2840,20 +2841,22 @@ def leasecalls(experiment: str = "prefix90-on-p44") -> None:
           f"{every[0]}-{every[-1]} ms, median {float(np.median(every)):.1f}; by session (starts): "
           + ", ".join(f"{k} {min(v)}-{max(v)} ({len(v)})" for k, v in sorted(loops.items())))
 
-def promptsteps(engine: str, run_name: str) -> None:
-    """A step-traced open-loop run's lone steps that carry a prompt (the two records before
-    them and the one after decode-only), in the engine's step records and in the simulator's,
-    for the same requests: what such a step costs over two decode-only steps (its own record
-    and the one before it, which with asynchronous scheduling carries part of its launch),
-    median by the prompt tokens in the step (forty-fifth session). Where a run's ITL p99 is
-    the stalls such steps put in the decodes, a bucket priced low there is where the p99
-    goes low."""
+def promptsteps(engine: str, run_name: str, host: str = "median") -> None:
+    """A step-traced open-loop run's lone steps that carry a prompt (the three records before
+    them and the one after decode-only), in the engine's step records and in the simulator's
+    for the same requests (its pool priced on `host`: median, slowest or fastest), by the
+    prompt tokens in the step (forty-fifth session): median ms of the record before such a
+    step, which with asynchronous scheduling waits for the step's launch (the core hands out
+    a step's outputs once it has launched the next), of its own record, and of the two over
+    two decode-only steps. Where a run's ITL p99 is the stalls such steps put in the decodes,
+    their own record is that stall."""
     import capplan.sim.replica as replica
 
     folder = next((f for f in stored_runs() if f.name == engine), None)
     if folder is None:
         raise SystemExit(f"promptsteps: no stored engine {engine!r}")
     run_, _, _ = load_run(folder)
+    run_ = run_.model_copy(update={"pool": run_.pool.model_copy(update={"host": host})})
     exp = next(e for e in run_.experiments if run_name in e.runs())
     log: list[tuple[float, int]] = []
     ended = replica.Replica._step_end
@@ -2874,22 +2877,24 @@ def promptsteps(engine: str, run_name: str) -> None:
     steps = pl.read_parquet(folder / "steps.parquet").filter(pl.col("run") == run_name).sort("step")
     sim = np.array(log)
     buckets = ((1, 256), (257, 512), (513, 768), (769, 1024), (1025, 2048), (2049, 1 << 20))
+    print(f"  {engine} {run_name}, the simulator on the {host} host's core; by the step's "
+          "prompt tokens: steps, then ms before / own / both over two decode-only steps")
     for label, t, prompt in (
             ("measured ", steps["t"].to_numpy(), steps["prefill_tokens"].to_numpy()),
             ("simulated", sim[:, 0], sim[:, 1])):
         gap, p = np.diff(t), prompt[1:]
         decode = float(np.median(gap[(p == 0) & (np.r_[0, p[:-1]] == 0)]))
-        lone = np.array([(p[i], gap[i - 1] + gap[i] - 2 * decode) for i in range(2, len(p) - 1)
-                         if p[i] and not (p[i - 1] or p[i - 2] or p[i + 1])])
+        lone = np.array([(p[i], gap[i - 1], gap[i]) for i in range(3, len(p) - 1)
+                         if p[i] and not (p[i - 1] or p[i - 2] or p[i - 3] or p[i + 1])])
         parts = []
         for lo, hi in buckets:
             m = (lone[:, 0] >= lo) & (lone[:, 0] <= hi)
             if m.any():
-                parts.append(f"{lo}-{hi if hi < 1 << 20 else ''}: {int(m.sum())} x "
-                             f"{np.median(lone[m, 1]) * 1e3:.1f}")
-        print(f"  {label} decode-only step {decode * 1e3:.1f} ms; a lone step with a prompt, "
-              "over two decode-only steps (ms), by its prompt tokens: " + "; ".join(parts))
-
+                before, own = np.median(lone[m, 1]), np.median(lone[m, 2])
+                both = np.median(lone[m, 1] + lone[m, 2]) - 2 * decode
+                parts.append(f"{lo}-{hi if hi < 1 << 20 else ''}: {int(m.sum())}, "
+                             f"{before * 1e3:.1f} / {own * 1e3:.1f} / {both * 1e3:.1f}")
+        print(f"    {label} (decode-only {decode * 1e3:.1f} ms) " + "; ".join(parts))
 
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
@@ -2917,7 +2922,7 @@ def main() -> None:
         wavesplit(*sys.argv[2:4])
         return
     if sys.argv[1:2] == ["promptsteps"]:
-        promptsteps(*sys.argv[2:4])
+        promptsteps(*sys.argv[2:5])
         return
     if sys.argv[1:2] == ["floortrial"]:
         floortrial(*sys.argv[2:4])
