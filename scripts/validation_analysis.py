@@ -2894,7 +2894,8 @@ def promptsteps(engine: str, run_name: str, host: str = "median") -> None:
                 both = np.median(lone[m, 1] + lone[m, 2]) - 2 * decode
                 parts.append(f"{lo}-{hi if hi < 1 << 20 else ''}: {int(m.sum())}, "
                              f"{before * 1e3:.1f} / {own * 1e3:.1f} / {both * 1e3:.1f}")
-        print(f"    {label} (decode-only {decode * 1e3:.1f} ms) " + "; ".join(parts))
+        print(f"    {label} ({len(t)} steps, {np.mean(prompt > 0):.1%} with a prompt; "
+              f"decode-only {decode * 1e3:.1f} ms) " + "; ".join(parts))
 
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
