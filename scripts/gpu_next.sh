@@ -14,7 +14,9 @@
 #   H100: examples/which-gpu.yaml's Qwen3-32B FP8 chat at the load one replica of 4 takes,
 #         steps and core traced (validation/h100-next.yaml), queued by the forty-fifth
 #         session, whose H100 leases ran the forty-fourth's (Llama-3.1-8B FP8 at two prefix
-#         hit rates) and its own (the same chat at the loads of 3, 4 and 5 replicas).
+#         hit rates) and its own (the same chat at the loads of 3, 4 and 5 replicas); then
+#         Qwen3-32B FP8 measured a sixth time with four piecewise prompt steps beside a few
+#         decodes (calibration/_plans/h100/queue-s45.txt).
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -23,7 +25,7 @@ if nvidia-smi -L | grep -q H200; then
     LANE0="/tmp/keep/llama-3.1-8b-bf16-lease2.json /tmp/keep/qwen3-32b-fp8-h200-t.json" \
     bash scripts/gpu_session.sh "$deadline"
 else
-  LANE0_FIRST=validate \
+  LANE0_FIRST=validate QUEUE0=calibration/_plans/h100/queue-s45.txt \
     LANE0=/tmp/keep/qwen3-32b-fp8-h100-plant.json \
     bash scripts/gpu_session.sh "$deadline"
 fi
