@@ -74,6 +74,8 @@ measured and predicted TTFT p50 / p99 and ITL p99.
 `hiccups` the closed-loop shared-prefix rows' ITL p99 beside their traced engines' slow
 decode-only steps; `hiccuptrial [SHARES] [FACTORS]` the suite with such a tail drawn on every
 engine (forty-fourth session).
+`whichgpu` examples/which-gpu.yaml's pool on the H100 alone, sized as it is and with
+`--guard p10` and `worst` (forty-fifth session: the plan's edge on real H100s).
 `promptsteps ENGINE RUN [HOST]` a step-traced open-loop run's lone steps carrying a prompt,
 measured and simulated (on the median host's core, or HOST's): the record before each, its
 own and what the two cost over two decode-only steps, by its prompt's tokens (forty-fifth
@@ -2897,6 +2899,26 @@ def promptsteps(engine: str, run_name: str, host: str = "median") -> None:
         print(f"    {label} ({len(t)} steps, {np.mean(prompt > 0):.1%} with a prompt; "
               f"decode-only {decode * 1e3:.1f} ms) " + "; ".join(parts))
 
+def whichgpu() -> None:
+    """examples/which-gpu.yaml with its pool on the H100 (gpu: h100 for gpu: auto, which
+    `--guard` refuses), sized as it is and with each guard (solve/guard.py), as `capplan size
+    --guard` sizes it: the GPUs and the binding SLO's margin of each (forty-fifth session)."""
+    from capplan.mix import load_mix
+    from capplan.solve.guard import guarded
+    from capplan.solve.options import size_mix
+
+    mix = load_mix(ROOT / "examples" / "which-gpu.yaml")
+    mix = mix.model_copy(update={"pools": [p.model_copy(update={
+        "gpu": "h100", "price_per_gpu_hour": p.price_per_gpu_hour["h100"]})  # type: ignore[index]
+        for p in mix.pools]})
+    for guard in (None, "p10", "worst"):
+        sized = mix if guard is None else guarded(mix, guard)[0]
+        plan = size_mix(sized)
+        print(f"  guard {guard or 'none'}: " + ", ".join(
+            f"{p.pool} {p.gpus} GPUs ({p.binding_workload} {p.binding_slo}, margin "
+            f"{p.binding_margin:.1%})" for p in plan.pools))
+
+
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
         before(sys.argv[2], sys.argv[3:])
@@ -2921,6 +2943,9 @@ def main() -> None:
         return
     if sys.argv[1:2] == ["wavesplit"]:
         wavesplit(*sys.argv[2:4])
+        return
+    if sys.argv[1:2] == ["whichgpu"]:
+        whichgpu()
         return
     if sys.argv[1:2] == ["promptsteps"]:
         promptsteps(*sys.argv[2:5])
