@@ -11,11 +11,10 @@
 #         session: the H200's Qwen3-32B has no graph-less core time yet;
 #         validation/h200-next.yaml), then Llama-3.1-8B FP8 measured a fourth time
 #         (calibration/_plans/queue-s38.txt);
-#   H100: examples/which-gpu.yaml's Qwen3-32B FP8 chat at the loads one replica of 5 and of 4
-#         takes, the requests of qwen3-32b-fp8-h100-plan54 on another host
-#         (validation/h100-next.yaml), queued by the forty-sixth session, whose H100 leases
-#         ran the forty-fifth's (the load of 4 again, core traced, and Qwen3-32B FP8's sixth
-#         calibration run, queue-s45.txt) and its own (plan54).
+#   H100: examples/which-gpu.yaml's Qwen3-32B FP8 chat at the load one replica of 5 takes,
+#         for three minutes (validation/h100-next.yaml), queued by the forty-sixth session,
+#         whose H100 leases ran the forty-fifth's (the load of 4 again, core traced, and
+#         Qwen3-32B FP8's sixth calibration run, queue-s45.txt) and its own (plan54, plan54b).
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -24,6 +23,6 @@ if nvidia-smi -L | grep -q H200; then
     LANE0="/tmp/keep/llama-3.1-8b-bf16-lease2.json /tmp/keep/qwen3-32b-fp8-h200-t.json" \
     bash scripts/gpu_session.sh "$deadline"
 else
-  LANE0_FIRST=validate LANE0=/tmp/keep/qwen3-32b-fp8-h100-plan54b.json \
+  LANE0_FIRST=validate LANE0=/tmp/keep/qwen3-32b-fp8-h100-plan5l.json \
     bash scripts/gpu_session.sh "$deadline"
 fi
