@@ -80,6 +80,9 @@ engine (forty-fourth session).
 measured and simulated (on the median host's core, or HOST's): the record before each, its
 own and what the two cost over two decode-only steps, by its prompt's tokens (forty-fifth
 session: the H100 plan edge's ITL p99).
+`gapcliff ENGINE [LIMITS_MS]` each stored run's inter-token gaps at p98.5, p99 and p99.5 and
+their share at or past 75 and 100 ms (or LIMITS_MS), measured and predicted (forty-sixth
+session: the cliff the plan's load of 5 puts its ITL p99 on).
 `recorded ENGINE` the engine's rows against the prediction recorded before its run
 (validation/queued/) and against today's: rows within target and the median absolute error
 per metric, each way (docs/validation.md, "The H100 (thirty-second session)": the analytic
@@ -430,6 +433,39 @@ def tokengaps(engine: str) -> None:
                          rec.itl.share_above(0.030))):
                     print(f"  {name:18s} {label:9s}  " + "  ".join(f"{v:6.1f}" for v in p)
                           + f"  {above:6.1%}")
+
+
+def gapcliff(engine: str, limits_ms: str = "75,100") -> None:
+    """Each stored run of the engine: its inter-token gaps at p98.5, p99 and p99.5 (ms) and
+    their share at or past each of `limits_ms`, measured and predicted (forty-sixth session:
+    the which-gpu plan's load of 5 on the H100, whose ITL p99 falls where the gaps climb from
+    a decode's to a long prompt step's, so a few tenths of a percent of the gaps move it
+    tens of milliseconds while the share past the SLO, the plan's decision, moves little)."""
+    folders = [f for f in stored_runs() if f.name == engine]
+    if not folders:
+        raise SystemExit(f"gapcliff: no stored engine {engine!r}")
+    qs, limits = (98.5, 99.0, 99.5), [float(x) for x in limits_ms.split(",")]
+    print(f"  {'run':14s} {'':9s}  " + "  ".join(f"p{q:<6g}" for q in qs) + "  "
+          + "  ".join(f">= {lim:g} ms" for lim in limits))
+    for folder in folders:
+        run, reqs, _ = load_run(folder)
+        for exp in run.experiments:
+            rec = None  # one prediction serves every repeated run of the experiment
+            for name in exp.runs():
+                chunks = reqs.filter(pl.col("run") == name)["chunk_t"].to_list()
+                gaps = np.concatenate([np.diff(c) for c in chunks if len(c) > 1] or [[]])
+                if not gaps.size:
+                    continue
+                if rec is None:
+                    rec = _recorders(simulate, run.mix(exp), "validate", 1,
+                                     decode_cohort=False)[0]
+                for label, p, above in (
+                        ("measured", np.percentile(gaps * 1e3, qs),
+                         [np.mean(gaps >= lim / 1e3) for lim in limits]),
+                        ("predicted", [rec.itl.percentile(q) * 1e3 for q in qs],
+                         [rec.itl.share_above(lim / 1e3) for lim in limits])):
+                    print(f"  {name:14s} {label:9s}  " + "  ".join(f"{v:7.1f}" for v in p)
+                          + "  " + "  ".join(f"{a:9.2%}" for a in above))
 
 
 def wavesplit(engine: str, name: str = "chat-c64") -> None:
@@ -2946,6 +2982,9 @@ def main() -> None:
         return
     if sys.argv[1:2] == ["whichgpu"]:
         whichgpu()
+        return
+    if sys.argv[1:2] == ["gapcliff"]:
+        gapcliff(*sys.argv[2:4])
         return
     if sys.argv[1:2] == ["promptsteps"]:
         promptsteps(*sys.argv[2:5])
