@@ -410,15 +410,29 @@ def tokengaps(engine: str) -> None:
     """Each stored run of the engine: its inter-token gaps' percentiles (ms) and share of gaps
     of 30 ms or more, measured and predicted (thirty-fourth session: Qwen3-32B FP8 on the H100
     at 9 and 12 req/s)."""
+    qs = (10, 25, 50, 75, 90, 99)
+    runs = _run_gaps(engine, "tokengaps")
+    print(f"  {'run':18s} {'':9s}  " + "  ".join(f"p{q:<5d}" for q in qs) + "  >= 30 ms")
+    for name, gaps, rec in runs:
+        for label, p, above in (
+                ("measured", np.percentile(gaps * 1e3, qs), np.mean(gaps >= 0.030)),
+                ("predicted", [rec.itl.percentile(q) * 1e3 for q in qs],
+                 rec.itl.share_above(0.030))):
+            print(f"  {name:18s} {label:9s}  " + "  ".join(f"{v:6.1f}" for v in p)
+                  + f"  {above:6.1%}")
+
+
+def _run_gaps(engine: str, command: str) -> list[tuple[str, np.ndarray, Any]]:
+    """Each stored run of the engine with inter-token gaps: its name, the gaps (s) and the
+    simulator's recorder for its experiment (one prediction serves every repeated run)."""
     folders = [f for f in stored_runs() if f.name == engine]
     if not folders:
-        raise SystemExit(f"tokengaps: no stored engine {engine!r}")
-    qs = (10, 25, 50, 75, 90, 99)
-    print(f"  {'run':18s} {'':9s}  " + "  ".join(f"p{q:<5d}" for q in qs) + "  >= 30 ms")
+        raise SystemExit(f"{command}: no stored engine {engine!r}")
+    runs = []
     for folder in folders:
         run, reqs, _ = load_run(folder)
         for exp in run.experiments:
-            rec = None  # one prediction serves every repeated run of the experiment
+            rec = None
             for name in exp.runs():
                 chunks = reqs.filter(pl.col("run") == name)["chunk_t"].to_list()
                 gaps = np.concatenate([np.diff(c) for c in chunks if len(c) > 1] or [[]])
@@ -427,12 +441,8 @@ def tokengaps(engine: str) -> None:
                 if rec is None:
                     rec = _recorders(simulate, run.mix(exp), "validate", 1,
                                      decode_cohort=False)[0]
-                for label, p, above in (
-                        ("measured", np.percentile(gaps * 1e3, qs), np.mean(gaps >= 0.030)),
-                        ("predicted", [rec.itl.percentile(q) * 1e3 for q in qs],
-                         rec.itl.share_above(0.030))):
-                    print(f"  {name:18s} {label:9s}  " + "  ".join(f"{v:6.1f}" for v in p)
-                          + f"  {above:6.1%}")
+                runs.append((name, gaps, rec))
+    return runs
 
 
 def gapcliff(engine: str, limits_ms: str = "75,100") -> None:
@@ -441,31 +451,18 @@ def gapcliff(engine: str, limits_ms: str = "75,100") -> None:
     the which-gpu plan's load of 5 on the H100, whose ITL p99 falls where the gaps climb from
     a decode's to a long prompt step's, so a few tenths of a percent of the gaps move it
     tens of milliseconds while the share past the SLO, the plan's decision, moves little)."""
-    folders = [f for f in stored_runs() if f.name == engine]
-    if not folders:
-        raise SystemExit(f"gapcliff: no stored engine {engine!r}")
     qs, limits = (98.5, 99.0, 99.5), [float(x) for x in limits_ms.split(",")]
+    runs = _run_gaps(engine, "gapcliff")
     print(f"  {'run':14s} {'':9s}  " + "  ".join(f"p{q:<6g}" for q in qs) + "  "
           + "  ".join(f">= {lim:g} ms" for lim in limits))
-    for folder in folders:
-        run, reqs, _ = load_run(folder)
-        for exp in run.experiments:
-            rec = None  # one prediction serves every repeated run of the experiment
-            for name in exp.runs():
-                chunks = reqs.filter(pl.col("run") == name)["chunk_t"].to_list()
-                gaps = np.concatenate([np.diff(c) for c in chunks if len(c) > 1] or [[]])
-                if not gaps.size:
-                    continue
-                if rec is None:
-                    rec = _recorders(simulate, run.mix(exp), "validate", 1,
-                                     decode_cohort=False)[0]
-                for label, p, above in (
-                        ("measured", np.percentile(gaps * 1e3, qs),
-                         [np.mean(gaps >= lim / 1e3) for lim in limits]),
-                        ("predicted", [rec.itl.percentile(q) * 1e3 for q in qs],
-                         [rec.itl.share_above(lim / 1e3) for lim in limits])):
-                    print(f"  {name:14s} {label:9s}  " + "  ".join(f"{v:7.1f}" for v in p)
-                          + "  " + "  ".join(f"{a:9.2%}" for a in above))
+    for name, gaps, rec in runs:
+        for label, p, above in (
+                ("measured", np.percentile(gaps * 1e3, qs),
+                 [np.mean(gaps >= lim / 1e3) for lim in limits]),
+                ("predicted", [rec.itl.percentile(q) * 1e3 for q in qs],
+                 [rec.itl.share_above(lim / 1e3) for lim in limits])):
+            print(f"  {name:14s} {label:9s}  " + "  ".join(f"{v:7.1f}" for v in p)
+                  + "  " + "  ".join(f"{a:9.2%}" for a in above))
 
 
 def wavesplit(engine: str, name: str = "chat-c64") -> None:
