@@ -82,7 +82,8 @@ own and what the two cost over two decode-only steps, by its prompt's tokens (fo
 session: the H100 plan edge's ITL p99).
 `gapcliff ENGINE [LIMITS_MS]` each stored run's inter-token gaps at p98.5, p99 and p99.5 and
 their share at or past 75 and 100 ms (or LIMITS_MS), measured and predicted (forty-sixth
-session: the cliff the plan's load of 5 puts its ITL p99 on).
+session: the cliff the plan's load of 5 puts its ITL p99 on); `gapseeds ENGINE [SEEDS]` its
+experiments predicted over other traffic seeds and ten minutes: ITL p99 and those shares.
 `recorded ENGINE` the engine's rows against the prediction recorded before its run
 (validation/queued/) and against today's: rows within target and the median absolute error
 per metric, each way (docs/validation.md, "The H100 (thirty-second session)": the analytic
@@ -463,6 +464,30 @@ def gapcliff(engine: str, limits_ms: str = "75,100") -> None:
                  [rec.itl.share_above(lim / 1e3) for lim in limits])):
             print(f"  {name:14s} {label:9s}  " + "  ".join(f"{v:7.1f}" for v in p)
                   + "  " + "  ".join(f"{a:9.2%}" for a in above))
+
+
+def gapseeds(engine: str, seeds: str = "8") -> None:
+    """Each experiment of the engine predicted again over `seeds` traffic seeds of its own
+    duration and three of ten minutes: the ITL p99 (ms) and the share of gaps of 75 and 100
+    ms or more, beside the seed it was measured with (the first; forty-sixth session: whether
+    the which-gpu plan's load of 5 predicts its tail low by the seed's chance or throughout)."""
+    folder = next((f for f in stored_runs() if f.name == engine), None)
+    if folder is None:
+        raise SystemExit(f"gapseeds: no stored engine {engine!r}")
+    run, _, _ = load_run(folder)
+    for exp in run.experiments:
+        base = run.mix(exp)
+        for duration, n in ((base.simulation.duration_s, int(seeds)), (600.0, 3)):
+            figs = []
+            for k in range(n):
+                sim = base.simulation.model_copy(update={
+                    "seed": base.simulation.seed + 1000 * k, "duration_s": duration})
+                itl = _recorders(simulate, base.model_copy(update={"simulation": sim}),
+                                 "validate", 1, decode_cohort=False)[0].itl
+                figs.append(f"{itl.percentile(99) * 1e3:.1f} ({itl.share_above(0.075):.2%}, "
+                            f"{itl.share_above(0.100):.2%})")
+            print(f"  {exp.name} over {n} seeds of {duration:.0f} s: ITL p99 ms (share >= 75, "
+                  f">= 100 ms): " + ", ".join(figs))
 
 
 def wavesplit(engine: str, name: str = "chat-c64") -> None:
@@ -2979,6 +3004,9 @@ def main() -> None:
         return
     if sys.argv[1:2] == ["whichgpu"]:
         whichgpu()
+        return
+    if sys.argv[1:2] == ["gapseeds"]:
+        gapseeds(*sys.argv[2:4])
         return
     if sys.argv[1:2] == ["gapcliff"]:
         gapcliff(*sys.argv[2:4])
