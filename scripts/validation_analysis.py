@@ -2987,41 +2987,22 @@ def main() -> None:
     if sys.argv[1:2] == ["recorded"]:
         recorded(sys.argv[2])
         return
-    with_an_argument: dict[str, Callable[..., None]] = {
+    one_argument: dict[str, Callable[..., None]] = {  # [ENGINE], or spread's [RHO]
         "reach": reach, "eager": eager, "pictures": pictures, "sync": sync, "spread": spread,
         "probe": probe, "edge": edge, "routed": routed, "drainfit": drainfit,
         "borrowsaving": borrowsaving, "borrowcore": borrowcore, "tokengaps": tokengaps,
         "leasecalls": leasecalls, "firsttoken": firsttoken, "coresuite": coresuite,
         "hosttrial": hosttrial, "endtrial": endtrial}
-    if sys.argv[1:2] == ["hostsuite"]:
-        hostsuite()
-        return
-    if sys.argv[1:2] == ["hiccuptrial"]:
-        hiccuptrial(*sys.argv[2:4])
-        return
-    if sys.argv[1:2] == ["wavesplit"]:
-        wavesplit(*sys.argv[2:4])
-        return
-    if sys.argv[1:2] == ["whichgpu"]:
-        whichgpu()
-        return
-    if sys.argv[1:2] == ["gapseeds"]:
-        gapseeds(*sys.argv[2:4])
-        return
-    if sys.argv[1:2] == ["gapcliff"]:
-        gapcliff(*sys.argv[2:4])
-        return
-    if sys.argv[1:2] == ["promptsteps"]:
-        promptsteps(*sys.argv[2:5])
-        return
-    if sys.argv[1:2] == ["floortrial"]:
-        floortrial(*sys.argv[2:4])
-        return
-    if sys.argv[1:2] == ["coretrial"]:
-        coretrial(*sys.argv[2:5])
-        return
-    if sys.argv[1:2] and sys.argv[1] in with_an_argument:  # [ENGINE], or spread's [RHO]
-        with_an_argument[sys.argv[1]](*sys.argv[2:3])
+    # each command that takes arguments, and how many it takes at most
+    with_arguments: dict[str, tuple[Callable[..., None], int]] = {
+        "hostsuite": (hostsuite, 0), "whichgpu": (whichgpu, 0),
+        "hiccuptrial": (hiccuptrial, 2), "wavesplit": (wavesplit, 2),
+        "gapseeds": (gapseeds, 2), "gapcliff": (gapcliff, 2), "floortrial": (floortrial, 2),
+        "promptsteps": (promptsteps, 3), "coretrial": (coretrial, 3),
+        **{name: (f, 1) for name, f in one_argument.items()}}
+    if sys.argv[1:2] and sys.argv[1] in with_arguments:
+        command, most = with_arguments[sys.argv[1]]
+        command(*sys.argv[2:2 + most])
         return
     what = sys.argv[1:] or ["seeds", "noise", "steps"]
     rows = _rows() if {"seeds", "noise"} & set(what) else {}
