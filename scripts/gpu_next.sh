@@ -11,8 +11,9 @@
 #         session: the H200's Qwen3-32B has no graph-less core time yet;
 #         validation/h200-next.yaml), then Llama-3.1-8B FP8 measured a fourth time
 #         (calibration/_plans/queue-s38.txt);
-#   H100: examples/which-gpu.yaml's Qwen3-32B FP8 chat at the load one replica of 5 takes,
-#         for three minutes (validation/h100-next.yaml), queued by the forty-sixth session,
+#   H100: examples/which-gpu.yaml's Qwen3-32B FP8 chat at the loads one replica of 5 and of 4
+#         take, three minutes each (validation/h100-next.yaml), queued by the forty-sixth
+#         session and the forty-seventh (the load of 4),
 #         whose H100 leases ran the forty-fifth's (the load of 4 again, core traced, and
 #         Qwen3-32B FP8's sixth calibration run, queue-s45.txt) and its own (plan54, plan54b).
 set -u
