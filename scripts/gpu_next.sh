@@ -5,17 +5,15 @@
 # validation/_jobs` wrote it. Sent again on the same host, it resumes (gpu_session.sh).
 #
 # Queued by the thirty-eighth session (whose leases, two H100s and an H200, ran both GPUs'
-# queues of then), the forty-second and the forty-sixth:
+# queues of then), the forty-second and the forty-seventh:
 #   H200: the near-saturation Poisson rows of Llama-3.1-8B BF16 on one more lease, and
 #         Qwen3-32B FP8's Poisson chat step- and core-traced (queued by the forty-second
 #         session: the H200's Qwen3-32B has no graph-less core time yet;
 #         validation/h200-next.yaml), then Llama-3.1-8B FP8 measured a fourth time
 #         (calibration/_plans/queue-s38.txt);
 #   H100: examples/which-gpu.yaml's Qwen3-32B FP8 chat at the loads one replica of 5 and of 4
-#         take, three minutes each (validation/h100-next.yaml), queued by the forty-sixth
-#         session and the forty-seventh (the load of 4),
-#         whose H100 leases ran the forty-fifth's (the load of 4 again, core traced, and
-#         Qwen3-32B FP8's sixth calibration run, queue-s45.txt) and its own (plan54, plan54b).
+#         take, three minutes each, on another host (validation/h100-next.yaml), queued by the
+#         forty-seventh session, whose first H100 lease ran them on one host (plan5l).
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -24,6 +22,6 @@ if nvidia-smi -L | grep -q H200; then
     LANE0="/tmp/keep/llama-3.1-8b-bf16-lease2.json /tmp/keep/qwen3-32b-fp8-h200-t.json" \
     bash scripts/gpu_session.sh "$deadline"
 else
-  LANE0_FIRST=validate LANE0=/tmp/keep/qwen3-32b-fp8-h100-plan5l.json \
+  LANE0_FIRST=validate LANE0=/tmp/keep/qwen3-32b-fp8-h100-plan5lb.json \
     bash scripts/gpu_session.sh "$deadline"
 fi
