@@ -18,14 +18,15 @@ for job in "$@"; do
   name=$(basename "$job" .json)
   left=$(( deadline - (SECONDS - start) ))
   if (( left < 120 )); then echo "[gpu$gpu] SKIP $name: ${left}s left"; continue; fi
-  # the engine's start, its warm-ups and its first experiment must fit (runner.py
-  # start_need_s), or the start is cut inside the compile and measures nothing
-  need=$(( $(python3 src/capplan/validate/runner.py --job "$job" --start-need) + 25 ))
-  if (( left < need )); then echo "[gpu$gpu] SKIP $name: ${left}s left, its start and first experiment need ${need}s"; continue; fi
   # a job started before (an earlier call on this host) resumes: a new folder, and the
   # runner skips the runs the earlier folders finished
   done_args=(); out="$RAW/$name"; n=1
   while [[ -e $out ]]; do done_args+=(--done "$out"); n=$((n + 1)); out="$RAW/start$n/$name"; done
+  # the engine's start, its warm-ups and its first unfinished experiment must fit (runner.py
+  # start_need_s, which takes a resumed job's start from its earlier starts on this host),
+  # or the start is cut inside the compile and measures nothing
+  need=$(( $(python3 src/capplan/validate/runner.py --job "$job" --start-need "${done_args[@]}") + 25 ))
+  if (( left < need )); then echo "[gpu$gpu] SKIP $name: ${left}s left, its start and first experiment need ${need}s"; continue; fi
   mkdir -p "$(dirname "$out")"
   echo "[gpu$gpu] === $name (${left}s left, start $n) $(date -u +%T)"
   t0=$SECONDS

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -250,6 +251,27 @@ def test_a_new_start_needs_its_engine_start_warm_ups_and_first_experiment() -> N
         {"name": "a", "duration_s": 30.0}, {"name": "b", "duration_s": 90.0}]}
     assert runner.start_need_s(job) == pytest.approx(200 + 12.6 + 13.9 + 49.0)
     assert runner.start_need_s({**job, "expected_start_s": 0.0}) == pytest.approx(75.5)
+
+
+def test_a_resumed_start_needs_its_hosts_own_start_and_first_unfinished_experiment(
+        tmp_path: Path) -> None:
+    """A job resumed on the host of an earlier start (gpu_validate.sh passes its folders as
+    --done) needs that host's own engine start, not the model's longest, and the first
+    experiment the earlier starts left unfinished."""
+    job = {"expected_start_s": 200.0, "experiments": [
+        {"name": "warmup-c1", "warmup": True, "duration_s": 2.0},
+        {"name": "warmup", "warmup": True, "duration_s": 3.0},
+        {"name": "a", "duration_s": 30.0}, {"name": "b", "duration_s": 90.0}]}
+    earlier = tmp_path / "start1"
+    earlier.mkdir()
+    (earlier / "engine.json").write_text(json.dumps(
+        {"engine_start_s": 130.0, "experiments": {"warmup": {"wall_s": 6.0},
+                                                  "a": {"wall_s": 40.0}}}))
+    assert runner.start_need_s(job, [str(earlier)]) == pytest.approx(130 + 12.6 + 13.9 + 127.0)
+    never = tmp_path / "start2"  # a start cut inside the compile wrote no engine start
+    never.mkdir()
+    (never / "engine.json").write_text(json.dumps({"error": "cut"}))
+    assert runner.start_need_s(job, [str(never)]) == pytest.approx(200 + 12.6 + 13.9 + 49.0)
 
 
 class DeadEngine(FixedTimingEngine):

@@ -669,15 +669,32 @@ def need_s(exp):
     return 1.3 * exp["duration_s"] + 10
 
 
-def start_need_s(job):
-    """Seconds a new start of `job` needs before it measures anything: the model's longest
-    engine start so far (`capplan validate emit` writes it as expected_start_s), the
-    warm-ups and the first experiment. Less than that, and a start is cut inside the
-    compile and measures nothing (2026-12-01: a Gemma 4 start given 233 s)."""
+def start_need_s(job, done_folders=()):
+    """Seconds a new start of `job` needs before it measures anything: the engine's start,
+    the warm-ups and the first experiment not yet finished. Less than that, and a start is
+    cut inside the compile and measures nothing (2026-12-01: a Gemma 4 start given 233 s).
+
+    The engine's start is the model's longest so far (`capplan validate emit` writes it as
+    expected_start_s), unless the job resumes on the host of earlier starts (`done_folders`,
+    as --done names them): then it is the longest of those starts, all cold, which bounds a
+    restart that finds the host's compile cache warm (2026-12-06: 130 s cold, 42 s again)."""
     x = job["experiments"]
-    first = [e for e in x if not e.get("warmup")][:1]
-    return job.get("expected_start_s", 0) + sum(need_s(e) for e in x if e.get("warmup")) \
-        + sum(need_s(e) for e in first)
+    done = finished_runs(done_folders)
+    first = [e for e in x if not e.get("warmup") and e["name"] not in done][:1]
+    start = job.get("expected_start_s", 0)
+    here = [s for s in map(_start_s, done_folders) if s is not None]
+    if here:
+        start = max(here)
+    return start + sum(need_s(e) for e in x if e.get("warmup")) + sum(need_s(e) for e in first)
+
+
+def _start_s(folder):
+    """The engine start that an earlier start's `folder` recorded (engine.json), if any."""
+    try:
+        with open(os.path.join(folder, "engine.json")) as f:
+            return json.load(f).get("engine_start_s")
+    except (OSError, ValueError):
+        return None
 
 
 def main(argv=None):
@@ -689,11 +706,12 @@ def main(argv=None):
     ap.add_argument("--time-budget-s", type=float, default=600.0,
                     help="seconds from start; skip experiments that would end later")
     ap.add_argument("--start-need", action="store_true",
-                    help="print the whole seconds a new start of the job needs, and exit")
+                    help="print the whole seconds a new start of the job needs (after the --done "
+                         "starts, on their host), and exit")
     args = ap.parse_args(argv)
     if args.start_need:
         with open(args.job) as f:
-            print(int(start_need_s(json.load(f))))
+            print(int(start_need_s(json.load(f), args.done)))
         return
     if args.out is None:
         ap.error("--out is required")
