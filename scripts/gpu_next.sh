@@ -11,9 +11,9 @@
 #         session: the H200's Qwen3-32B has no graph-less core time yet;
 #         validation/h200-next.yaml), then Llama-3.1-8B FP8 measured a fourth time
 #         (calibration/_plans/queue-s38.txt);
-#   H100: examples/which-gpu.yaml's Qwen3-32B FP8 chat at the loads one replica of 5 and of 4
-#         take, three minutes each, on another host (validation/h100-next.yaml), queued by the
-#         forty-seventh session, whose first H100 lease ran them on one host (plan5l).
+#   H100: examples/which-gpu.yaml's Qwen3-32B FP8 chat at the loads one replica of 4 and of 5
+#         take, three minutes each, on a third host (validation/h100-next.yaml), queued by the
+#         forty-seventh session, whose H100 leases ran them on two (plan5l, plan5lb).
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -22,6 +22,6 @@ if nvidia-smi -L | grep -q H200; then
     LANE0="/tmp/keep/llama-3.1-8b-bf16-lease2.json /tmp/keep/qwen3-32b-fp8-h200-t.json" \
     bash scripts/gpu_session.sh "$deadline"
 else
-  LANE0_FIRST=validate LANE0=/tmp/keep/qwen3-32b-fp8-h100-plan5lb.json \
+  LANE0_FIRST=validate LANE0=/tmp/keep/qwen3-32b-fp8-h100-plan5lc.json \
     bash scripts/gpu_session.sh "$deadline"
 fi
