@@ -10,6 +10,7 @@ drafter's cost and the stairs of its verify steps.
     python scripts/calibration_analysis.py speeds [MODEL/KEY]  # two runs: steps vs scheduler
     python scripts/calibration_analysis.py byrun MODEL/KEY  # held-out error run by run
     python scripts/calibration_analysis.py steadiness MODEL/KEY...  # what the steps leave a fit
+    python scripts/calibration_analysis.py mixedsteps [MODEL/KEY]  # chunk steps vs the fit
 
 With no argument it prints sanity and graph.
 """
@@ -399,6 +400,40 @@ def cached() -> None:
                   "prefix token")
         if pairs:
             print(f"  {prof.model}/{prof.key}: shared_ctx_saving {saving:.1%} (the median)")
+
+
+def mixedsteps(profile: str | None = None) -> None:
+    """Steps with a prompt chunk, each against its price by the profile's fit, by how the
+    engine ran them (piecewise within the largest CUDA graph, graph-less up to 2,304 tokens,
+    the size of a chat prompt beside the decodes, or graph-less past it) and by how many
+    decodes ran beside the chunk: the median of measured / fit over every calibration run
+    of the profile (docs/validation.md, forty-seventh session). With no PROFILE, Qwen3-32B
+    FP8 and AWQ and Llama-3.1-8B FP8 of the GPU (CAPPLAN_PROFILES)."""
+    names = [profile] if profile else ["qwen3-32b/fp8", "qwen3-32b/awq", "llama-3.1-8b/fp8"]
+    for name in names:
+        if not (PROFILES / name / "profile.json").exists():
+            continue
+        prof, s, sizes = _fit_inputs(PROFILES / name)
+        pred = _predicted(prof, s, sizes)
+        above = eager_threshold(int(prof.engine["max_num_seqs"]),  # type: ignore[call-overload]
+                                int(prof.engine["max_num_batched_tokens"]))  # type: ignore[call-overload]
+        tok, ds = s["tokens"], s["decode_seqs"]
+        chunk = ~s["warmup"] & (s["prefill_tokens"] > 0)
+        print(f"  {PROFILES.parent.name}/{name} (largest graph {above} tokens): steps, "
+              "measured / fit median (p25-p75)")
+        for kind, k in (("piecewise", tok <= above),
+                        ("graph-less to 2,304", (tok > above) & (tok <= 2304)),
+                        ("graph-less past it", tok > 2304)):
+            cells = []
+            for lo, hi in ((0, 0), (1, 15), (16, 40), (41, 90), (91, 10**6)):
+                m = chunk & k & (ds >= lo) & (ds <= hi)
+                if m.sum() < 3:
+                    continue
+                r = s["step_s"][m] / pred[m]
+                span = f"{lo}" if lo == hi else (f"{lo}+" if hi > 10**5 else f"{lo}-{hi}")
+                cells.append(f"{span} decodes {int(m.sum())}, {np.median(r):.3f} "
+                             f"({np.percentile(r, 25):.3f}-{np.percentile(r, 75):.3f})")
+            print(f"    {kind:20s} " + "; ".join(cells))
 
 
 def decode() -> None:
@@ -1218,6 +1253,9 @@ def main() -> None:
     if what[0] == "speeds":
         speeds(*what[1:2])
         return
+    if what[0] == "mixedsteps":
+        mixedsteps(*what[1:2])
+        return
     commands = {"table": table, "sanity": sanity, "graph": graph, "finishes": finishes,
                 "repeats": repeats, "cached": cached, "decode": decode, "firstuse": firstuse,
                 "floor": floor, "eagerlaunch": eagerlaunch, "drafter": drafter,
@@ -1229,7 +1267,7 @@ def main() -> None:
     if unknown:
         sys.exit(f"calibration_analysis.py: no command {unknown[0]!r}; the commands: "
                  f"{', '.join(commands)}, points PROFILE [ONLY], composition PROFILE, "
-                 "speeds [PROFILE], byrun PROFILE, steadiness PROFILE...")
+                 "speeds [PROFILE], byrun PROFILE, steadiness PROFILE..., mixedsteps [PROFILE]")
     for name in what:
         print(f"== {name}")
         commands[name]()

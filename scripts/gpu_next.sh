@@ -13,7 +13,10 @@
 #         (calibration/_plans/queue-s38.txt);
 #   H100: examples/which-gpu.yaml's Qwen3-32B FP8 chat at the loads one replica of 4 and of 5
 #         take, three minutes each, on a third host (validation/h100-next.yaml), queued by the
-#         forty-seventh session, whose H100 leases ran them on two (plan5l, plan5lb).
+#         forty-seventh session, whose H100 leases ran them on two (plan5l, plan5lb), then
+#         Qwen3-32B FP8 calibrated a seventh time with seven prompt-beside-decodes points
+#         (calibration/_plans/h100/queue-s47.txt; a third call on the host, once the
+#         validation engine is done, has the time for it).
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -22,6 +25,7 @@ if nvidia-smi -L | grep -q H200; then
     LANE0="/tmp/keep/llama-3.1-8b-bf16-lease2.json /tmp/keep/qwen3-32b-fp8-h200-t.json" \
     bash scripts/gpu_session.sh "$deadline"
 else
-  LANE0_FIRST=validate LANE0=/tmp/keep/qwen3-32b-fp8-h100-plan5lc.json \
+  LANE0_FIRST=validate QUEUE0=calibration/_plans/h100/queue-s47.txt \
+    LANE0=/tmp/keep/qwen3-32b-fp8-h100-plan5lc.json \
     bash scripts/gpu_session.sh "$deadline"
 fi
