@@ -14,7 +14,7 @@
 #   H100: examples/which-gpu.yaml's Qwen3-32B FP8 chat at the loads one replica of 4 and of 5
 #         take, three minutes each, on a third host (validation/h100-next.yaml), queued by the
 #         forty-seventh session, whose H100 leases ran them on two (plan5l, plan5lb), then
-#         Qwen3-32B FP8 calibrated a seventh time with seven prompt-beside-decodes points
+#         Qwen3-32B FP8 calibrated a seventh time with nine prompt-beside-decodes points
 #         (calibration/_plans/h100/queue-s47.txt; a third call on the host, once the
 #         validation engine is done, has the time for it).
 set -u
