@@ -425,12 +425,12 @@ def mixedsteps(profile: str | None = None) -> None:
                         ("graph-less to 2,304", (tok > above) & (tok <= 2304)),
                         ("graph-less past it", tok > 2304)):
             cells = []
-            for lo, hi in ((0, 0), (1, 15), (16, 40), (41, 90), (91, 10**6)):
+            for span, lo, hi in (("0", 0, 0), ("1-15", 1, 15), ("16-40", 16, 40),
+                                 ("41-90", 41, 90), ("91+", 91, np.inf)):
                 m = chunk & k & (ds >= lo) & (ds <= hi)
                 if m.sum() < 3:
                     continue
                 r = s["step_s"][m] / pred[m]
-                span = f"{lo}" if lo == hi else (f"{lo}+" if hi > 10**5 else f"{lo}-{hi}")
                 cells.append(f"{span} decodes {int(m.sum())}, {np.median(r):.3f} "
                              f"({np.percentile(r, 25):.3f}-{np.percentile(r, 75):.3f})")
             print(f"    {kind:20s} " + "; ".join(cells))
