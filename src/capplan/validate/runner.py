@@ -513,15 +513,21 @@ def scrape():
     return prometheus_client.generate_latest(get_prometheus_registry()).decode()
 
 
+def _earlier_start(folder):
+    """What an earlier start of the same job recorded in its `folder` (engine.json; {} if
+    it wrote none or cannot be read)."""
+    try:
+        with open(os.path.join(folder, "engine.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
 def finished_runs(folders):
     """Experiment runs an earlier start of the same job finished (its engine.json says so)."""
     done = set()
     for folder in folders or ():
-        try:
-            with open(os.path.join(folder, "engine.json")) as f:
-                exps = json.load(f).get("experiments", {})
-        except (OSError, ValueError):
-            continue
+        exps = _earlier_start(folder).get("experiments", {})
         done |= {name for name, info in exps.items() if "wall_s" in info}
     return done
 
@@ -682,19 +688,11 @@ def start_need_s(job, done_folders=()):
     done = finished_runs(done_folders)
     first = [e for e in x if not e.get("warmup") and e["name"] not in done][:1]
     start = job.get("expected_start_s", 0)
-    here = [s for s in map(_start_s, done_folders) if s is not None]
+    here = [m["engine_start_s"] for m in map(_earlier_start, done_folders)
+            if m.get("engine_start_s") is not None]
     if here:
         start = max(here)
     return start + sum(need_s(e) for e in x if e.get("warmup")) + sum(need_s(e) for e in first)
-
-
-def _start_s(folder):
-    """The engine start that an earlier start's `folder` recorded (engine.json), if any."""
-    try:
-        with open(os.path.join(folder, "engine.json")) as f:
-            return json.load(f).get("engine_start_s")
-    except (OSError, ValueError):
-        return None
 
 
 def main(argv=None):
