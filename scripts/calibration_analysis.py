@@ -11,6 +11,7 @@ drafter's cost and the stairs of its verify steps.
     python scripts/calibration_analysis.py byrun MODEL/KEY  # held-out error run by run
     python scripts/calibration_analysis.py steadiness MODEL/KEY...  # what the steps leave a fit
     python scripts/calibration_analysis.py mixedsteps [MODEL/KEY]  # chunk steps vs the fit
+    python scripts/calibration_analysis.py ragged [MODEL/KEY]  # token counts off 256's multiples
 
 With no argument it prints sanity and graph.
 """
@@ -434,6 +435,48 @@ def mixedsteps(profile: str | None = None) -> None:
                 cells.append(f"{span} decodes {int(m.sum())}, {np.median(r):.3f} "
                              f"({np.percentile(r, 25):.3f}-{np.percentile(r, 75):.3f})")
             print(f"    {kind:20s} " + "; ".join(cells))
+
+
+def ragged(profile: str | None = None) -> None:
+    """Graph-less steps with a prompt chunk by whether their token count is a multiple of 256
+    (every GEMM row of tiles full: scaled_mm_sm90_fp8_dispatch.cuh in vLLM's CUDA sources
+    runs clusters of two 128-row tiles past 128 tokens) or not, each against its price by the
+    profile's fit: the median of measured / fit (p25-p75), and the lone prompts' (no decode
+    beside them, at most 300 tokens of prior context) median microseconds a token. The
+    sweep's prompt steps are mostly such multiples (chunks of 1,024-8,192 tokens alone); a
+    serving engine's nearly never are. With no PROFILE, Qwen3-32B FP8 and AWQ and
+    Llama-3.1-8B FP8 and BF16 of the GPU (CAPPLAN_PROFILES)."""
+    names = ([profile] if profile else
+             ["qwen3-32b/fp8", "qwen3-32b/awq", "llama-3.1-8b/fp8", "llama-3.1-8b/bf16"])
+    for name in names:
+        if not (PROFILES / name / "profile.json").exists():
+            continue
+        prof, s, sizes = _fit_inputs(PROFILES / name)
+        pred = _predicted(prof, s, sizes)
+        above = eager_threshold(int(prof.engine["max_num_seqs"]),  # type: ignore[call-overload]
+                                int(prof.engine["max_num_batched_tokens"]))  # type: ignore[call-overload]
+        tok, ds, pt = s["tokens"], s["decode_seqs"], s["prefill_tokens"]
+        chunk = ~s["warmup"] & (pt > 0) & (tok > above) & (s["spec_tokens"] == 0)
+        lone = chunk & (ds == 0) & (s["prefill_attn"] <= pt * (300 + pt / 2))
+        full = tok % 256 == 0
+        print(f"  {PROFILES.parent.name}/{name}: graph-less prompt steps, measured / fit "
+              "median (p25-p75); lone prompts' us a token")
+        for label, k in (("multiple of 256", full), ("not a multiple", ~full)):
+            cells = []
+            for span, m in (("no decodes", chunk & k & (ds == 0)),
+                            ("with decodes", chunk & k & (ds > 0))):
+                if m.sum() < 1:
+                    continue
+                r = s["step_s"][m] / pred[m]
+                cells.append(f"{span} {int(m.sum())}, {np.median(r):.3f} "
+                             f"({np.percentile(r, 25):.3f}-{np.percentile(r, 75):.3f})")
+            print(f"    {label:16s} " + "; ".join(cells))
+        by: dict[int, list[float]] = {}
+        for t, x in zip(tok[lone], s["step_s"][lone], strict=True):
+            by.setdefault(int(t), []).append(float(x))
+        print("    lone: " + ", ".join(
+            f"{t}{'*' if t % 256 == 0 else ''} {np.median(v) / t * 1e6:.0f}"
+            + (f" (n={len(v)})" if len(v) > 1 else "") for t, v in sorted(by.items())))
 
 
 def decode() -> None:
@@ -1256,6 +1299,9 @@ def main() -> None:
     if what[0] == "mixedsteps":
         mixedsteps(*what[1:2])
         return
+    if what[0] == "ragged":
+        ragged(*what[1:2])
+        return
     commands = {"table": table, "sanity": sanity, "graph": graph, "finishes": finishes,
                 "repeats": repeats, "cached": cached, "decode": decode, "firstuse": firstuse,
                 "floor": floor, "eagerlaunch": eagerlaunch, "drafter": drafter,
@@ -1267,7 +1313,8 @@ def main() -> None:
     if unknown:
         sys.exit(f"calibration_analysis.py: no command {unknown[0]!r}; the commands: "
                  f"{', '.join(commands)}, points PROFILE [ONLY], composition PROFILE, "
-                 "speeds [PROFILE], byrun PROFILE, steadiness PROFILE..., mixedsteps [PROFILE]")
+                 "speeds [PROFILE], byrun PROFILE, steadiness PROFILE..., mixedsteps [PROFILE], "
+                 "ragged [PROFILE]")
     for name in what:
         print(f"== {name}")
         commands[name]()

@@ -5,27 +5,30 @@
 # validation/_jobs` wrote it. Sent again on the same host, it resumes (gpu_session.sh).
 #
 # Queued by the thirty-eighth session (whose leases, two H100s and an H200, ran both GPUs'
-# queues of then), the forty-second and the forty-seventh:
+# queues of then), the forty-second and the forty-eighth:
 #   H200: the near-saturation Poisson rows of Llama-3.1-8B BF16 on one more lease, and
 #         Qwen3-32B FP8's Poisson chat step- and core-traced (queued by the forty-second
 #         session: the H200's Qwen3-32B has no graph-less core time yet;
 #         validation/h200-next.yaml), then Llama-3.1-8B FP8 measured a fourth time
 #         (calibration/_plans/queue-s38.txt);
-#   H100: examples/which-gpu.yaml's Qwen3-32B FP8 chat at the loads one replica of 4 and of 5
-#         take, three minutes each, on a third host (validation/h100-next.yaml), queued by the
-#         forty-seventh session, whose H100 leases ran them on two (plan5l, plan5lb), then
-#         Qwen3-32B FP8 calibrated a seventh time with nine prompt-beside-decodes points
-#         (calibration/_plans/h100/queue-s47.txt; a third call on the host, once the
-#         validation engine is done, has the time for it).
+#         (The forty-eighth session put Qwen3-32B FP8 serving lone prompts first,
+#         qwen3-32b-fp8-h200-lone, and its calibration engine's lone-prompt scan,
+#         calibration/_plans/queue-s48.txt, before the rest.)
+#   H100: Qwen3-32B FP8 serving lone prompts of every size, one at a time and at 1.5 a
+#         second (qwen3-32b-fp8-h100-lone, validation/h100-next.yaml: about 290 s with its
+#         engine's start), then the same model's lone prompts at 44 token counts in the
+#         calibration engine (calibration/_plans/h100/queue-s48.txt: stored as
+#         qwen3-32b--fp8--r8, its steps join the fit; a call of its own after the other's),
+#         both queued by the forty-eighth session.
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
 if nvidia-smi -L | grep -q H200; then
-  LANE0_FIRST=validate QUEUE0=calibration/_plans/queue-s38.txt \
-    LANE0="/tmp/keep/llama-3.1-8b-bf16-lease2.json /tmp/keep/qwen3-32b-fp8-h200-t.json" \
+  LANE0_FIRST=validate QUEUE0=calibration/_plans/queue-s48.txt \
+    LANE0="/tmp/keep/qwen3-32b-fp8-h200-lone.json /tmp/keep/llama-3.1-8b-bf16-lease2.json /tmp/keep/qwen3-32b-fp8-h200-t.json" \
     bash scripts/gpu_session.sh "$deadline"
 else
-  LANE0_FIRST=validate QUEUE0=calibration/_plans/h100/queue-s47.txt \
-    LANE0=/tmp/keep/qwen3-32b-fp8-h100-plan5lc.json \
+  LANE0_FIRST=validate QUEUE0=calibration/_plans/h100/queue-s48.txt \
+    LANE0=/tmp/keep/qwen3-32b-fp8-h100-lone.json \
     bash scripts/gpu_session.sh "$deadline"
 fi
