@@ -318,6 +318,11 @@ def design_points(max_num_batched_tokens: int = 8192, spec_k: int = 0) -> list[P
         # "The production plan's decision"); no sweep point had more than 16 decodes at a
         # context over 1,024 in a piecewise step
         _mixed(128, 2048, 256, 4), _mixed(64, 4096, 384, 4),
+        # prompts whose chunks are not multiples of 256 tokens, as a serving engine's prompt
+        # steps nearly never are: on FP8 a lone 2,112-token prompt ran 173 ms where 2,048
+        # ran 129-132, and the sweep's other prompt steps are all such multiples
+        # (docs/calibration.md, "The seventh run")
+        _prefill(1000, 3000), _prefill(2100, 4200), _prefill(3000, 6000),
     ]
     out = []
     for p in coarse + fill:
