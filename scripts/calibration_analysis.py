@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 from itertools import pairwise
@@ -442,8 +443,10 @@ def ragged(profile: str | None = None) -> None:
     (every GEMM row of tiles full: scaled_mm_sm90_fp8_dispatch.cuh in vLLM's CUDA sources
     runs clusters of two 128-row tiles past 128 tokens) or not, each against its price by the
     profile's fit: the median of measured / fit (p25-p75), and the lone prompts' (no decode
-    beside them, at most 300 tokens of prior context) median microseconds a token. The
-    sweep's prompt steps are mostly such multiples (chunks of 1,024-8,192 tokens alone); a
+    beside them, at most 300 tokens of prior context) median microseconds a token, in the
+    profile's fitted runs and then in every run and scan of its engine (the prefix-cache
+    scan's lone prompts of 922, 1,843 and 3,686 tokens among them). The sweep's prompt
+    steps are mostly such multiples (chunks of 1,024-8,192 tokens alone); a
     serving engine's nearly never are. With no PROFILE, Qwen3-32B FP8 and AWQ and
     Llama-3.1-8B FP8 and BF16 of the GPU (CAPPLAN_PROFILES)."""
     names = ([profile] if profile else
@@ -474,9 +477,30 @@ def ragged(profile: str | None = None) -> None:
         by: dict[int, list[float]] = {}
         for t, x in zip(tok[lone], s["step_s"][lone], strict=True):
             by.setdefault(int(t), []).append(float(x))
-        print("    lone: " + ", ".join(
-            f"{t}{'*' if t % 256 == 0 else ''} {np.median(v) / t * 1e6:.0f}"
-            + (f" (n={len(v)})" if len(v) > 1 else "") for t, v in sorted(by.items())))
+        print("    lone (* a multiple of 256): " + _per_token(by))
+        # every run of the engine, its prefix-cache and graph scans too (not fitted with it)
+        model, key = name.split("/")
+        every: dict[int, list[float]] = {}
+        for path in sorted({*RAW.glob(f"{model}--{key}--*.jsonl*"),
+                            *RAW.glob(f"{model}--{key}.jsonl*")}):
+            if not _KEY_RUN.match(path.name.split(".jsonl")[0].removeprefix(f"{model}--")):
+                continue  # another key of the model (fp8-kvfp8, ...)
+            r = store.samples_of(store.read_runner_jsonl(path))
+            pt_r = r["prefill_tokens"]
+            m = (~r["warmup"] & (pt_r > 0) & (r["decode_seqs"] == 0) & (r["spec_tokens"] == 0)
+                 & (r["tokens"] > above) & (r["prefill_attn"] <= pt_r * (300 + pt_r / 2)))
+            for t, x in zip(r["tokens"][m], r["step_s"][m], strict=True):
+                every.setdefault(int(t), []).append(float(x))
+        print("    lone, every run and scan: " + _per_token(every))
+
+
+_KEY_RUN = re.compile(r"^[a-z0-9_]+(?:--(?:r\d+|cache|graphs))?$")
+
+
+def _per_token(by: dict[int, list[float]]) -> str:
+    """`tokens[*] us-a-token (n=N)` for each token count, the median step over it."""
+    return ", ".join(f"{t}{'*' if t % 256 == 0 else ''} {np.median(v) / t * 1e6:.0f}"
+                     + (f" (n={len(v)})" if len(v) > 1 else "") for t, v in sorted(by.items()))
 
 
 def decode() -> None:
