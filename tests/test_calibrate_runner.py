@@ -269,6 +269,17 @@ def test_every_designed_point_runs(runner: Any) -> None:
         assert drv.point(small)
 
 
+def test_sweep_prompts_off_the_multiples_of_256_are_cut_as_designed(runner: Any) -> None:
+    """The sweep's prompts come in chunks both on and off the multiples of 256 tokens (on FP8
+    the GEMMs run a token of the others up to a third slower: docs/calibration.md, "The
+    seventh run"), and the driver cuts such a prompt into chunks of exactly that size."""
+    prompts = {p["id"]: p for p in design_points() if p["kind"] == "prefill"}
+    assert {p["chunk"] % 256 == 0 for p in prompts.values()} == {True, False}
+    recs = _driver(runner).point(prompts["prefill-p2100-x3"])
+    assert [r["chunks"][0] for r in recs if r["prefill_seqs"]] == [[2100, 0], [2100, 2100],
+                                                                  [2100, 4200]]
+
+
 def test_graph_scan_point_decodes_its_batch_together(runner: Any) -> None:
     """A graph-scan point's requests decode their steps together: a request whose prompt is
     done before the last one's decodes longer, so the batch finishes as one (a plain decode
