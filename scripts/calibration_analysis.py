@@ -404,6 +404,24 @@ def cached() -> None:
             print(f"  {prof.model}/{prof.key}: shared_ctx_saving {saving:.1%} (the median)")
 
 
+def _priced(names: list[str]) -> Iterator[tuple[str, dict[str, np.ndarray], np.ndarray, int]]:
+    """Each shipped profile of `names` (of the GPU CAPPLAN_PROFILES holds): its name, its
+    samples, each step by its fit, and the largest CUDA graph's tokens (past it, graph-less)."""
+    for name in names:
+        if not (PROFILES / name / "profile.json").exists():
+            continue
+        prof, s, sizes = _fit_inputs(PROFILES / name)
+        above = eager_threshold(int(prof.engine["max_num_seqs"]),  # type: ignore[call-overload]
+                                int(prof.engine["max_num_batched_tokens"]))  # type: ignore[call-overload]
+        yield name, s, _predicted(prof, s, sizes), above
+
+
+def _ratio_cell(label: str, r: np.ndarray) -> str:
+    """`label N, median (p25-p75)` of measured / fit ratios."""
+    return (f"{label} {len(r)}, {np.median(r):.3f} "
+            f"({np.percentile(r, 25):.3f}-{np.percentile(r, 75):.3f})")
+
+
 def mixedsteps(profile: str | None = None) -> None:
     """Steps with a prompt chunk, each against its price by the profile's fit, by how the
     engine ran them (piecewise within the largest CUDA graph, graph-less up to 2,304 tokens,
@@ -412,13 +430,7 @@ def mixedsteps(profile: str | None = None) -> None:
     of the profile (docs/validation.md, forty-seventh session). With no PROFILE, Qwen3-32B
     FP8 and AWQ and Llama-3.1-8B FP8 of the GPU (CAPPLAN_PROFILES)."""
     names = [profile] if profile else ["qwen3-32b/fp8", "qwen3-32b/awq", "llama-3.1-8b/fp8"]
-    for name in names:
-        if not (PROFILES / name / "profile.json").exists():
-            continue
-        prof, s, sizes = _fit_inputs(PROFILES / name)
-        pred = _predicted(prof, s, sizes)
-        above = eager_threshold(int(prof.engine["max_num_seqs"]),  # type: ignore[call-overload]
-                                int(prof.engine["max_num_batched_tokens"]))  # type: ignore[call-overload]
+    for name, s, pred, above in _priced(names):
         tok, ds = s["tokens"], s["decode_seqs"]
         chunk = ~s["warmup"] & (s["prefill_tokens"] > 0)
         print(f"  {PROFILES.parent.name}/{name} (largest graph {above} tokens): steps, "
@@ -432,9 +444,7 @@ def mixedsteps(profile: str | None = None) -> None:
                 m = chunk & k & (ds >= lo) & (ds <= hi)
                 if m.sum() < 3:
                     continue
-                r = s["step_s"][m] / pred[m]
-                cells.append(f"{span} decodes {int(m.sum())}, {np.median(r):.3f} "
-                             f"({np.percentile(r, 25):.3f}-{np.percentile(r, 75):.3f})")
+                cells.append(_ratio_cell(f"{span} decodes", s["step_s"][m] / pred[m]))
             print(f"    {kind:20s} " + "; ".join(cells))
 
 
@@ -451,13 +461,7 @@ def ragged(profile: str | None = None) -> None:
     Llama-3.1-8B FP8 and BF16 of the GPU (CAPPLAN_PROFILES)."""
     names = ([profile] if profile else
              ["qwen3-32b/fp8", "qwen3-32b/awq", "llama-3.1-8b/fp8", "llama-3.1-8b/bf16"])
-    for name in names:
-        if not (PROFILES / name / "profile.json").exists():
-            continue
-        prof, s, sizes = _fit_inputs(PROFILES / name)
-        pred = _predicted(prof, s, sizes)
-        above = eager_threshold(int(prof.engine["max_num_seqs"]),  # type: ignore[call-overload]
-                                int(prof.engine["max_num_batched_tokens"]))  # type: ignore[call-overload]
+    for name, s, pred, above in _priced(names):
         tok, ds, pt = s["tokens"], s["decode_seqs"], s["prefill_tokens"]
         chunk = ~s["warmup"] & (pt > 0) & (tok > above) & (s["spec_tokens"] == 0)
         lone = chunk & (ds == 0) & (s["prefill_attn"] <= pt * (300 + pt / 2))
@@ -470,9 +474,7 @@ def ragged(profile: str | None = None) -> None:
                             ("with decodes", chunk & k & (ds > 0))):
                 if m.sum() < 1:
                     continue
-                r = s["step_s"][m] / pred[m]
-                cells.append(f"{span} {int(m.sum())}, {np.median(r):.3f} "
-                             f"({np.percentile(r, 25):.3f}-{np.percentile(r, 75):.3f})")
+                cells.append(_ratio_cell(span, s["step_s"][m] / pred[m]))
             print(f"    {label:16s} " + "; ".join(cells))
         by: dict[int, list[float]] = {}
         for t, x in zip(tok[lone], s["step_s"][lone], strict=True):
