@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from collections.abc import Iterator
 from itertools import pairwise
@@ -464,7 +463,6 @@ def ragged(profile: str | None = None) -> None:
     for name, s, pred, above in _priced(names):
         tok, ds, pt = s["tokens"], s["decode_seqs"], s["prefill_tokens"]
         chunk = ~s["warmup"] & (pt > 0) & (tok > above) & (s["spec_tokens"] == 0)
-        lone = chunk & (ds == 0) & (s["prefill_attn"] <= pt * (300 + pt / 2))
         full = tok % 256 == 0
         print(f"  {PROFILES.parent.name}/{name}: graph-less prompt steps, measured / fit "
               "median (p25-p75); lone prompts' us a token")
@@ -477,26 +475,30 @@ def ragged(profile: str | None = None) -> None:
                 cells.append(_ratio_cell(span, s["step_s"][m] / pred[m]))
             print(f"    {label:16s} " + "; ".join(cells))
         by: dict[int, list[float]] = {}
-        for t, x in zip(tok[lone], s["step_s"][lone], strict=True):
-            by.setdefault(int(t), []).append(float(x))
+        _lone_prompts(s, above, by)
         print("    lone (* a multiple of 256): " + _per_token(by))
         # every run of the engine, its prefix-cache and graph scans too (not fitted with it)
         model, key = name.split("/")
+        repeats = {n for n in (p.name.split(".jsonl")[0]
+                               for p in RAW.glob(f"{model}--{key}--r*.jsonl*"))
+                   if n.removeprefix(f"{model}--{key}--r").isdigit()}  # not --r2--drain
+        runs = [f"{model}--{key}", *sorted(repeats), f"{model}--{key}--cache",
+                f"{model}--{key}--graphs"]
         every: dict[int, list[float]] = {}
-        for path in sorted({*RAW.glob(f"{model}--{key}--*.jsonl*"),
-                            *RAW.glob(f"{model}--{key}.jsonl*")}):
-            if not _KEY_RUN.match(path.name.split(".jsonl")[0].removeprefix(f"{model}--")):
-                continue  # another key of the model (fp8-kvfp8, ...)
-            r = store.samples_of(store.read_runner_jsonl(path))
-            pt_r = r["prefill_tokens"]
-            m = (~r["warmup"] & (pt_r > 0) & (r["decode_seqs"] == 0) & (r["spec_tokens"] == 0)
-                 & (r["tokens"] > above) & (r["prefill_attn"] <= pt_r * (300 + pt_r / 2)))
-            for t, x in zip(r["tokens"][m], r["step_s"][m], strict=True):
-                every.setdefault(int(t), []).append(float(x))
+        for path in filter(None, (store.runner_jsonl(RAW, run) for run in runs)):
+            _lone_prompts(store.samples_of(store.read_runner_jsonl(path)), above, every)
         print("    lone, every run and scan: " + _per_token(every))
 
 
-_KEY_RUN = re.compile(r"^[a-z0-9_]+(?:--(?:r\d+|cache|graphs))?$")
+def _lone_prompts(s: dict[str, np.ndarray], above: int, by: dict[int, list[float]]) -> None:
+    """Add to `by`, under each step's token count, the time of every lone prompt step of `s`
+    past `above` tokens: a prompt chunk with no decode beside it and at most 300 tokens of
+    prior context (warm-ups and speculative steps left out)."""
+    pt = s["prefill_tokens"]
+    m = (~s["warmup"] & (pt > 0) & (s["decode_seqs"] == 0) & (s["spec_tokens"] == 0)
+         & (s["tokens"] > above) & (s["prefill_attn"] <= pt * (300 + pt / 2)))
+    for t, x in zip(s["tokens"][m], s["step_s"][m], strict=True):
+        by.setdefault(int(t), []).append(float(x))
 
 
 def _per_token(by: dict[int, list[float]]) -> str:
