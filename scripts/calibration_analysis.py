@@ -448,35 +448,39 @@ def mixedsteps(profile: str | None = None) -> None:
 
 
 def ragged(profile: str | None = None) -> None:
-    """Graph-less steps with a prompt chunk by whether their token count is a multiple of 256
-    (every GEMM row of tiles full: scaled_mm_sm90_fp8_dispatch.cuh in vLLM's CUDA sources
-    runs clusters of two 128-row tiles past 128 tokens) or not, each against its price by the
-    profile's fit: the median of measured / fit (p25-p75), and the lone prompts' (no decode
-    beside them, at most 300 tokens of prior context) median microseconds a token, in the
-    profile's fitted runs and then in every run and scan of its engine (the prefix-cache
-    scan's lone prompts of 922, 1,843 and 3,686 tokens among them). The sweep's prompt
-    steps are mostly such multiples (chunks of 1,024-8,192 tokens alone); a
-    serving engine's nearly never are. With no PROFILE, Qwen3-32B FP8 and AWQ and
+    """Graph-less steps with a prompt chunk by whether their token count is a multiple of
+    1,024 or not, each against its price by the profile's fit: the median of measured / fit
+    (p25-p75), and the lone prompts' (no decode beside them, at most 300 tokens of prior
+    context) median microseconds a token, in the profile's fitted runs and then in every run
+    and scan of its engine (the prefix-cache scan's lone prompts of 922, 1,843 and 3,686
+    tokens among them). The forty-eighth session split at multiples of 256 (every GEMM row
+    of tiles full: scaled_mm_sm90_fp8_dispatch.cuh runs clusters of two 128-row tiles past
+    128 tokens); the graph scans' lone prompt of 3,328 tokens, 13 x 256, costs what the
+    counts off the multiples cost on every engine that has one, BF16 (cuBLAS) among them,
+    so the forty-ninth split at 1,024, the largest stride the steps have not refuted
+    (3,072, 5,120, 6,144 and 7,168 run as cheap as 4,096). The sweep's graph-less prompt
+    steps are such multiples but for its 768-token ones and a few chunks beside decodes;
+    a serving engine's nearly never are. With no PROFILE, Qwen3-32B FP8 and AWQ and
     Llama-3.1-8B FP8 and BF16 of the GPU (CAPPLAN_PROFILES)."""
     names = ([profile] if profile else
              ["qwen3-32b/fp8", "qwen3-32b/awq", "llama-3.1-8b/fp8", "llama-3.1-8b/bf16"])
     for name, s, pred, above in _priced(names):
         tok, ds, pt = s["tokens"], s["decode_seqs"], s["prefill_tokens"]
         chunk = ~s["warmup"] & (pt > 0) & (tok > above) & (s["spec_tokens"] == 0)
-        full = tok % 256 == 0
+        full = tok % 1024 == 0
         print(f"  {PROFILES.parent.name}/{name}: graph-less prompt steps, measured / fit "
               "median (p25-p75); lone prompts' us a token")
-        for label, k in (("multiple of 256", full), ("not a multiple", ~full)):
+        for label, k in (("multiple of 1,024", full), ("not a multiple", ~full)):
             cells = []
             for span, m in (("no decodes", chunk & k & (ds == 0)),
                             ("with decodes", chunk & k & (ds > 0))):
                 if m.sum() < 1:
                     continue
                 cells.append(_ratio_cell(span, s["step_s"][m] / pred[m]))
-            print(f"    {label:16s} " + "; ".join(cells))
+            print(f"    {label:17s} " + "; ".join(cells))
         by: dict[int, list[float]] = {}
         _lone_prompts(s, above, by)
-        print("    lone (* a multiple of 256): " + _per_token(by))
+        print("    lone (* a multiple of 1,024, + of 256 only): " + _per_token(by))
         # every run of the engine, its prefix-cache and graph scans too (not fitted with it)
         model, key = name.split("/")
         repeats = {n for n in (p.name.split(".jsonl")[0]
@@ -502,8 +506,10 @@ def _lone_prompts(s: dict[str, np.ndarray], above: int, by: dict[int, list[float
 
 
 def _per_token(by: dict[int, list[float]]) -> str:
-    """`tokens[*] us-a-token (n=N)` for each token count, the median step over it."""
-    return ", ".join(f"{t}{'*' if t % 256 == 0 else ''} {np.median(v) / t * 1e6:.0f}"
+    """`tokens[*+] us-a-token (n=N)` for each token count, the median step over it (* a
+    multiple of 1,024, + of 256 only)."""
+    mark = {0: "*", 256: "+", 512: "+", 768: "+"}
+    return ", ".join(f"{t}{mark.get(t % 1024, '')} {np.median(v) / t * 1e6:.0f}"
                      + (f" (n={len(v)})" if len(v) > 1 else "") for t, v in sorted(by.items()))
 
 

@@ -20,15 +20,18 @@
 #         calibration engine (calibration/_plans/h100/queue-s48.txt: stored as
 #         qwen3-32b--fp8--r8, its steps join the fit; a call of its own after the other's),
 #         both queued by the forty-eighth session.
+# The forty-ninth session, its device time mostly spent on calls that found no machine, put
+# both calibration scans first (the shape of a prompt step's cost by its token count is what
+# the next model term needs) and the lone-prompt serving engines after them.
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
 if nvidia-smi -L | grep -q H200; then
-  LANE0_FIRST=validate QUEUE0=calibration/_plans/queue-s48.txt \
+  QUEUE0=calibration/_plans/queue-s48.txt \
     LANE0="/tmp/keep/qwen3-32b-fp8-h200-lone.json /tmp/keep/llama-3.1-8b-bf16-lease2.json /tmp/keep/qwen3-32b-fp8-h200-t.json" \
     bash scripts/gpu_session.sh "$deadline"
 else
-  LANE0_FIRST=validate QUEUE0=calibration/_plans/h100/queue-s48.txt \
+  QUEUE0=calibration/_plans/h100/queue-s48.txt \
     LANE0=/tmp/keep/qwen3-32b-fp8-h100-lone.json \
     bash scripts/gpu_session.sh "$deadline"
 fi
