@@ -508,8 +508,8 @@ def _lone_prompts(s: dict[str, np.ndarray], above: int, by: dict[int, list[float
 def _per_token(by: dict[int, list[float]]) -> str:
     """`tokens[*+] us-a-token (n=N)` for each token count, the median step over it (* a
     multiple of 1,024, + of 256 only)."""
-    mark = {0: "*", 256: "+", 512: "+", 768: "+"}
-    return ", ".join(f"{t}{mark.get(t % 1024, '')} {np.median(v) / t * 1e6:.0f}"
+    return ", ".join(f"{t}{'*' if t % 1024 == 0 else '+' if t % 256 == 0 else ''} "
+                     f"{np.median(v) / t * 1e6:.0f}"
                      + (f" (n={len(v)})" if len(v) > 1 else "") for t, v in sorted(by.items()))
 
 
