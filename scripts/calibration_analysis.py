@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
@@ -478,6 +479,9 @@ def ragged(profile: str | None = None) -> None:
                     continue
                 cells.append(_ratio_cell(span, s["step_s"][m] / pred[m]))
             print(f"    {label:17s} " + "; ".join(cells))
+        off = Counter(tok[chunk & ~full & (ds == 0)].tolist()).most_common()
+        print("    not a multiple, no decodes, steps by token count: "
+              + (", ".join(f"{c} x{k}" for c, k in off) or "-"))
         by: dict[int, list[float]] = {}
         _lone_prompts(s, above, by)
         print("    lone (* a multiple of 1,024, + of 256 only): " + _per_token(by))
