@@ -12,6 +12,7 @@ drafter's cost and the stairs of its verify steps.
     python scripts/calibration_analysis.py steadiness MODEL/KEY...  # what the steps leave a fit
     python scripts/calibration_analysis.py mixedsteps [MODEL/KEY]  # chunk steps vs the fit
     python scripts/calibration_analysis.py ragged [MODEL/KEY]  # token counts off 256's multiples
+    python scripts/calibration_analysis.py holes [MODEL/KEY]  # the lone-prompt scans, priced
 
 With no argument it prints sanity and graph.
 """
@@ -35,7 +36,13 @@ from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.errors import CalibrationError
 from capplan.hardware import GPUS, Precision
 from capplan.modelspec import load_model_spec
-from capplan.profile import Profile, StepTimer, cudagraph_capture_sizes, eager_threshold
+from capplan.profile import (
+    Profile,
+    StepTimer,
+    cudagraph_capture_sizes,
+    eager_threshold,
+    row_holes,
+)
 
 PROFILES = Path(os.environ.get("CAPPLAN_PROFILES") or CALIBRATION_DIR / "h200" / "vllm-0.26.0")
 RAW = store.raw_dir(CALIBRATION_DIR, PROFILES.parent.name)
@@ -446,6 +453,45 @@ def mixedsteps(profile: str | None = None) -> None:
                     continue
                 cells.append(_ratio_cell(f"{span} decodes", s["step_s"][m] / pred[m]))
             print(f"    {kind:20s} " + "; ".join(cells))
+
+
+def holes(profile: str | None = None) -> None:
+    """The lone-prompt scans (calibration/_plans/h100/queue-s48.txt and queue-s51.txt: lone
+    prompts at 44 token counts, no decode beside them): each count's measured step (median
+    over the fitted runs) against its price by the profile's fit, with the tokens its last
+    row of 256 leaves empty; then, on the scan's steps past 512 tokens alone, a line in T
+    and the rows of tiles with and without a cost for a half-empty last row (row_holes): that
+    cost in ms and the median / p95 of each line's error. With no PROFILE, Qwen3-32B FP8 and
+    AWQ and Llama-3.1-8B FP8 and BF16 (CAPPLAN_PROFILES; the scans ran on the H100)."""
+    names = ([profile] if profile else
+             ["qwen3-32b/fp8", "qwen3-32b/awq", "llama-3.1-8b/fp8", "llama-3.1-8b/bf16"])
+    for name, s, pred, _ in _priced(names):
+        lone = np.char.startswith(s["point"].astype(str), "lone-p") & (s["decode_seqs"] == 0)
+        if not lone.any():
+            continue
+        tok = s["tokens"][lone]
+        counts = np.unique(tok)
+        ran = np.array([np.median(s["step_s"][lone][tok == n]) for n in counts]) * 1e3
+        priced = np.array([np.median(pred[lone][tok == n]) for n in counts]) * 1e3
+        step = Profile.load(PROFILES / name).step
+        print(f"  {PROFILES.parent.name}/{name} (gemm_holes_s {step.gemm_holes_s * 1e3:.2f} ms): "
+              "lone prompts, tokens (empty of the last row): ms measured / priced")
+        cells = [f"{n} ({-n % 256}): {a:.1f} / {b:.1f} ({b / a - 1:+.1%})"
+                 for n, a, b in zip(counts, ran, priced, strict=True)]
+        for i in range(0, len(cells), 4):
+            print("    " + "; ".join(cells[i:i + 4]))
+        big = counts > 512
+        n, y = counts[big].astype(float), ran[big]
+        base = np.column_stack([np.ones(len(n)), n, np.ceil(n / 256)])
+        with_holes = np.column_stack([base, [row_holes(int(c)) for c in counts[big]]])
+        fits = []
+        for x in (base, with_holes):
+            beta = np.linalg.lstsq(x / y[:, None], np.ones(len(y)), rcond=None)[0]
+            err = np.abs(x @ beta / y - 1)
+            fits.append((beta, np.median(err), np.percentile(err, 95)))
+        print(f"    the scan alone ({big.sum()} counts past 512): a row half empty costs "
+              f"{fits[1][0][3]:.2f} ms; error median / p95 {fits[0][1]:.1%} / {fits[0][2]:.1%} "
+              f"without that cost, {fits[1][1]:.1%} / {fits[1][2]:.1%} with it")
 
 
 def ragged(profile: str | None = None) -> None:
@@ -1340,6 +1386,9 @@ def main() -> None:
     if what[0] == "ragged":
         ragged(*what[1:2])
         return
+    if what[0] == "holes":
+        holes(*what[1:2])
+        return
     commands = {"table": table, "sanity": sanity, "graph": graph, "finishes": finishes,
                 "repeats": repeats, "cached": cached, "decode": decode, "firstuse": firstuse,
                 "floor": floor, "eagerlaunch": eagerlaunch, "drafter": drafter,
@@ -1352,7 +1401,7 @@ def main() -> None:
         sys.exit(f"calibration_analysis.py: no command {unknown[0]!r}; the commands: "
                  f"{', '.join(commands)}, points PROFILE [ONLY], composition PROFILE, "
                  "speeds [PROFILE], byrun PROFILE, steadiness PROFILE..., mixedsteps [PROFILE], "
-                 "ragged [PROFILE]")
+                 "ragged [PROFILE], holes [PROFILE]")
     for name in what:
         print(f"== {name}")
         commands[name]()

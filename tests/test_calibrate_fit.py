@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from capplan.calibrate import fit as F
 from capplan.calibrate.sweep import GRAPH_SCAN_CONTEXT
 from capplan.errors import CalibrationError
-from capplan.profile import Profile, StepModel, StepTimer, cudagraph_capture_sizes
+from capplan.profile import Profile, StepModel, StepTimer, cudagraph_capture_sizes, row_holes
 
 TRUE = {"fixed_s": 4e-3, "per_token_s": 2e-5, "knee_tokens": 64.0, "prefill_attn_s": 1e-9,
         "decode_ctx_s": 3e-8, "per_seq_s": 5e-6, "eager_step_s": 2e-3}
@@ -262,6 +262,26 @@ def test_gemm_stairs_jump_past_128_tokens_and_every_256() -> None:
     res = F.fit_step_model(s, max_num_seqs=256, max_num_batched_tokens=8192)
     assert res.step.gemm_switch_s == pytest.approx(5e-3, rel=0.1)
     assert res.step.gemm_rows_s == pytest.approx(1e-2, rel=0.1)
+
+
+def test_gemm_holes_price_a_graphless_steps_emptier_last_row() -> None:
+    """Past the largest CUDA graph a step whose last row of 256 tokens is half empty or more
+    pays gemm_holes_s, less in proportion below half, a full row nothing (profile.py); within
+    the graphs nothing; and a fit recovers the term from steps that have it."""
+    step = StepModel(fixed_s=1e-3, per_token_s=0, knee_tokens=0, prefill_attn_s=0,
+                     decode_ctx_s=0, per_seq_s=0, gemm_holes_s=8e-3)
+    t = _timer(step)
+    at = {n: t.step_time_s(n, n, 0.0, 0) for n in (136, 2048, 2049, 2176, 2240, 2288, 2304)}
+    assert at[136] == at[2048] == at[2304] == pytest.approx(1e-3)
+    assert at[2049] == at[2176] == pytest.approx(9e-3)
+    assert at[2240] == pytest.approx(5e-3)
+    assert at[2288] == pytest.approx(2e-3)
+    s = _synthetic(4)
+    s["gpu_clock"] = np.ones(len(s["step_s"]), dtype=bool)
+    holes = np.array([row_holes(int(n)) if n > 512 else 0.0 for n in s["tokens"]])
+    s["step_s"] = s["step_s"] + 8e-3 * holes
+    res = F.fit_step_model(s, max_num_seqs=256, max_num_batched_tokens=8192)
+    assert res.step.gemm_holes_s == pytest.approx(8e-3, rel=0.1)
 
 
 def test_fixed_coefficients_are_kept() -> None:

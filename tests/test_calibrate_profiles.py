@@ -161,6 +161,26 @@ def test_the_validated_bf16_and_fp8_engines_have_a_graph_scan() -> None:
         assert not step.graph_offset_s and step.graph_ctx_s == 0.0, d
 
 
+@pytest.mark.parametrize(("key", "holes_cost"), [("fp8", True), ("awq", False)])
+def test_a_half_empty_row_of_tiles_is_priced_as_the_scan_ran_it(key: str,
+                                                                 holes_cost: bool) -> None:
+    """The H100's lone-prompt scans (calibration/_plans/h100/queue-s51.txt): on Qwen3-32B
+    FP8 a prompt whose last row of 256 tokens is half empty or more (1,920, 2,049) ran longer
+    than the full row past it (2,048, 2,304), and its profile prices it so; on AWQ it ran
+    shorter, and its profile has no such term (profile.py, gemm_holes_s)."""
+    d = CALIBRATION_DIR / "h100" / "vllm-0.26.0" / "qwen3-32b" / key
+    s = pl.read_parquet(d / "samples.parquet")
+    prof = Profile.load(d)
+    timer = StepTimer(prof, max_num_seqs=256, max_num_batched_tokens=8192)
+    assert (prof.step.gemm_holes_s > 0) is holes_cost
+    for holed, full in ((1920, 2048), (2049, 2304)):
+        ran = {n: s.filter(pl.col("point").str.starts_with(f"lone-p{n}-"))["step_s"].median()
+               for n in (holed, full)}
+        priced = {n: timer.step_time_s(n, 1, n * n / 2, 0) for n in (holed, full)}
+        assert (ran[holed] > ran[full]) is holes_cost, ran
+        assert (priced[holed] > priced[full]) is holes_cost, priced
+
+
 @pytest.mark.parametrize("d", PROFILES, ids=IDS)
 def test_kv_line_meets_measured_point(d: Path) -> None:
     """The capacity line passes within 1 % of the engine's own 0.90 figure: the points are

@@ -21,6 +21,8 @@ Step-time model (one engine step, seconds), physically shaped:
       + prefill_step_s if any prefill chunk            # piecewise, not full, CUDA graph
       + gemm_switch_s if T_pad > 128                   # quantized GEMMs' tile stairs:
       + gemm_rows_s * (ceil(T_pad / 256) - 1)          #   see below
+      + gemm_holes_s * row_holes(T) if T > the         # FP8: a last row of tiles half
+          largest capture size                         #   empty or more, see below
       + eager_step_s if T > the largest capture size   # no CUDA graph at all
       + graph_offset_s[T_pad] if decode-only and       # the graph size's own offset,
           within the largest CUDA graph                #   and its own KV read
@@ -48,6 +50,17 @@ kernels (Machete, Marlin) jump at the same counts on the H200. Measured, Gemma 4
 decodes 128 sequences in 33.3 ms and 129 in 46.4, and its MTP verify steps are flat between
 the multiples of 256 tokens and jump at them (scripts/calibration_analysis.py stairs). BF16
 GEMMs (cuBLAS) show no such stairs, and their profiles keep both terms at 0.
+
+Past the largest CUDA graph a step runs its own token count, and there FP8's GEMMs cost more
+when the last row of tiles is half empty or emptier than when it is full: measured on the
+H100 (lone prompts at 44 token counts, scripts/calibration_analysis.py holes), Qwen3-32B FP8
+runs a prompt of 2,048 tokens in 128.7 ms, 2,049 in 167.3, 2,176 in 171.0, 2,240 in 164.0 and
+2,304 in 153.9: within a row the cost falls as the row fills. `gemm_holes_s` prices it, in
+proportion to the row's empty tokens up to half a row (`row_holes`). AWQ's kernel (Machete)
+costs the whole row however empty (2,049 tokens 191.3 ms, 2,304 193.7) and BF16's cuBLAS has
+no rows: those profiles keep it at 0, and so does a profile whose runs hold no such scan,
+because the sweep's graph-less steps alone cannot tell a row's holes from the floor under
+the small ones (calibrate/build.py).
 
 A decode-only step replays the full CUDA graph captured for its padded size, and the sizes
 do not cost what the linear terms say: measured, Llama-3.1-8B FP8 decodes 16 sequences in
@@ -127,6 +140,14 @@ GEMM_SWITCH_TOKENS = 128
 """Past this many tokens the FP8 GEMM switches to its largest tiles (`gemm_switch_s`)."""
 GEMM_ROW_TOKENS = 256
 """Tokens a row of those tiles covers: two 128-row tiles a cluster (`gemm_rows_s`)."""
+
+
+def row_holes(t_pad: int) -> float:
+    """How empty the last row of tiles runs at `t_pad` tokens, in half rows, at most one:
+    0 for a full row, 1 for a row half empty or emptier (`gemm_holes_s`)."""
+    empty = -t_pad % GEMM_ROW_TOKENS
+    half = GEMM_ROW_TOKENS // 2
+    return (empty if empty < half else half) / half
 
 
 def graph_offset(offsets: dict[int, float], t_pad: int) -> float:
@@ -257,6 +278,12 @@ class StepModel(BaseModel):
         default=0.0, ge=0,
         description="per further GEMM_ROW_TOKENS tokens past the first: one more row of "
         "tile clusters",
+    )
+    gemm_holes_s: float = Field(
+        default=0.0, ge=0,
+        description="per step past the largest CUDA graph whose last row of tiles is half "
+        "empty or more, in proportion below that (row_holes; FP8's GEMMs only, see the "
+        "module docstring)",
     )
     shared_ctx_saving: float = Field(
         default=0.0, ge=0, le=1,
@@ -617,6 +644,7 @@ class StepTimer:
         "_graph_offset",
         "_graph_win",
         "_graphs",
+        "_holes",
         "_pad",
         "_prefill_step",
         "_shared",
@@ -682,6 +710,7 @@ class StepTimer:
         self._pad = [self.pad(t) for t in range(self._graph_max + 1)]
         # the GEMM stairs likewise, for a profile that has them
         self._gemm = (s.gemm_switch_s, s.gemm_rows_s)
+        self._holes = s.gemm_holes_s
         self._stairs = ([self.stairs(p) for p in self._pad]
                         if s.gemm_switch_s or s.gemm_rows_s else None)
         # a decode-only step's offset for its graph size, likewise (None: no graph scan)
@@ -816,6 +845,8 @@ class StepTimer:
                 t += self._graph_win * seqs * (mean if mean < w else w)
         if self._stairs is not None:
             t += self._stairs[tokens] if 0 <= tokens <= self._graph_max else self.stairs(t_pad)
+        if self._holes and tokens > self._graph_max:
+            t += self._holes * row_holes(tokens)
         launch = 0.0
         if tokens > self._eager_above:
             t += self._eager

@@ -37,9 +37,13 @@ from capplan.profile import (
 )
 
 UTILS = (0.85, 0.90, 0.95)
+LONE_SCAN = "lone-p"
+"""The lone-prompt scan's points (calibration/_plans/h100/qwen3-32b--fp8--r8.json): prompts at
+44 token counts, alone, which measure a row of tiles' holes (`gemm_holes_s`)."""
 BASE_COEFS = ("fixed_s", "per_token_s", "knee_tokens", "prefill_attn_s", "decode_ctx_s",
               "per_seq_s", "prefill_step_s", "eager_step_s", "decode_window_s",
-              "prefill_window_s", "eager_floor_s", "gemm_switch_s", "gemm_rows_s")
+              "prefill_window_s", "eager_floor_s", "gemm_switch_s", "gemm_rows_s",
+              "gemm_holes_s")
 # Decode attention reads BF16 KV through the same FlashAttention-3 kernel whatever the
 # weights' format, so a profile whose sweep never reached long decode contexts borrows
 # the term from the same model's BF16 profile rather than extrapolating its own.
@@ -461,7 +465,17 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     else:
         if prec == "bf16":
             # cuBLAS's BF16 GEMMs have no tile stairs to fit (profile.py, module docstring)
-            fixed.update(gemm_switch_s=0.0, gemm_rows_s=0.0)
+            fixed.update(gemm_switch_s=0.0, gemm_rows_s=0.0, gemm_holes_s=0.0)
+        elif prec != "fp8":
+            # the 4-bit kernels (Machete, Marlin) cost a whole row of tiles however empty
+            # its last is (profile.py, module docstring)
+            fixed["gemm_holes_s"] = 0.0
+        elif not df["point"].str.starts_with(LONE_SCAN).any():
+            # the sweep's graph-less steps alone do not tell a row's holes from the floor
+            # under the small ones (eager_floor_s): fitted on them, the term takes the floor's
+            # place (docs/calibration.md, "A row's holes")
+            fixed["gemm_holes_s"] = 0.0
+            notes.append("gemm_holes_s 0: no lone-prompt scan among the runs")
         if _max_decode_context(df) < MIN_DECODE_CONTEXT and base is not None:
             fixed["decode_ctx_s"] = base.step.decode_ctx_s
             notes.append(f"decode_ctx_s from {g.model}/bf16 (sweep reached decode context "

@@ -38,7 +38,8 @@ from capplan.profile import (
 Samples = Mapping[str, np.ndarray]
 COEFS = ("fixed_s", "per_token_s", "prefill_attn_s", "decode_ctx_s", "per_seq_s",
          "prefill_step_s", "eager_step_s", "decode_window_s", "prefill_window_s",
-         "draft_pass_s", "draft_token_s", "draft_seq_s", "gemm_switch_s", "gemm_rows_s")
+         "draft_pass_s", "draft_token_s", "draft_seq_s", "gemm_switch_s", "gemm_rows_s",
+         "gemm_holes_s")
 WINDOW_COEFS = ("decode_window_s", "prefill_window_s")
 DRAFT_COEFS = ("draft_pass_s", "draft_token_s", "draft_seq_s")
 KNEE_GRID = np.array([0, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512,
@@ -131,6 +132,10 @@ def design(s: Samples, knee: float, sizes: list[int], spec_k: int) -> np.ndarray
         max(spec_k - 1, 0) * s["seqs"].astype(float),
         (t_pad > GEMM_SWITCH_TOKENS).astype(float),
         np.maximum(np.ceil(t_pad / GEMM_ROW_TOKENS) - 1, 0),
+        # profile.row_holes, on the steps past the largest graph (whose t_pad is their T)
+        np.where(s["tokens"] > max(sizes, default=0),
+                 np.minimum(-t_pad % GEMM_ROW_TOKENS, GEMM_ROW_TOKENS // 2)
+                 / (GEMM_ROW_TOKENS // 2), 0.0),
     ])
 
 
