@@ -504,11 +504,12 @@ def ragged(profile: str | None = None) -> None:
     of tiles full: scaled_mm_sm90_fp8_dispatch.cuh runs clusters of two 128-row tiles past
     128 tokens); the graph scans' lone prompt of 3,328 tokens, 13 x 256, costs what the
     counts off the multiples cost on every engine that has one, BF16 (cuBLAS) among them,
-    so the forty-ninth split at 1,024, the largest stride the steps have not refuted
-    (3,072, 5,120, 6,144 and 7,168 run as cheap as 4,096). The sweep's graph-less prompt
-    steps are such multiples but for its 768-token ones and a few chunks beside decodes;
-    a serving engine's nearly never are. With no PROFILE, Qwen3-32B FP8 and AWQ and
-    Llama-3.1-8B FP8 and BF16 of the GPU (CAPPLAN_PROFILES)."""
+    so the forty-ninth split at 1,024, the largest stride the steps had not refuted
+    (3,072, 5,120, 6,144 and 7,168 run as cheap as 4,096); the fifty-first session's scan
+    (`holes`) showed the multiples of 256 cheap after all, and a half-empty last row dear.
+    The sweep's graph-less prompt steps are such multiples but for its 768-token ones and a
+    few chunks beside decodes; a serving engine's nearly never are. With no PROFILE,
+    Qwen3-32B FP8 and AWQ and Llama-3.1-8B FP8 and BF16 of the GPU (CAPPLAN_PROFILES)."""
     names = ([profile] if profile else
              ["qwen3-32b/fp8", "qwen3-32b/awq", "llama-3.1-8b/fp8", "llama-3.1-8b/bf16"])
     for name, s, pred, above in _priced(names):
