@@ -32,6 +32,7 @@ import polars as pl
 
 from capplan.calibrate import fit as F
 from capplan.calibrate import store
+from capplan.calibrate.build import LONE_SCAN
 from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.errors import CalibrationError
 from capplan.hardware import GPUS, Precision
@@ -466,7 +467,7 @@ def holes(profile: str | None = None) -> None:
     names = ([profile] if profile else
              ["qwen3-32b/fp8", "qwen3-32b/awq", "llama-3.1-8b/fp8", "llama-3.1-8b/bf16"])
     for name, s, pred, _ in _priced(names):
-        lone = np.char.startswith(s["point"].astype(str), "lone-p") & (s["decode_seqs"] == 0)
+        lone = np.char.startswith(s["point"].astype(str), LONE_SCAN) & (s["decode_seqs"] == 0)
         if not lone.any():
             continue
         tok = s["tokens"][lone]
