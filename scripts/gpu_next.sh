@@ -26,6 +26,9 @@
 # The fifty-first session's H100 lease ran the H100's scan and lone engine (and the same scan
 # on Qwen3-32B AWQ and Llama-3.1-8B FP8 and BF16) and queued Llama-3.1-8B FP8 serving lone
 # prompts (llama-3.1-8b-fp8-h100-lone, validation/h100-next.yaml) for the next H100.
+# The fifty-second session's H100 lease ran it (and calibration/_plans/h100/queue-s52.txt)
+# and queued the same engine again (llama-3.1-8b-fp8-h100-lone2): whether its ITL tail and
+# its launch speed belong to the host.
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -34,5 +37,5 @@ if nvidia-smi -L | grep -q H200; then
     LANE0="/tmp/keep/qwen3-32b-fp8-h200-lone.json /tmp/keep/llama-3.1-8b-bf16-lease2.json /tmp/keep/qwen3-32b-fp8-h200-t.json" \
     bash scripts/gpu_session.sh "$deadline"
 else
-  LANE0=/tmp/keep/llama-3.1-8b-fp8-h100-lone.json bash scripts/gpu_session.sh "$deadline"
+  LANE0=/tmp/keep/llama-3.1-8b-fp8-h100-lone2.json bash scripts/gpu_session.sh "$deadline"
 fi
