@@ -71,8 +71,8 @@ run's measured inter-token gaps (thirty-third and thirty-fourth sessions); `wave
 `leasecalls [EXPERIMENT]` the same experiment (prefix90-on-p44 unless named) on every lease
 whose engine core was traced: the core's four calls a step, median ms, beside the run's
 measured and predicted TTFT p50 / p99 and ITL p99.
-`hiccups` the closed-loop shared-prefix rows' ITL p99 beside their traced engines' slow
-decode-only steps; `hiccuptrial [SHARES] [FACTORS]` the suite with such a tail drawn on every
+`hiccups [ENGINE]` the closed-loop shared-prefix rows' ITL p99 (or every row of ENGINE) beside
+their traced engines' slow decode-only steps; `hiccuptrial [SHARES] [FACTORS]` the suite with such a tail drawn on every
 engine (forty-fourth session).
 `whichgpu` examples/which-gpu.yaml's pool on the H100 alone, sized as it is and with
 `--guard p10` and `worst` (forty-fifth session: the plan's edge on real H100s).
@@ -2347,18 +2347,24 @@ def stalls() -> None:
                 print(line)
 
 
-def hiccups() -> None:
+def hiccups(engine: str | None = None) -> None:
     """Closed-loop shared-prefix rows with prefix caching on (forty-fourth session): their
     ITL p99, measured and predicted, over every such row; and where the engine's steps were
     traced, its steady decode-only steps (no prompt in the step or the one before): their
     median gap, the share more than 1.25x that, and their p99 against the median. In such a
     row most inter-token gaps are decode-only steps (a wave's prompts come in a few steps
     between long runs of decodes), so a tail of slow ones reaches its ITL p99; the simulator
-    prices each decode-only step at its size's time and draws no such tail."""
-    rows = [r for r in compare_all() if r.arrival == "closed" and "-on-c" in r.experiment
-            and r.workload.startswith("prefix")]
+    prices each decode-only step at its size's time and draws no such tail. `hiccups ENGINE`
+    reads every row of one step-traced engine instead (fifty-second session)."""
+    if engine:
+        rows = compare_all(folders=[f for f in stored_runs() if f.name == engine])
+        label = f"{engine}'s rows"
+    else:
+        rows = [r for r in compare_all() if r.arrival == "closed" and "-on-c" in r.experiment
+                and r.workload.startswith("prefix")]
+        label = "closed-loop shared-prefix rows, caching on"
     err = np.array([r.error("itl_p99_s") for r in rows])
-    print(f"  {len(rows)} closed-loop shared-prefix rows, caching on: ITL p99 more than 10 % "
+    print(f"  {len(rows)} {label}: ITL p99 more than 10 % "
           f"low on {int((err < -0.1).sum())}, more than 10 % high on {int((err > 0.1).sum())}, "
           f"median error {np.median(err):+.1%}")
     traced = {(r.engine, r.run): r for r in rows}
@@ -2992,7 +2998,7 @@ def main() -> None:
         "probe": probe, "edge": edge, "routed": routed, "drainfit": drainfit,
         "borrowsaving": borrowsaving, "borrowcore": borrowcore, "tokengaps": tokengaps,
         "leasecalls": leasecalls, "firsttoken": firsttoken, "coresuite": coresuite,
-        "hosttrial": hosttrial, "endtrial": endtrial}
+        "hosttrial": hosttrial, "endtrial": endtrial, "hiccups": hiccups}
     # each command that takes arguments, and how many it takes at most
     with_arguments: dict[str, tuple[Callable[..., None], int]] = {
         "hostsuite": (hostsuite, 0), "whichgpu": (whichgpu, 0),
