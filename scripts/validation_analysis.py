@@ -72,8 +72,8 @@ run's measured inter-token gaps (thirty-third and thirty-fourth sessions); `wave
 whose engine core was traced: the core's four calls a step, median ms, beside the run's
 measured and predicted TTFT p50 / p99 and ITL p99.
 `hiccups [ENGINE]` the closed-loop shared-prefix rows' ITL p99 (or every row of ENGINE) beside
-their traced engines' slow decode-only steps; `hiccuptrial [SHARES] [FACTORS]` the suite with such a tail drawn on every
-engine (forty-fourth session).
+their traced engines' slow decode-only steps; `hiccuptrial [SHARES] [FACTORS]` the suite with
+such a tail drawn on every engine (forty-fourth session).
 `whichgpu` examples/which-gpu.yaml's pool on the H100 alone, sized as it is and with
 `--guard p10` and `worst` (forty-fifth session: the plan's edge on real H100s).
 `promptsteps ENGINE RUN [HOST]` a step-traced open-loop run's lone steps carrying a prompt,
