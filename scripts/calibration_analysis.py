@@ -13,6 +13,7 @@ drafter's cost and the stairs of its verify steps.
     python scripts/calibration_analysis.py mixedsteps [MODEL/KEY]  # chunk steps vs the fit
     python scripts/calibration_analysis.py ragged [MODEL/KEY]  # token counts off 256's multiples
     python scripts/calibration_analysis.py holes [MODEL/KEY]  # the lone-prompt scans, priced
+    python scripts/calibration_analysis.py launches [MODEL/KEY]  # each run's CPU launches
 
 With no argument it prints sanity and graph.
 """
@@ -1364,6 +1365,54 @@ def steadiness(profile: str) -> None:
              f"{len(win)} held-out steps have two)" if near else "- (not GPU-timed steps)"))
 
 
+def launches(profile: str = "llama-3.1-8b/fp8", tokens: int = 768) -> None:
+    """A profile's runs, one by one, as the CPU launched them (fifty-second session): each
+    run's name, the median CPU launch and step of its lone-prompt scan's steps (where it has
+    the scan) and of its `tokens`-token lone prompt, its sweep's `tokens`-token prompt steps
+    (`prefill-p{tokens}-x*`), the launch terms its steps give fitted alone, as
+    calibrate/build.py fits each run before it takes the slowest run's (or, where a run
+    finds no floor, keeps the joint fit's), and how far its points' median steps lie from
+    the other runs' medians of the same points (the GPU's side of a repeat)."""
+    d = PROFILES / profile
+    df = pl.read_parquet(d / "samples.parquet").filter(~pl.col("warmup"))
+    prof = Profile.load(d)
+    prov = json.loads((d / "provenance.json").read_text())
+    names = {1: f"{prof.model}--{prof.key}",
+             **{r["run"]: r["name"] for r in prov.get("repeat_runs", [])}}
+    eng = prof.engine
+    print(f"  {PROFILES.parent.name}/{profile}: eager_floor_s / eager_step_s / prefill_step_s "
+          f"as shipped {prof.step.eager_floor_s * 1e3:.1f} / {prof.step.eager_step_s * 1e3:.1f}"
+          f" / {prof.step.prefill_step_s * 1e3:.1f} ms")
+    med = df.group_by("run", "point").agg(pl.col("step_s").median())
+    for run in sorted(df["run"].unique().to_list()):
+        r = df.filter(pl.col("run") == run)
+        # the GPU's side: each point's median step against the other runs' medians of it
+        dev = med.filter(pl.col("run") == run).join(
+            med.filter(pl.col("run") != run).group_by("point").agg(
+                pl.col("step_s").median().alias("others")), on="point").with_columns(
+            (pl.col("step_s") / pl.col("others") - 1).abs().alias("dev")).sort("dev")
+        lone = r.filter(pl.col("point").str.starts_with(LONE_SCAN))
+        sweep = r.filter(pl.col("point").str.starts_with(f"prefill-p{tokens}-x"))
+        cells = []
+        if lone.height:
+            at = lone.filter(pl.col("tokens") == tokens)
+            cells.append(f"scan: launch {lone['cpu_launch_s'].median() * 1e3:.1f} ms, "
+                         f"{tokens} tokens {at['step_s'].median() * 1e3:.1f} ms")
+        if sweep.height:
+            cells.append(f"sweep: {tokens} tokens {sweep['step_s'].median() * 1e3:.1f} ms")
+        alone = F.fit_step_model(
+            store.samples_of(pl.read_parquet(d / "samples.parquet").filter(pl.col("run") == run)),
+            max_num_seqs=int(eng["max_num_seqs"]),  # type: ignore[call-overload]
+            max_num_batched_tokens=int(eng["max_num_batched_tokens"]),  # type: ignore[call-overload]
+            spec_k=prof.spec_k).step
+        cells.append(f"alone {alone.eager_floor_s * 1e3:.1f} / {alone.eager_step_s * 1e3:.1f}"
+                     f" / {alone.prefill_step_s * 1e3:.1f} ms")
+        if dev.height:
+            cells.append(f"its {dev.height} points a median {dev['dev'].median():.1%} from the "
+                         f"other runs' (most: {dev['point'][-1]} {dev['dev'][-1]:.0%})")
+        print(f"    run {run} {names.get(run, '?')}: " + "; ".join(cells))
+
+
 def main() -> None:
     what = sys.argv[1:] or ["sanity", "graph"]
     if what[0] == "points":
@@ -1391,6 +1440,9 @@ def main() -> None:
     if what[0] == "holes":
         holes(*what[1:2])
         return
+    if what[0] == "launches":
+        launches(*what[1:2])
+        return
     commands = {"table": table, "sanity": sanity, "graph": graph, "finishes": finishes,
                 "repeats": repeats, "cached": cached, "decode": decode, "firstuse": firstuse,
                 "floor": floor, "eagerlaunch": eagerlaunch, "drafter": drafter,
@@ -1403,7 +1455,7 @@ def main() -> None:
         sys.exit(f"calibration_analysis.py: no command {unknown[0]!r}; the commands: "
                  f"{', '.join(commands)}, points PROFILE [ONLY], composition PROFILE, "
                  "speeds [PROFILE], byrun PROFILE, steadiness PROFILE..., mixedsteps [PROFILE], "
-                 "ragged [PROFILE], holes [PROFILE]")
+                 "ragged [PROFILE], holes [PROFILE], launches [PROFILE]")
     for name in what:
         print(f"== {name}")
         commands[name]()

@@ -90,7 +90,8 @@ per metric, each way (docs/validation.md, "The H100 (thirty-second session)": th
 profile recorded before, the measured H100 profile today).
 `before COMMIT` predicts today's stored rows with the code and profiles of COMMIT (a git
 worktree of it, given today's suite and measurements) beside today's: the rows within target
-of each (and split into closed- and open-loop rows), and each named engine's rows, ITL p50,
+of each (by profile where a count moved, and split into closed- and open-loop rows), and each
+named engine's rows, ITL p50,
 throughput, TTFT p50 and ITL p99 error, then and now
 (docs/validation.md, "The tenth session"; e.g. `before 4ac8339 llama-3.1-8b-fp8-mid`).
 """
@@ -1457,6 +1458,16 @@ def before(commit: str, engines: list[str]) -> None:
         a, b = both[f"{m}_error"].abs().to_numpy(), both[f"{m}_error_now"].abs().to_numpy()
         print(f"    {m}: {(a <= t).sum()} -> {(b <= t).sum()}; mean {a.mean():.1%} -> "
               f"{b.mean():.1%}, p90 {np.percentile(a, 90):.1%} -> {np.percentile(b, 90):.1%}")
+    # each profile's rows (model, precision, GPU) where a count moved
+    both = both.with_columns(pl.when(pl.col("engine").str.contains("h100")).then(pl.lit("h100"))
+                             .otherwise(pl.lit("h200")).alias("gpu"))
+    for (model, prec, gpu), sub in sorted(both.group_by(["model", "precision", "gpu"]),
+                                          key=lambda kv: tuple(map(str, kv[0]))):
+        moved = {m: ((sub[f"{m}_error"].abs() <= t).sum(), (sub[f"{m}_error_now"].abs() <= t).sum())
+                 for m, t in TARGETS.items()}
+        if any(a != b for a, b in moved.values()):
+            print(f"  {gpu}/{model}/{prec} ({len(sub)} rows): " + ", ".join(
+                f"{m} {a} -> {b}" for m, (a, b) in moved.items() if a != b))
     for kind, pat in (("closed loop", r"-c\d"), ("open loop", r"-p")):
         sub = both.filter(pl.col("run").str.contains(pat))
         print(f"  {kind} ({len(sub)} rows): " + ", ".join(
