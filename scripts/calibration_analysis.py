@@ -1428,20 +1428,10 @@ def main() -> None:
         for profile in what[1:]:
             steadiness(profile)
         return
-    if what[0] == "speeds":
-        speeds(*what[1:2])
-        return
-    if what[0] == "mixedsteps":
-        mixedsteps(*what[1:2])
-        return
-    if what[0] == "ragged":
-        ragged(*what[1:2])
-        return
-    if what[0] == "holes":
-        holes(*what[1:2])
-        return
-    if what[0] == "launches":
-        launches(*what[1:2])
+    optional_profile = {"speeds": speeds, "mixedsteps": mixedsteps, "ragged": ragged,
+                        "holes": holes, "launches": launches}  # each takes [MODEL/KEY]
+    if what[0] in optional_profile:
+        optional_profile[what[0]](*what[1:2])
         return
     commands = {"table": table, "sanity": sanity, "graph": graph, "finishes": finishes,
                 "repeats": repeats, "cached": cached, "decode": decode, "firstuse": firstuse,
