@@ -1374,7 +1374,8 @@ def launches(profile: str = "llama-3.1-8b/fp8", tokens: int = 768) -> None:
     finds no floor, keeps the joint fit's), and how far its points' median steps lie from
     the other runs' medians of the same points (the GPU's side of a repeat)."""
     d = PROFILES / profile
-    df = pl.read_parquet(d / "samples.parquet").filter(~pl.col("warmup"))
+    every = pl.read_parquet(d / "samples.parquet")
+    df = every.filter(~pl.col("warmup"))
     prof = Profile.load(d)
     prov = json.loads((d / "provenance.json").read_text())
     names = {1: f"{prof.model}--{prof.key}",
@@ -1401,7 +1402,7 @@ def launches(profile: str = "llama-3.1-8b/fp8", tokens: int = 768) -> None:
         if sweep.height:
             cells.append(f"sweep: {tokens} tokens {sweep['step_s'].median() * 1e3:.1f} ms")
         alone = F.fit_step_model(
-            store.samples_of(pl.read_parquet(d / "samples.parquet").filter(pl.col("run") == run)),
+            store.samples_of(every.filter(pl.col("run") == run)),
             max_num_seqs=int(eng["max_num_seqs"]),  # type: ignore[call-overload]
             max_num_batched_tokens=int(eng["max_num_batched_tokens"]),  # type: ignore[call-overload]
             spec_k=prof.spec_k).step

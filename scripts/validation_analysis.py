@@ -91,8 +91,7 @@ profile recorded before, the measured H100 profile today).
 `before COMMIT` predicts today's stored rows with the code and profiles of COMMIT (a git
 worktree of it, given today's suite and measurements) beside today's: the rows within target
 of each (by profile where a count moved, and split into closed- and open-loop rows), and each
-named engine's rows, ITL p50,
-throughput, TTFT p50 and ITL p99 error, then and now
+named engine's rows, ITL p50, throughput, TTFT p50 and ITL p99 error, then and now
 (docs/validation.md, "The tenth session"; e.g. `before 4ac8339 llama-3.1-8b-fp8-mid`).
 """
 
