@@ -30,8 +30,11 @@
 # and queued the same engine again (llama-3.1-8b-fp8-h100-lone2): whether its ITL tail and
 # its launch speed belong to the host; before it, Qwen3-32B NVFP4's first H100 runs
 # (calibration/_plans/h100/queue-s52b.txt: its main run and graph scan), so that an H100 pool
-# in NVFP4 sizes on a measured profile. The queue runs first; a call sent again on the same
-# host goes on where the last stopped.
+# in NVFP4 sizes on a measured profile. The fifty-third session's ran both
+# (calibration/_plans/h100/queue-s53.txt; the main run reached 25 of its 43 points in its
+# budget) and queued the rest of that plan (queue-s53b.txt) and then Qwen3-32B NVFP4's first
+# serving rows (qwen3-32b-nvfp4-h100, validation/h100-next.yaml). The queue runs first; a
+# call sent again on the same host goes on where the last stopped.
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -40,6 +43,6 @@ if nvidia-smi -L | grep -q H200; then
     LANE0="/tmp/keep/qwen3-32b-fp8-h200-lone.json /tmp/keep/llama-3.1-8b-bf16-lease2.json /tmp/keep/qwen3-32b-fp8-h200-t.json" \
     bash scripts/gpu_session.sh "$deadline"
 else
-  QUEUE0=calibration/_plans/h100/queue-s52b.txt LANE0=/tmp/keep/llama-3.1-8b-fp8-h100-lone2.json \
+  QUEUE0=calibration/_plans/h100/queue-s53b.txt LANE0=/tmp/keep/qwen3-32b-nvfp4-h100.json \
     bash scripts/gpu_session.sh "$deadline"
 fi
