@@ -85,7 +85,7 @@ _RULES: dict[str, list[str]] = {
              "a pinned `profile` fixes the GPU, precision and drafter: none of `gpu`, "
              "`precision` and `engine.speculative` may then be `auto`"],
     "EngineConfig": ["`max_num_batched_tokens` ≥ `max_num_seqs` (vLLM 0.26.0 refuses to start "
-                     "otherwise; `auto` tries only caps within the budget)",
+                     "otherwise; `auto` on either tries only the pairs it starts)",
                      "`max_model_len` at most the model's context length (vLLM refuses more)",
                      "with `speculative.method: ngram`, `async_scheduling` is false (vLLM "
                      "cannot run that drafter asynchronously)"],
@@ -225,8 +225,8 @@ def render() -> str:
         if heading == "Pools":
             parts.append(
                 f"Precisions: {precision}, or `auto` to let `capplan size` choose. "
-                "`gpu` (with `price_per_gpu_hour` per GPU type), `engine.speculative` and "
-                "`engine.max_num_seqs` may be `auto` too: `capplan size` sizes every candidate "
+                "`gpu` (with `price_per_gpu_hour` per GPU type), `engine.speculative`, "
+                "`engine.max_num_seqs` and `engine.max_num_batched_tokens` may be `auto` too: `capplan size` sizes every candidate "
                 "and keeps the cheapest (on one GPU type, the fewest GPUs), then a measured "
                 "profile over the roofline, then the widest SLO margin; `capplan simulate` "
                 "needs them set.\n"

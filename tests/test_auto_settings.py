@@ -1,5 +1,5 @@
-"""Settings a traffic file leaves `auto` (`engine.speculative`, `engine.max_num_seqs`, with
-`precision`): `auto` lives only in the YAML-facing engine, the solver sizes the candidates
+"""Settings a traffic file leaves `auto` (`engine.speculative`, `engine.max_num_seqs`,
+`engine.max_num_batched_tokens`, with `precision`): `auto` lives only in the YAML-facing engine, the solver sizes the candidates
 calibrated profiles exist for and keeps the fewest GPUs, then the widest SLO margin, and
 nothing simulates or deploys a placeholder."""
 
@@ -21,7 +21,12 @@ from capplan.modelspec import load_model_spec
 from capplan.pool import EngineConfig, Pool, SpeculativeConfig
 from capplan.report.runs import planned_mix
 from capplan.sim.run import setup_pool, simulate
-from capplan.solve.choose import MAX_NUM_SEQS_LADDER, candidates, label
+from capplan.solve.choose import (
+    MAX_NUM_BATCHED_TOKENS_LADDER,
+    MAX_NUM_SEQS_LADDER,
+    candidates,
+    label,
+)
 from capplan.solve.options import floors_of, size_mix, with_pool
 from capplan.solve.plan import Plan
 
@@ -29,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
 OPEN = DATA / "size-open.yaml"
 SEQS = DATA / "size-open-seqs.yaml"
+BUDGET = ROOT / "examples" / "token-budget.yaml"
 DRAFTERS = ["no speculation", "draft_model k=2", "draft_model k=4"]
 
 
@@ -83,6 +89,8 @@ def test_fixing_a_setting_closes_it() -> None:
     [
         ("max_num_seqs: auto}", "max_num_seqs: many}", "pools.0.engine.max_num_seqs"),
         ("max_num_seqs: auto}", "max_num_seqs: 0}", "pools.0.engine.max_num_seqs"),
+        ("max_num_seqs: auto}", "max_num_seqs: auto, max_num_batched_tokens: some}",
+         "pools.0.engine.max_num_batched_tokens"),
         ("speculative: auto,", "speculative: sometimes,", "pools.0.engine.speculative"),
         ("max_replicas: 8", "max_replicas: 8\n    profile: h200/llama-3.1-8b/bf16", "pools.0"),
         # vLLM 0.26.0 refuses a token budget below the cap (vllm/config/scheduler.py)
@@ -163,6 +171,58 @@ def test_the_ladder_stops_at_the_token_budget(tmp_path: Path) -> None:
                           "max_num_seqs: auto, max_num_batched_tokens: 512}"))
     caps = {c.engine.max_num_seqs for c in candidates(mix.pool("docs"))}
     assert caps == {n for n in MAX_NUM_SEQS_LADDER if n <= 512} and 1024 not in caps
+
+
+def test_the_budget_ladder_keeps_what_vllm_starts(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """max_num_batched_tokens: auto tries the ladder, largest first, less what vLLM 0.26.0
+    refuses to start: a budget below max_num_seqs (fixed at 1024 here, or each step of its
+    own ladder), one a draft model's slots fill (vllm/config/vllm.py), one below a picture's
+    tokens where the pool takes pictures."""
+    pool = load_mix(BUDGET).pool("rag")
+    assert pool.open_settings == ["engine.max_num_batched_tokens"]
+    cands = candidates(pool)
+    assert [c.engine.max_num_batched_tokens for c in cands] == [8192, 4096, 2048, 1024]
+    assert [label(c, pool.open_settings) for c in cands][-1] == "fp8, max_num_batched_tokens 1024"
+    both = load_mix(_write(tmp_path, OPEN, "max_num_seqs: auto}",
+                           "max_num_seqs: auto, max_num_batched_tokens: auto}")).pool("docs")
+    pairs = [(c.engine.speculative, c.engine.max_num_seqs, c.engine.max_num_batched_tokens)
+             for c in candidates(both)]
+    assert all(b >= n for _, n, b in pairs) and (None, 512, 512) in pairs
+    drafted = [(n, b) for sc, n, b in pairs if sc is not None]
+    assert drafted and all(b > n for n, b in drafted) and (512, 1024) in drafted
+    assert len(pairs) == len(set(pairs))
+    # Gemma 4's pictures are 280 tokens, under every step; one of 1,100 tokens loses three
+    gemma = load_mix(_write(tmp_path, BUDGET, "model: llama-3.1-8b", "model: gemma-4-31b"))
+    spec = load_model_spec("gemma-4-31b")
+    assert spec.images_whole and spec.image_tokens_per_image < min(MAX_NUM_BATCHED_TOKENS_LADDER)
+    big = spec.model_copy(update={"image_tokens_per_image": 1100})
+    monkeypatch.setattr("capplan.solve.choose.load_model_spec", lambda _: big)
+    engine = gemma.pool("rag").engine.model_copy(update={"max_num_seqs": 256})
+    for e, want in ((engine, {2048, 4096, 8192}),
+                    (engine.model_copy(update={"limit_mm_per_prompt": {"image": 0}}),
+                     set(MAX_NUM_BATCHED_TOKENS_LADDER))):
+        pool = gemma.pool("rag").model_copy(update={"engine": e})
+        assert {c.engine.max_num_batched_tokens for c in candidates(pool)} == want
+
+
+def test_a_smaller_budget_can_need_fewer_gpus() -> None:
+    """Long prompts under a tight ITL SLO: vLLM's default 8,192-token budget stalls the
+    decodes beside a prompt's chunk; the plan picks a smaller budget, needs fewer GPUs than
+    the default and says so, and deploy passes the chosen budget to `vllm serve`."""
+    mix = load_mix(BUDGET)
+    plan = size_mix(mix, quick=True, advice=False)
+    p = plan.pools[0]
+    chosen = p.engine["max_num_batched_tokens"]
+    assert p.auto == ["engine.max_num_batched_tokens"] and chosen < 8192
+    default = next(r for r in p.runners_up if r.engine["max_num_batched_tokens"] == 8192)
+    assert default.gpus is not None and default.gpus > p.gpus
+    pool = mix.pool("rag")
+    fixed = with_pool(mix, pool.model_copy(update={"engine": pool.engine.fixed(
+        max_num_batched_tokens=chosen)}))
+    assert size_mix(fixed, quick=True, advice=False).gpus == p.gpus
+    argv = serve_command(PoolDeploy.from_pool_plan(p), load_model_spec(p.model))
+    assert argv[argv.index("--max-num-batched-tokens") + 1] == str(chosen)
 
 
 # -- the choice ---------------------------------------------------------------------------------

@@ -5,14 +5,14 @@ Defaults are vLLM 0.26.0's for `vllm serve` on a GPU with >= 70 GiB (H100/H200):
 1024 seqs), `vllm/config/cache.py` (gpu_memory_utilization 0.92, prefix caching on),
 block size 16 (FlashAttention's), `vllm/config/scheduler.py` (fcfs, async scheduling on).
 
-A traffic file may leave `gpu`, `precision`, `engine.speculative` and `engine.max_num_seqs`
-open (`auto`) for `capplan size` to choose; an open `gpu` takes its candidates and their prices
-from `price_per_gpu_hour`, given per GPU (`{h100: 2.9, h200: 3.7}`). An open engine setting
-is not a value of its field: the field keeps its type (an int, a SpeculativeConfig or None)
-and holds vLLM's default as a placeholder, the engine remembers which settings are open
-(`EngineConfig.auto`) and dumps them as `auto`. Nothing may simulate or deploy an engine with
-open settings (`profiles.resolve_profile` and deploy refuse it); `EngineConfig.fixed` closes
-them.
+A traffic file may leave `gpu`, `precision`, `engine.speculative`, `engine.max_num_seqs` and
+`engine.max_num_batched_tokens` open (`auto`) for `capplan size` to choose; an open `gpu`
+takes its candidates and their prices from `price_per_gpu_hour`, given per GPU (`{h100: 2.9,
+h200: 3.7}`). An open engine setting is not a value of its field: the field keeps its type
+(an int, a SpeculativeConfig or None) and holds vLLM's default as a placeholder, the engine
+remembers which settings are open (`EngineConfig.auto`) and dumps them as `auto`. Nothing
+may simulate or deploy an engine with open settings (`profiles.resolve_profile` and deploy
+refuse it); `EngineConfig.fixed` closes them.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from capplan.hardware import GPUS, Precision
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-AutoSetting = Literal["speculative", "max_num_seqs"]
+AutoSetting = Literal["speculative", "max_num_seqs", "max_num_batched_tokens"]
 PoolHost = Literal["median", "slowest", "fastest", "any"]
 """Whose engine core a pool is priced on (Pool.host): profile.HOSTS, or `any` of them."""
-AUTO_SETTINGS: tuple[AutoSetting, ...] = ("speculative", "max_num_seqs")
+AUTO_SETTINGS: tuple[AutoSetting, ...] = ("speculative", "max_num_seqs", "max_num_batched_tokens")
 """Engine settings a traffic file may leave `auto` for `capplan size` to choose."""
 
 
@@ -113,7 +113,11 @@ class EngineConfig(InputModel):
         default=1024, ge=1, json_schema_extra=_or_auto,
         description="auto: `capplan size` tries 64, 128, 256, 512 and 1024",
     )
-    max_num_batched_tokens: int = Field(default=8192, ge=16)
+    max_num_batched_tokens: int = Field(
+        default=8192, ge=16, json_schema_extra=_or_auto,
+        description="the scheduler's token budget a step, so the largest prefill chunk; auto: "
+        "`capplan size` tries 512, 1024, 2048, 4096 and 8192",
+    )
     gpu_memory_utilization: float = Field(default=0.92, gt=0, le=1)
     max_model_len: int | None = Field(default=None, ge=16, description="None: the model's")
     block_size: int = Field(default=16, ge=1)
@@ -141,7 +145,8 @@ class EngineConfig(InputModel):
             auto = {k for k in AUTO_SETTINGS if data.get(k) == "auto"}
             data = {k: v for k, v in data.items() if k not in auto}
         engine = handler(data)
-        if "max_num_seqs" not in auto and engine.max_num_batched_tokens < engine.max_num_seqs:
+        if (not auto & {"max_num_seqs", "max_num_batched_tokens"}
+                and engine.max_num_batched_tokens < engine.max_num_seqs):
             # vllm/config/scheduler.py, SchedulerConfig.verify_max_model_len: the engine
             # refuses to start (`vllm serve` defaults max_num_seqs to 1024 on an H200)
             raise ValueError(
@@ -171,11 +176,11 @@ class EngineConfig(InputModel):
                              "it out")
         return {**data, "async_scheduling": False}
 
-    @field_validator("max_num_seqs", mode="before")
+    @field_validator("max_num_seqs", "max_num_batched_tokens", mode="before")
     @classmethod
-    def _seqs_word(cls, v: Any) -> Any:
+    def _count_word(cls, v: Any) -> Any:
         if isinstance(v, str) and not v.isdigit():
-            raise ValueError(f"expected a whole number >= 1 or auto, got {v!r}")
+            raise ValueError(f"expected a whole number or auto, got {v!r}")
         return v
 
     @field_validator("speculative", mode="before")
@@ -315,7 +320,9 @@ class Pool(InputModel):
 
     @model_validator(mode="after")
     def _pinned_profile_is_fixed(self) -> Pool:
-        opened = [f for f in self.open_settings if f != "engine.max_num_seqs"]
+        # the caps change no step's time, so a pinned profile leaves them free
+        opened = [f for f in self.open_settings
+                  if f not in ("engine.max_num_seqs", "engine.max_num_batched_tokens")]
         if self.profile is not None and opened:
             raise ValueError(
                 f"profile {self.profile!r} pins the step times of one GPU, precision and "
@@ -337,6 +344,7 @@ _HOW_TO_FIX = {
     "engine.speculative": "set null (no speculative decoding) or {method: ..., "
     "num_speculative_tokens: k}",
     "engine.max_num_seqs": "set a number (vLLM 0.26.0's default on H200 is 1024)",
+    "engine.max_num_batched_tokens": "set a number (vLLM 0.26.0's `vllm serve` default is 8192)",
 }
 
 

@@ -1,16 +1,18 @@
 """What the mix leaves open: a pool's candidate configurations, and the one chosen.
 
-A pool may leave `gpu`, `precision`, `engine.speculative` and `engine.max_num_seqs` `auto`.
-The candidates are the product of the open settings' values: every GPU the pool prices
-(`price_per_gpu_hour` per GPU type); every precision (a measured profile, else the analytic
-one); no speculation plus every speculative configuration measured for the model on that GPU
-at that precision; the `max_num_seqs` ladder. The seeds' rule decides: throughput *under the
+A pool may leave `gpu`, `precision`, `engine.speculative`, `engine.max_num_seqs` and
+`engine.max_num_batched_tokens` `auto`. The candidates are the product of the open settings'
+values: every GPU the pool prices (`price_per_gpu_hour` per GPU type); every precision (a
+measured profile, else the analytic one); no speculation plus every speculative configuration
+measured for the model on that GPU at that precision; the `max_num_seqs` ladder; the token
+budget's ladder, less the pairs vLLM refuses to start (a budget below the cap, or below a
+picture's tokens where the pool takes pictures). The seeds' rule decides: throughput *under the
 SLO*, not peak throughput, so the cheapest configuration that meets every SLO wins (on one GPU
 type, the fewest GPUs), and among equal costs a measured profile before the analytic
 roofline, then the best SLO margin (the most headroom for the same money).
 
-The product can be large (4 precisions x 3 drafters x 5 ladder steps), so with more than
-FINALISTS candidates each is first sized by the quick search (`--quick`'s short probes),
+The product can be large (4 precisions x 3 drafters x 5 steps of each ladder), so with more
+than FINALISTS candidates each is first sized by the quick search (`--quick`'s short probes),
 and only the best FINALISTS get the full probe search, seeded with the quick answer.
 Confirmation (every seed at confirmation length) runs on the leader and on every finalist
 whose probe answer is cheaper than the best confirmed so far, or as cheap (to compare
@@ -28,6 +30,7 @@ from typing import Any
 from capplan.errors import ConfigError, InfeasibleError
 from capplan.hardware import Precision
 from capplan.mix import TrafficMix
+from capplan.modelspec import load_model_spec
 from capplan.pool import EngineConfig, Pool, SpeculativeConfig
 from capplan.profile import HOSTS
 from capplan.profiles import measured_speculative
@@ -46,6 +49,16 @@ for latency-bound pools (a lower cap shortens decode steps, so ITL, at the price
 before admission, so TTFT) while staying cheap to search: five candidates per other setting.
 The shipped profiles were measured at batches up to 256 (64 with draft_model k=4); steps of
 larger batches are extrapolated and the plan counts them (`extrapolated_steps`)."""
+
+MAX_NUM_BATCHED_TOKENS_LADDER = (512, 1024, 2048, 4096, 8192)
+"""`max_num_batched_tokens: auto` tries these. The budget is the largest prefill chunk a step
+takes (vllm/v1/core/sched/scheduler.py, `token_budget`): a smaller one keeps a long prompt
+from stalling the decodes beside it for a whole large chunk (ITL), at the price of more steps,
+each paying the weights' read, to finish it (TTFT and throughput); the seeds' tuning primer
+names this trade. 8192 is `vllm serve`'s default (src/capplan/pool.py) and the largest: the
+shipped profiles timed prefill chunks up to 8,192 tokens, so a larger budget would price
+steps outside their box. 512 is the smallest the validation suite served (the H200's
+Llama-3.1-8B priority rows)."""
 
 FINALISTS = 3
 """Candidates given the full probe search after the quick screen; also the most that are
@@ -139,6 +152,11 @@ def candidates(pool: Pool) -> list[Pool]:
     if not pool.open_settings:
         return [pool]
     auto = pool.engine.auto
+    # a picture's tokens are scheduled in one step (sim/run.py setup_pool: vLLM refuses a
+    # budget below them where the pool takes pictures)
+    spec = load_model_spec(pool.model)
+    least = (spec.image_tokens_per_image
+             if spec.images_whole and not pool.engine.text_only else 0)
     precisions = AUTO_PRECISIONS if pool.precision == "auto" else (Precision(pool.precision),)
     out = []
     # cheapest GPU first: ties in cost and margin keep the earlier candidate
@@ -150,16 +168,23 @@ def candidates(pool: Pool) -> list[Pool]:
             else [pool.engine.speculative]
         )
         # largest first: among candidates equal in GPUs and margin the earlier one is kept, and
-        # a cap that does not bind is best left high (vLLM's default, room for bursts)
-        # vLLM refuses a cap above the token budget (pool.py: EngineConfig)
-        seqs = (tuple(n for n in reversed(MAX_NUM_SEQS_LADDER)
-                      if n <= pool.engine.max_num_batched_tokens)
-                if "max_num_seqs" in auto else (pool.engine.max_num_seqs,))
-        for sc in drafters:
-            for n in seqs:
-                values: dict[str, Any] = {"speculative": sc, "max_num_seqs": n}
-                engine = pool.engine.fixed(**{k: v for k, v in values.items() if k in auto})
-                out.append(on_gpu.model_copy(update={"precision": precision, "engine": engine}))
+        # a cap or a budget that does not bind is best left high (vLLM's default, room for
+        # bursts, fewer steps a prompt)
+        seqs = (tuple(reversed(MAX_NUM_SEQS_LADDER)) if "max_num_seqs" in auto
+                else (pool.engine.max_num_seqs,))
+        budgets = (tuple(b for b in reversed(MAX_NUM_BATCHED_TOKENS_LADDER) if b >= least)
+                   if "max_num_batched_tokens" in auto else (pool.engine.max_num_batched_tokens,))
+        for sc, n, b in itertools.product(drafters, seqs, budgets):
+            if b < n:  # vLLM refuses a cap above the token budget (pool.py: EngineConfig)
+                continue
+            values: dict[str, Any] = {"speculative": sc, "max_num_seqs": n,
+                                      "max_num_batched_tokens": b}
+            engine = pool.engine.fixed(**{k: v for k, v in values.items() if k in auto})
+            if engine.max_num_scheduled_tokens <= 0:
+                # a draft model's slots take the whole budget: vLLM refuses to start
+                # (vllm/config/vllm.py, VllmConfig._set_max_num_scheduled_tokens)
+                continue
+            out.append(on_gpu.model_copy(update={"precision": precision, "engine": engine}))
     return out
 
 
@@ -207,7 +232,8 @@ class _Option:
         candidate), then a measured profile before the analytic roofline (a margin on the
         roofline is no measurement's), then the widest SLO margin (to 0.01 %: closer is a
         tie), then step times inside the calibrated box; further ties keep the candidates'
-        order (the cheapest GPU, no speculation, the largest max_num_seqs first)."""
+        order (the cheapest GPU, no speculation, the largest max_num_seqs, then the largest
+        token budget first)."""
         return self.cost(), self.analytic, -round(self.margin, 4), self.extrapolated > 0
 
     def size(self, mix: TrafficMix, settings: SearchSettings, *, level: str, floor: int,
