@@ -33,9 +33,10 @@
 # in NVFP4 sizes on a measured profile. The fifty-third session's ran both
 # (calibration/_plans/h100/queue-s53.txt; the main run reached 25 of its 43 points in its
 # budget) and queued the rest of that plan and its whole graph scan (queue-s53b.txt), then the
-# token budget's first serving rows between 512 and 8,192 (llama-3.1-8b-fp8-h100-budget1k and
-# -budget8k: max_num_batched_tokens: auto sizes examples/token-budget.yaml's RAG prompts at
-# half the GPUs of vLLM's default) and Qwen3-32B NVFP4's first serving rows
+# token budget's first serving rows between 512 and 8,192: examples/which-gpu.yaml's H100
+# pool at a 1,024-token budget (qwen3-32b-fp8-h100-budget1k: the plan's advice says 2 H100s
+# where 8,192 needs 4) and examples/token-budget.yaml's RAG prompts on both budgets
+# (llama-3.1-8b-fp8-h100-budget1k, -budget8k); then Qwen3-32B NVFP4's first serving rows
 # (qwen3-32b-nvfp4-h100), all in validation/h100-next.yaml. The queue runs first; a
 # call sent again on the same host goes on where the last stopped.
 set -u
@@ -47,6 +48,6 @@ if nvidia-smi -L | grep -q H200; then
     bash scripts/gpu_session.sh "$deadline"
 else
   QUEUE0=calibration/_plans/h100/queue-s53b.txt \
-    LANE0="/tmp/keep/llama-3.1-8b-fp8-h100-budget1k.json /tmp/keep/llama-3.1-8b-fp8-h100-budget8k.json /tmp/keep/qwen3-32b-nvfp4-h100.json" \
+    LANE0="/tmp/keep/qwen3-32b-fp8-h100-budget1k.json /tmp/keep/llama-3.1-8b-fp8-h100-budget1k.json /tmp/keep/llama-3.1-8b-fp8-h100-budget8k.json /tmp/keep/qwen3-32b-nvfp4-h100.json" \
     bash scripts/gpu_session.sh "$deadline"
 fi

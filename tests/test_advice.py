@@ -3,9 +3,12 @@ table: latency-bound and batch traffic in separate pools)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from capplan.mix import load_mix
+from capplan.mix import TrafficMix, load_mix
+from capplan.pool import EngineConfig
+from capplan.solve.choose import MAX_NUM_BATCHED_TOKENS_LADDER, with_pool
 from capplan.solve.options import size_mix
 
 MIXED = Path(__file__).parent / "data" / "size-mixed-batch.yaml"
@@ -30,3 +33,40 @@ def test_pool_of_only_latency_workloads_gets_no_batch_pool_advice() -> None:
     only_chat = mix.model_copy(update={"workloads": [mix.workloads[0]]})
     plan = size_mix(only_chat, quick=True)
     assert not [a for a in plan.pools[0].advice if a.kind == "batch_pool"]
+
+
+BUDGET = Path(__file__).parents[1] / "examples" / "token-budget.yaml"
+
+
+def _fixed_budget(budget: int) -> TrafficMix:
+    """examples/token-budget.yaml with its token budget fixed instead of left `auto` (and
+    max_num_seqs within it, as vLLM needs)."""
+    mix = load_mix(BUDGET)
+    pool = mix.pools[0]
+    engine = EngineConfig.model_validate(
+        {**pool.engine.model_dump(mode="json"), "max_num_batched_tokens": budget,
+         "max_num_seqs": min(budget, pool.engine.max_num_seqs)})
+    return with_pool(mix, pool.model_copy(update={"engine": engine}))
+
+
+def test_a_binding_itl_at_a_fixed_budget_gets_token_budget_advice() -> None:
+    """Long prompts under a tight ITL SLO at vLLM's default budget: the advice names a smaller
+    budget and the GPUs it needs, the same count the pool sized at that budget gets, and
+    fewer than the plan's."""
+    plan = size_mix(_fixed_budget(8192), quick=True)
+    (pool,) = plan.pools
+    assert pool.binding_slo.startswith("itl")
+    (a,) = [a for a in pool.advice if a.kind == "token_budget"]
+    budget = int(re.search(r"max_num_batched_tokens (\d+)", a.message)[1])  # type: ignore[index]
+    assert budget in MAX_NUM_BATCHED_TOKENS_LADDER and budget < 8192
+    assert a.gpus_saved is not None and a.gpus_saved > 0
+    smaller = size_mix(_fixed_budget(budget), quick=True, advice=False).pools[0]
+    assert f"needs {smaller.gpus} GPUs" in a.message and smaller.gpus < pool.gpus
+
+
+def test_no_token_budget_advice_where_the_budget_was_searched_or_is_the_least() -> None:
+    """A budget left `auto` was searched (the runners-up say what each needs), and the
+    smallest budget has nothing smaller to try: no token-budget advice either way."""
+    for mix in (load_mix(BUDGET), _fixed_budget(min(MAX_NUM_BATCHED_TOKENS_LADDER))):
+        plan = size_mix(mix, quick=True)
+        assert not [a for a in plan.pools[0].advice if a.kind == "token_budget"]

@@ -1,7 +1,7 @@
 """Settings a traffic file leaves `auto` (`engine.speculative`, `engine.max_num_seqs`,
-`engine.max_num_batched_tokens`, with `precision`): `auto` lives only in the YAML-facing engine, the solver sizes the candidates
-calibrated profiles exist for and keeps the fewest GPUs, then the widest SLO margin, and
-nothing simulates or deploys a placeholder."""
+`engine.max_num_batched_tokens`, with `precision`): `auto` lives only in the YAML-facing
+engine, the solver sizes the candidates calibrated profiles exist for and keeps the fewest
+GPUs, then the widest SLO margin, and nothing simulates or deploys a placeholder."""
 
 from __future__ import annotations
 

@@ -17,12 +17,12 @@ import numpy as np
 from capplan.errors import ConfigError, InfeasibleError
 from capplan.memory import failure_for
 from capplan.mix import TrafficMix
-from capplan.pool import Pool, SpeculativeConfig
+from capplan.pool import EngineConfig, Pool, SpeculativeConfig
 from capplan.profile import StepTimer
 from capplan.profiles import measured_speculative
 from capplan.sim.run import PoolSetup
 from capplan.solve import jobs
-from capplan.solve.choose import AUTO_PRECISIONS, PoolChoice, choose, with_pool
+from capplan.solve.choose import AUTO_PRECISIONS, PoolChoice, candidates, choose, with_pool
 from capplan.solve.plan import Advice, InfeasiblePool, Plan, PoolPlan, pool_plan
 from capplan.solve.search import SearchSettings, Sizer, worst_check
 from capplan.traffic import ClosedLoop, GammaArrival, PoissonArrival, Workload
@@ -184,6 +184,45 @@ def batch_pool_advice(
     return _split_advice("batch_pool", what, "them", choice.probe_replicas, alone, rest, pool.tp)
 
 
+def budget_advice(mix: TrafficMix, choice: PoolChoice, settings: SearchSettings) -> Advice | None:
+    """Where an inter-token SLO binds a pool whose token budget the mix fixed: the GPUs at the
+    smaller budgets `max_num_batched_tokens: auto` would try (solve/choose.py: a prompt's
+    chunk stalls the decodes beside it for a step of up to the budget), by probe runs against
+    the pool's probe answer; said only where one saves GPUs (the fewest GPUs, then the
+    larger budget)."""
+    pool = choice.sizing.setup.pool
+    found = worst_check(choice.sizing.result)
+    if found is None or not found[1].key.startswith(("itl", "tpot")):
+        return None
+    if "engine.max_num_batched_tokens" in choice.auto:
+        return None  # searched already: the plan's runners-up say what each budget needs
+    now = pool.engine.max_num_batched_tokens
+    opened = pool.model_copy(update={"engine": EngineConfig.model_validate(
+        {**pool.engine.model_dump(mode="json"), "max_num_batched_tokens": "auto"})})
+    best: tuple[int, int] | None = None
+    for cand in candidates(opened):
+        budget = cand.engine.max_num_batched_tokens
+        if budget >= now:
+            continue
+        try:
+            n = Sizer(with_pool(mix, cand), pool.name, settings).search()
+        except InfeasibleError:
+            continue
+        if best is None or n < best[1]:
+            best = (budget, n)
+    if best is None or best[1] >= choice.probe_replicas:
+        return None
+    budget, n = best
+    saved = (choice.probe_replicas - n) * pool.tp
+    return Advice(
+        kind="token_budget",
+        message=(f"token budget: engine.max_num_batched_tokens {budget} (or auto) needs "
+                 f"{n * pool.tp} GPUs against {choice.probe_replicas * pool.tp} at {now} (probe "
+                 f"runs): a prompt's chunk stalls the decodes beside it for less; saves {saved}"),
+        gpus_saved=saved,
+    )
+
+
 def text_only_advice(mix: TrafficMix, setup: PoolSetup) -> Advice | None:
     """A pool with no image workload that still reserves the vision encoder's memory."""
     pool = setup.pool
@@ -332,6 +371,7 @@ def size_mix(
             chosen = with_pool(m, choice.sizing.setup.pool)
             for a in (split_advice(chosen, choice, settings),
                       batch_pool_advice(chosen, choice, settings),
+                      budget_advice(chosen, choice, settings),
                       text_only_advice(chosen, choice.sizing.setup)):
                 if a is not None:
                     notes.append(a)

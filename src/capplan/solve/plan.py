@@ -187,7 +187,7 @@ class Advice(BaseModel):
     """A computed suggestion: what to change, and the GPUs or KV it saves (negative: costs)."""
 
     model_config = _FROZEN
-    kind: Literal["split", "text_only", "batch_pool", "encoder", "memory"]
+    kind: Literal["split", "text_only", "batch_pool", "encoder", "memory", "token_budget"]
     message: str
     gpus_saved: int | None = None
     kv_gain: float | None = None
