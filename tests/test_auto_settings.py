@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from capplan.cli import main
 from capplan.deploy import PoolDeploy, serve_command
@@ -204,6 +206,47 @@ def test_the_budget_ladder_keeps_what_vllm_starts(tmp_path: Path,
                      set(MAX_NUM_BATCHED_TOKENS_LADDER))):
         pool = gemma.pool("rag").model_copy(update={"engine": e})
         assert {c.engine.max_num_batched_tokens for c in candidates(pool)} == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(seqs=st.one_of(st.just("auto"), st.integers(1, 9000)),
+       budget=st.one_of(st.just("auto"), st.integers(16, 9000)),
+       spec=st.sampled_from(["auto", None, {"method": "draft_model", "num_speculative_tokens": 4}]))
+def test_every_candidate_is_an_engine_vllm_starts(seqs: object, budget: object,
+                                                  spec: object) -> None:
+    """Property: whatever the mix fixes or leaves open among the cap, the budget and the
+    drafter, every candidate closes them all at values vLLM 0.26.0 starts with: a budget of
+    at least the cap, leaving a draft model's slots room to schedule a token."""
+    if isinstance(seqs, int) and isinstance(budget, int) and budget < seqs:
+        return  # a mix vLLM refuses: the schema says so (test_bad_values_are_one_line_errors)
+    engine = EngineConfig.model_validate({"max_model_len": 8192, "max_num_seqs": seqs,
+                                          "max_num_batched_tokens": budget, "speculative": spec})
+    pool = open_mix().pool("docs").model_copy(update={"engine": engine})
+    cands = candidates(pool)
+    if not pool.open_settings:
+        assert cands == [pool]  # a fixed pool vLLM refuses is the user's to fix (sim/run.py)
+        return
+    for c in cands:
+        e = c.engine
+        assert not c.open_settings
+        assert e.max_num_batched_tokens >= e.max_num_seqs and e.max_num_scheduled_tokens > 0
+        if budget == "auto":
+            assert e.max_num_batched_tokens in MAX_NUM_BATCHED_TOKENS_LADDER
+        if seqs == "auto":
+            assert e.max_num_seqs in MAX_NUM_SEQS_LADDER
+
+
+def test_ladders_that_leave_nothing_vllm_starts_are_one_line(tmp_path: Path) -> None:
+    """A cap above every budget the ladder tries: not an infeasible plan but bad input, one
+    line naming the file, the pool's engine and the fix (exit 2), nothing written."""
+    bad = _write(tmp_path, BUDGET, "max_num_batched_tokens: auto}",
+                 "max_num_batched_tokens: auto, max_num_seqs: 9000}")
+    out = tmp_path / "plan.json"
+    r = CliRunner().invoke(main, ["size", "--traffic", str(bad), "--quick", "--out", str(out)])
+    assert r.exit_code == 2, r.output
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {bad}: pools.0.engine: ")
+    assert "lower max_num_seqs" in lines[0] and not out.exists()
 
 
 def test_a_smaller_budget_can_need_fewer_gpus() -> None:

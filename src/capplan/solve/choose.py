@@ -319,8 +319,17 @@ def _options(mix: TrafficMix, pool: Pool) -> list[_Option]:
     opened = pool.open_settings
     if not opened:  # a fixed pool that cannot start is the user's error, not a lost candidate
         return [_option(mix, pool, label(pool, []))]
+    cands = candidates(pool)
+    if not cands:  # the ladders left nothing vLLM starts beside what the mix fixed
+        i = [p.name for p in mix.pools].index(pool.name)
+        raise ConfigError(
+            f"no value of {', '.join(f.removeprefix('engine.') for f in opened)} left auto "
+            "gives an engine vLLM 0.26.0 starts: it needs max_num_batched_tokens >= "
+            "max_num_seqs (above it with a draft model, at least a picture's tokens where "
+            "pictures come); lower max_num_seqs, or set max_num_batched_tokens at or above it",
+            file=mix.source, field=f"pools.{i}.engine")
     out = []
-    for cand in candidates(pool):
+    for cand in cands:
         name = label(cand, opened)
         try:
             out.append(_option(mix, cand, name))
