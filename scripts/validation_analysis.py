@@ -76,6 +76,8 @@ their traced engines' slow decode-only steps; `hiccuptrial [SHARES] [FACTORS]` t
 such a tail drawn on every engine (forty-fourth session).
 `whichgpu` examples/which-gpu.yaml's pool on the H100 alone, sized as it is and with
 `--guard p10` and `worst` (forty-fifth session: the plan's edge on real H100s).
+`budgets` every row by its engine's token budget (max_num_batched_tokens): rows within target
+and the signed errors' median, p10 and p90 per metric (fifty-third session).
 `promptsteps ENGINE RUN [HOST]` a step-traced open-loop run's lone steps carrying a prompt,
 measured and simulated (on the median host's core, or HOST's): the record before each, its
 own and what the two cost over two decode-only steps, by its prompt's tokens (forty-fifth
@@ -2357,6 +2359,25 @@ def stalls() -> None:
                 print(line)
 
 
+def budgets() -> None:
+    """Every row by its engine's token budget (`max_num_batched_tokens`, fifty-third session:
+    `capplan size` may now choose it): rows within target and the median signed error per
+    metric, for each budget the suite has served."""
+    budget_of = {f.name: json.loads((f / "run.json").read_text())["pool"]["engine"]
+                 ["max_num_batched_tokens"] for f in stored_runs()}
+    rows = compare_all()
+    for budget in sorted({budget_of[r.engine] for r in rows}):
+        sub = [r for r in rows if budget_of[r.engine] == budget]
+        engines = sorted({r.engine for r in sub})
+        print(f"  max_num_batched_tokens {budget}: {len(sub)} rows of {len(engines)} engines"
+              + (f" ({', '.join(engines)})" if len(engines) <= 12 else ""))
+        for m, t in TARGETS.items():
+            err = np.array([r.error(m) for r in sub])
+            print(f"    {m}: {int((np.abs(err) <= t).sum())} / {len(sub)} within {t:.0%}, "
+                  f"median {np.median(err):+.1%} (p10 {np.percentile(err, 10):+.1%}, "
+                  f"p90 {np.percentile(err, 90):+.1%})")
+
+
 def hiccups(engine: str | None = None) -> None:
     """Closed-loop shared-prefix rows with prefix caching on (forty-fourth session): their
     ITL p99, measured and predicted, over every such row; and where the engine's steps were
@@ -3011,7 +3032,7 @@ def main() -> None:
         "hosttrial": hosttrial, "endtrial": endtrial, "hiccups": hiccups}
     # each command that takes arguments, and how many it takes at most
     with_arguments: dict[str, tuple[Callable[..., None], int]] = {
-        "hostsuite": (hostsuite, 0), "whichgpu": (whichgpu, 0),
+        "hostsuite": (hostsuite, 0), "whichgpu": (whichgpu, 0), "budgets": (budgets, 0),
         "hiccuptrial": (hiccuptrial, 2), "wavesplit": (wavesplit, 2),
         "gapseeds": (gapseeds, 2), "gapcliff": (gapcliff, 2), "floortrial": (floortrial, 2),
         "promptsteps": (promptsteps, 3), "coretrial": (coretrial, 3),
