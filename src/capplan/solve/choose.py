@@ -5,11 +5,12 @@ A pool may leave `gpu`, `precision`, `engine.speculative`, `engine.max_num_seqs`
 values: every GPU the pool prices (`price_per_gpu_hour` per GPU type); every precision (a
 measured profile, else the analytic one); no speculation plus every speculative configuration
 measured for the model on that GPU at that precision; the `max_num_seqs` ladder; the token
-budget's ladder, less the pairs vLLM refuses to start (a budget below the cap, or below a
-picture's tokens where the pool takes pictures). The seeds' rule decides: throughput *under the
-SLO*, not peak throughput, so the cheapest configuration that meets every SLO wins (on one GPU
-type, the fewest GPUs), and among equal costs a measured profile before the analytic
-roofline, then the best SLO margin (the most headroom for the same money).
+budget's ladder, less what vLLM refuses to start (a budget below the cap, one a draft model's
+slots fill, or one below a picture's tokens where the pool takes pictures). The seeds' rule
+decides: throughput *under the SLO*, not peak throughput, so the cheapest configuration that
+meets every SLO wins (on one GPU type, the fewest GPUs), and among equal costs a measured
+profile before the analytic roofline, then the best SLO margin (the most headroom for the
+same money).
 
 The product can be large (4 precisions x 3 drafters x 5 steps of each ladder), so with more
 than FINALISTS candidates each is first sized by the quick search (`--quick`'s short probes),
