@@ -199,26 +199,33 @@ def budget_advice(mix: TrafficMix, choice: PoolChoice, settings: SearchSettings)
     now = pool.engine.max_num_batched_tokens
     opened = pool.model_copy(update={"engine": EngineConfig.model_validate(
         {**pool.engine.model_dump(mode="json"), "max_num_batched_tokens": "auto"})})
-    best: tuple[int, int] | None = None
+    best: tuple[int, int, Sizer] | None = None
     for cand in candidates(opened):
         budget = cand.engine.max_num_batched_tokens
         if budget >= now:
             continue
+        sizer = Sizer(with_pool(mix, cand), pool.name, settings)
         try:
-            n = Sizer(with_pool(mix, cand), pool.name, settings).search()
+            n = sizer.search()
         except InfeasibleError:
             continue
         if best is None or n < best[1]:
-            best = (budget, n)
+            best = (budget, n, sizer)
     if best is None or best[1] >= choice.probe_replicas:
         return None
-    budget, n = best
+    budget, n, sizer = best
+    # what the smaller chunks cost: its tightest SLO there (TTFT, most often)
+    tight = worst_check(sizer.run(n, sizer.probe_s, sizer.seed, probe=True))
+    there = "" if tight is None else (f"; its tightest there {tight[0]} {tight[1].key} "
+                                      f"{tight[1].value_s * 1e3:,.1f} ms, margin "
+                                      f"{tight[1].margin:.1%}")
     saved = (choice.probe_replicas - n) * pool.tp
     return Advice(
         kind="token_budget",
         message=(f"token budget: engine.max_num_batched_tokens {budget} (or auto) needs "
                  f"{n * pool.tp} GPUs against {choice.probe_replicas * pool.tp} at {now} (probe "
-                 f"runs): a prompt's chunk stalls the decodes beside it for less; saves {saved}"),
+                 f"runs{there}): a prompt's chunk stalls the decodes beside it for less; "
+                 f"saves {saved}"),
         gpus_saved=saved,
     )
 
