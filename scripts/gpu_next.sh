@@ -37,8 +37,9 @@
 # pool at a 1,024-token budget (qwen3-32b-fp8-h100-budget1k: the plan's advice says 2 H100s
 # where 8,192 needs 4) and examples/token-budget.yaml's RAG prompts on both budgets
 # (llama-3.1-8b-fp8-h100-budget1k, -budget8k); then Qwen3-32B NVFP4's first serving rows
-# (qwen3-32b-nvfp4-h100), all in validation/h100-next.yaml. The queue runs first; a
-# call sent again on the same host goes on where the last stopped.
+# (qwen3-32b-nvfp4-h100), all in validation/h100-next.yaml. On the H100 the validation
+# engines run first (they test plans' decisions), the queue after them; a call sent again on
+# the same host goes on where the last stopped.
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -47,7 +48,7 @@ if nvidia-smi -L | grep -q H200; then
     LANE0="/tmp/keep/qwen3-32b-fp8-h200-lone.json /tmp/keep/llama-3.1-8b-bf16-lease2.json /tmp/keep/qwen3-32b-fp8-h200-t.json" \
     bash scripts/gpu_session.sh "$deadline"
 else
-  QUEUE0=calibration/_plans/h100/queue-s53b.txt \
+  LANE0_FIRST=validate QUEUE0=calibration/_plans/h100/queue-s53b.txt \
     LANE0="/tmp/keep/qwen3-32b-fp8-h100-budget1k.json /tmp/keep/llama-3.1-8b-fp8-h100-budget1k.json /tmp/keep/llama-3.1-8b-fp8-h100-budget8k.json /tmp/keep/qwen3-32b-nvfp4-h100.json" \
     bash scripts/gpu_session.sh "$deadline"
 fi
