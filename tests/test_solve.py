@@ -113,6 +113,9 @@ def test_plan_json_round_trip_and_frames() -> None:
     assert df.height == n_slo
     assert plan.to_csv().count("\n") == n_slo + 1
     p = plan.pools[0]
+    # what to buy and run, on every row: the model, GPU type, TP and configuration
+    assert df.select("model", "gpu", "tp", "configuration").unique().rows() == [
+        (p.model, p.gpu, p.tp, p.label)]
     assert p.gpus == p.replicas * p.tp
     assert p.cost.gpu_hours_per_month == p.gpus * 730
     assert p.cost.usd_per_month == pytest.approx(p.gpus * 730 * 3.5)

@@ -359,10 +359,13 @@ FRAME_COLUMNS = {
     "binding_workload": "String", "binding_slo": "String", "utilisation": "Float64",
     "usd_per_month": "Float64", "profile_source": "String", "workload": "String",
     "slo": "String", "limit_s": "Float64", "value_s": "Float64", "margin": "Float64",
-    "met": "Boolean", "infeasible": "String",
+    "met": "Boolean", "infeasible": "String", "model": "String", "gpu": "String", "tp": "Int64",
+    "configuration": "String",
 }
 """`Plan.to_polars`' columns and their polars dtypes, fixed so that a plan of infeasible
-pools alone, or of none, has them too."""
+pools alone, or of none, has them too. The last four say what to buy and run: the model, the
+GPU type (chosen, where the mix left `gpu: auto`), the tensor-parallel size and the
+configuration (the precision and the values chosen for the engine settings left `auto`)."""
 
 
 class InfeasiblePool(BaseModel):
@@ -430,7 +433,8 @@ class Plan(BaseModel):
                         "usd_per_month": p.cost.usd_per_month, "profile_source": p.profile_source,
                         "workload": w.name, "slo": s.key, "limit_s": s.limit_s,
                         "value_s": s.value_s, "margin": s.margin, "met": s.met,
-                        "infeasible": None,
+                        "infeasible": None, "model": p.model, "gpu": p.gpu, "tp": p.tp,
+                        "configuration": p.label,
                     })
         for x in self.infeasible:
             rows.append({
@@ -438,7 +442,8 @@ class Plan(BaseModel):
                 "binding_workload": None, "binding_slo": None, "utilisation": None,
                 "usd_per_month": None, "profile_source": None, "workload": None, "slo": None,
                 "limit_s": None, "value_s": None, "margin": None, "met": False,
-                "infeasible": x.reason,
+                "infeasible": x.reason, "model": x.model, "gpu": x.gpu, "tp": None,
+                "configuration": None,
             })
         return pl.DataFrame(rows, schema={k: getattr(pl, t) for k, t in FRAME_COLUMNS.items()})
 
