@@ -38,14 +38,16 @@
 # where 8,192 needs 4) and examples/token-budget.yaml's RAG prompts on both budgets
 # (llama-3.1-8b-fp8-h100-budget1k, -budget8k); then Qwen3-32B NVFP4's first serving rows
 # (qwen3-32b-nvfp4-h100), all in validation/h100-next.yaml. On the H100 the validation
-# engines run first (they test plans' decisions), the queue after them; a call sent again on
+# engines run first (they test plans' decisions), the queue after them. On an H200 the scan
+# still runs first, then the token budget's twins on the H200 (llama-3.1-8b-fp8-budget1k,
+# -budget8k, validation/h200-next.yaml), then the engines queued before. A call sent again on
 # the same host goes on where the last stopped.
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
 if nvidia-smi -L | grep -q H200; then
   QUEUE0=calibration/_plans/queue-s48.txt \
-    LANE0="/tmp/keep/qwen3-32b-fp8-h200-lone.json /tmp/keep/llama-3.1-8b-bf16-lease2.json /tmp/keep/qwen3-32b-fp8-h200-t.json" \
+    LANE0="/tmp/keep/llama-3.1-8b-fp8-budget1k.json /tmp/keep/llama-3.1-8b-fp8-budget8k.json /tmp/keep/qwen3-32b-fp8-h200-lone.json /tmp/keep/llama-3.1-8b-bf16-lease2.json /tmp/keep/qwen3-32b-fp8-h200-t.json" \
     bash scripts/gpu_session.sh "$deadline"
 else
   LANE0_FIRST=validate QUEUE0=calibration/_plans/h100/queue-s53b.txt \
