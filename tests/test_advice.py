@@ -70,3 +70,10 @@ def test_no_token_budget_advice_where_the_budget_was_searched_or_is_the_least() 
     for mix in (load_mix(BUDGET), _fixed_budget(min(MAX_NUM_BATCHED_TOKENS_LADDER))):
         plan = size_mix(mix, quick=True)
         assert not [a for a in plan.pools[0].advice if a.kind == "token_budget"]
+
+
+def test_the_budget_advice_reads_an_e2e_in_seconds_and_a_gap_in_milliseconds() -> None:
+    from capplan.solve.options import _duration
+
+    assert _duration(12.345) == "12.35 s"
+    assert _duration(0.4123) == "412.3 ms"

@@ -217,7 +217,7 @@ def budget_advice(mix: TrafficMix, choice: PoolChoice, settings: SearchSettings)
     # what the smaller chunks cost: its tightest SLO there (TTFT, most often)
     tight = worst_check(sizer.run(n, sizer.probe_s, sizer.seed, probe=True))
     there = "" if tight is None else (f"; its tightest there {tight[0]} {tight[1].key} "
-                                      f"{tight[1].value_s * 1e3:,.1f} ms, margin "
+                                      f"{_duration(tight[1].value_s)}, margin "
                                       f"{tight[1].margin:.1%}")
     saved = (choice.probe_replicas - n) * pool.tp
     return Advice(
@@ -228,6 +228,11 @@ def budget_advice(mix: TrafficMix, choice: PoolChoice, settings: SearchSettings)
                  f"saves {saved}"),
         gpus_saved=saved,
     )
+
+
+def _duration(seconds: float) -> str:
+    """An SLO's value as people read it: an E2E of 12.3 s, a TTFT of 412.0 ms."""
+    return f"{seconds:,.2f} s" if seconds >= 1 else f"{seconds * 1e3:,.1f} ms"
 
 
 def text_only_advice(mix: TrafficMix, setup: PoolSetup) -> Advice | None:
