@@ -42,6 +42,9 @@
 # still runs first, then the token budget's twins on the H200 (llama-3.1-8b-fp8-budget1k,
 # -budget8k, validation/h200-next.yaml), then the engines queued before. A call sent again on
 # the same host goes on where the last stopped.
+# The fifty-fourth session's H100 lease ran those four validation engines (not the queue) and
+# queued Qwen3-32B NVFP4 serving again (qwen3-32b-nvfp4-h100-r2): whether its decode tail is
+# the host's; the calibration queue (queue-s53b.txt) after it, as before.
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -51,6 +54,6 @@ if nvidia-smi -L | grep -q H200; then
     bash scripts/gpu_session.sh "$deadline"
 else
   LANE0_FIRST=validate QUEUE0=calibration/_plans/h100/queue-s53b.txt \
-    LANE0="/tmp/keep/qwen3-32b-fp8-h100-budget1k.json /tmp/keep/llama-3.1-8b-fp8-h100-budget1k.json /tmp/keep/llama-3.1-8b-fp8-h100-budget8k.json /tmp/keep/qwen3-32b-nvfp4-h100.json" \
+    LANE0="/tmp/keep/qwen3-32b-nvfp4-h100-r2.json" \
     bash scripts/gpu_session.sh "$deadline"
 fi
