@@ -2410,13 +2410,20 @@ def hiccups(engine: str | None = None) -> None:
             x = steps.filter(pl.col("run") == run).sort("t")
             gap = np.diff(x["t"].to_numpy()) * 1e3
             prompt = x["prefill_tokens"].to_numpy()
-            steady = gap[(prompt[1:] == 0) & (prompt[:-1] == 0)]
+            is_steady = (prompt[1:] == 0) & (prompt[:-1] == 0)
+            steady = gap[is_steady]
             med = np.median(steady)
+            # the slow ones' spells: slow steady steps less than 0.1 s apart are one spell
+            at = x["t"].to_numpy()[1:][is_steady & (gap > 1.25 * med)]
+            starts = at[np.r_[True, np.diff(at) > 0.1]] if len(at) else at
+            every = (f", a spell every {np.median(np.diff(starts)):.2f} s at the median"
+                     if len(starts) > 2 else "")
             print(f"  {folder.name} {run}: ITL p99 {r.measured['itl_p99_s'] * 1e3:.1f} ms "
                   f"measured, {r.predicted['itl_p99_s'] * 1e3:.1f} predicted; {len(steady)} "
                   f"steady decode-only steps, median {med:.1f} ms, "
                   f"{np.mean(steady > 1.25 * med):.1%} past 1.25x it, p99 "
-                  f"{np.percentile(steady, 99) / med:.2f}x")
+                  f"{np.percentile(steady, 99) / med:.2f}x; the slow ones in {len(starts)} "
+                  f"spells{every}")
 
 
 def tocore() -> None:
@@ -2994,6 +3001,80 @@ def promptsteps(engine: str, run_name: str, host: str = "median") -> None:
         print(f"    {label} ({len(t)} steps, {np.mean(prompt > 0):.1%} with a prompt; "
               f"decode-only {decode * 1e3:.1f} ms) " + "; ".join(parts))
 
+def stepprice(engine: str, run_name: str) -> None:
+    """A step-traced run's steps against their price (fifty-fourth session). First by the
+    prompt tokens a step carries (the gap that ends with its record, as `promptsteps` reads
+    it): the engine's p50 / p90 / p99 beside the simulator's for the same requests. Then its
+    decode-only steps (a decode-only record between two more) by how many requests decode,
+    their context read from the step's KV use (`kv_usage` x the engine's KV tokens): the
+    median gap beside the profile's time for that batch and context. Where the second runs
+    above the profile while the profile's own decode points at those contexts do not
+    (`CAPPLAN_PROFILES=... calibration_analysis.py table`), the serving host is the slower."""
+    import capplan.sim.replica as replica
+
+    folder = next((f for f in stored_runs() if f.name == engine), None)
+    if folder is None:
+        raise SystemExit(f"stepprice: no stored engine {engine!r}")
+    run_, _, measured = load_run(folder)
+    exp = next(e for e in run_.experiments if run_name in e.runs())
+    log: list[tuple[float, int]] = []
+    ended = replica.Replica._step_end
+
+    def spy(self: Any, event: object) -> None:
+        if self._core_free <= self.env.now and self._inflight:  # the step's outputs now
+            plan = self._inflight[0][0]
+            seqs = len(plan.reqs) + plan.cohort_size
+            log.append((self.env.now, plan.total_tokens - (seqs - plan.prefill_seqs)
+                        if plan.prefill_seqs else 0))
+        ended(self, event)
+
+    replica.Replica._step_end = spy  # type: ignore[method-assign,assignment]
+    try:
+        run_.simulate(exp)
+    finally:
+        replica.Replica._step_end = ended  # type: ignore[method-assign]
+    steps = pl.read_parquet(folder / "steps.parquet").filter(pl.col("run") == run_name).sort("step")
+    budget = int(measured["engine"]["max_num_batched_tokens"])
+    sim = np.array(log)
+    print(f"  {engine} {run_name} (budget {budget}): steps by their prompt tokens, "
+          "count and gap p50 / p90 / p99 ms")
+    for label, t, prompt in (
+            ("measured ", steps["t"].to_numpy(), steps["prefill_tokens"].to_numpy()),
+            ("simulated", sim[:, 0], sim[:, 1])):
+        gap, p = np.diff(t) * 1e3, prompt[1:]
+        parts = []
+        for lo, hi in ((0, 0), (1, budget // 2), (budget // 2 + 1, budget - 1),
+                       (budget, budget), (budget + 1, 1 << 30)):
+            m = (p >= lo) & (p <= hi)
+            if m.any():
+                q = np.percentile(gap[m], [50, 90, 99])
+                parts.append(f"{lo}-{hi if hi < 1 << 30 else ''}: {int(m.sum())}, "
+                             f"{q[0]:.1f} / {q[1]:.1f} / {q[2]:.1f}")
+        print(f"    {label} " + "; ".join(parts))
+    kv = int(measured["engine"]["kv_tokens"])
+    profile = Profile.load(folder.parents[1] / run_.pool.precision / "profile.json")
+    timer = StepTimer(profile, max_num_seqs=int(measured["engine"]["max_num_seqs"]),
+                      max_num_batched_tokens=budget)
+    t, p = steps["t"].to_numpy(), steps["prefill_reqs"].to_numpy()
+    d, use = steps["decode_reqs"].to_numpy(), steps["kv_usage"].to_numpy()
+    rows = np.array([(d[i], use[i] * kv, t[i] - t[i - 1],
+                      timer.step_time_s(int(d[i]), int(d[i]), 0.0, int(use[i] * kv)))
+                     for i in range(2, len(t) - 1)
+                     if d[i] and not (p[i] or p[i - 1] or p[i + 1])])
+    if not len(rows):
+        return
+    print(f"    decode-only steps: {len(rows)}, measured over the profile's price "
+          f"{np.median(rows[:, 2] / rows[:, 3]) - 1:+.1%} at the median; by requests decoding "
+          "(steps, context tokens, ms measured / priced)")
+    parts = []
+    for lo, hi in ((1, 4), (5, 8), (9, 12), (13, 20), (21, 64), (65, 1 << 20)):
+        m = (rows[:, 0] >= lo) & (rows[:, 0] <= hi)
+        if m.sum() >= 20:
+            parts.append(f"{lo}-{hi if hi < 1 << 20 else ''}: {int(m.sum())}, "
+                         f"{np.median(rows[m, 1]):,.0f}, {np.median(rows[m, 2]) * 1e3:.2f} / "
+                         f"{np.median(rows[m, 3]) * 1e3:.2f}")
+    print("      " + "; ".join(parts))
+
 def whichgpu() -> None:
     """examples/which-gpu.yaml with its pool on the H100 (gpu: h100 for gpu: auto, which
     `--guard` refuses), sized as it is and with each guard (solve/guard.py), as `capplan size
@@ -3035,7 +3116,7 @@ def main() -> None:
         "hostsuite": (hostsuite, 0), "whichgpu": (whichgpu, 0), "budgets": (budgets, 0),
         "hiccuptrial": (hiccuptrial, 2), "wavesplit": (wavesplit, 2),
         "gapseeds": (gapseeds, 2), "gapcliff": (gapcliff, 2), "floortrial": (floortrial, 2),
-        "promptsteps": (promptsteps, 3), "coretrial": (coretrial, 3),
+        "promptsteps": (promptsteps, 3), "coretrial": (coretrial, 3), "stepprice": (stepprice, 2),
         **{name: (f, 1) for name, f in one_argument.items()}}
     if sys.argv[1:2] and sys.argv[1] in with_arguments:
         command, most = with_arguments[sys.argv[1]]
