@@ -44,7 +44,9 @@
 # the same host goes on where the last stopped.
 # The fifty-fourth session's H100 lease ran those four validation engines (not the queue) and
 # queued Qwen3-32B NVFP4 serving again (qwen3-32b-nvfp4-h100-r2): whether its decode tail is
-# the host's; the calibration queue (queue-s53b.txt) after it, as before.
+# the host's; then the calibration queue, now calibration/_plans/h100/queue-s54.txt: Llama-3.1-8B
+# FP8's decodes at long contexts (its serving engines with ~6,000-token prompts decoded ~7 %
+# over the profile's price), then queue-s53b.txt's two runs, unchanged.
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -53,7 +55,7 @@ if nvidia-smi -L | grep -q H200; then
     LANE0="/tmp/keep/llama-3.1-8b-fp8-budget1k.json /tmp/keep/llama-3.1-8b-fp8-budget8k.json /tmp/keep/qwen3-32b-fp8-h200-lone.json /tmp/keep/llama-3.1-8b-bf16-lease2.json /tmp/keep/qwen3-32b-fp8-h200-t.json" \
     bash scripts/gpu_session.sh "$deadline"
 else
-  LANE0_FIRST=validate QUEUE0=calibration/_plans/h100/queue-s53b.txt \
+  LANE0_FIRST=validate QUEUE0=calibration/_plans/h100/queue-s54.txt \
     LANE0="/tmp/keep/qwen3-32b-nvfp4-h100-r2.json" \
     bash scripts/gpu_session.sh "$deadline"
 fi
