@@ -2945,22 +2945,12 @@ def leasecalls(experiment: str = "prefix90-on-p44") -> None:
           f"{every[0]}-{every[-1]} ms, median {float(np.median(every)):.1f}; by session (starts): "
           + ", ".join(f"{k} {min(v)}-{max(v)} ({len(v)})" for k, v in sorted(loops.items())))
 
-def promptsteps(engine: str, run_name: str, host: str = "median") -> None:
-    """A step-traced open-loop run's lone steps that carry a prompt (the three records before
-    them and the one after decode-only), in the engine's step records and in the simulator's
-    for the same requests (its pool priced on `host`: median, slowest or fastest), by the
-    prompt tokens in the step (forty-fifth session): median ms of the record before such a
-    step, which with asynchronous scheduling waits for the step's launch (the core hands out
-    a step's outputs once it has launched the next), of its own record, and of the two over
-    two decode-only steps. Where a run's ITL p99 is the stalls such steps put in the decodes,
-    their own record is that stall."""
+def _simulated_step_log(run_: Any, run_name: str) -> np.ndarray:
+    """(time, prompt tokens) of every step the simulator hands out outputs for, in the
+    experiment of `run_` that ran as `run_name`: its replica's step ends, recorded by
+    wrapping `Replica._step_end` while the experiment is simulated."""
     import capplan.sim.replica as replica
 
-    folder = next((f for f in stored_runs() if f.name == engine), None)
-    if folder is None:
-        raise SystemExit(f"promptsteps: no stored engine {engine!r}")
-    run_, _, _ = load_run(folder)
-    run_ = run_.model_copy(update={"pool": run_.pool.model_copy(update={"host": host})})
     exp = next(e for e in run_.experiments if run_name in e.runs())
     log: list[tuple[float, int]] = []
     ended = replica.Replica._step_end
@@ -2978,8 +2968,25 @@ def promptsteps(engine: str, run_name: str, host: str = "median") -> None:
         run_.simulate(exp)
     finally:
         replica.Replica._step_end = ended  # type: ignore[method-assign]
+    return np.array(log)
+
+
+def promptsteps(engine: str, run_name: str, host: str = "median") -> None:
+    """A step-traced open-loop run's lone steps that carry a prompt (the three records before
+    them and the one after decode-only), in the engine's step records and in the simulator's
+    for the same requests (its pool priced on `host`: median, slowest or fastest), by the
+    prompt tokens in the step (forty-fifth session): median ms of the record before such a
+    step, which with asynchronous scheduling waits for the step's launch (the core hands out
+    a step's outputs once it has launched the next), of its own record, and of the two over
+    two decode-only steps. Where a run's ITL p99 is the stalls such steps put in the decodes,
+    their own record is that stall."""
+    folder = next((f for f in stored_runs() if f.name == engine), None)
+    if folder is None:
+        raise SystemExit(f"promptsteps: no stored engine {engine!r}")
+    run_, _, _ = load_run(folder)
+    run_ = run_.model_copy(update={"pool": run_.pool.model_copy(update={"host": host})})
+    sim = _simulated_step_log(run_, run_name)
     steps = pl.read_parquet(folder / "steps.parquet").filter(pl.col("run") == run_name).sort("step")
-    sim = np.array(log)
     buckets = ((1, 256), (257, 512), (513, 768), (769, 1024), (1025, 2048), (2049, 1 << 20))
     print(f"  {engine} {run_name}, the simulator on the {host} host's core; by the step's "
           "prompt tokens: steps, then ms before / own / both over two decode-only steps")
@@ -3009,33 +3016,15 @@ def stepprice(engine: str, run_name: str) -> None:
     their context read from the step's KV use (`kv_usage` x the engine's KV tokens): the
     median gap beside the profile's time for that batch and context. Where the second runs
     above the profile while the profile's own decode points at those contexts do not
-    (`CAPPLAN_PROFILES=... calibration_analysis.py table`), the serving host is the slower."""
-    import capplan.sim.replica as replica
-
+    (`CAPPLAN_PROFILES=... calibration_analysis.py points MODEL/KEY`), the serving host is the
+    slower."""
     folder = next((f for f in stored_runs() if f.name == engine), None)
     if folder is None:
         raise SystemExit(f"stepprice: no stored engine {engine!r}")
     run_, _, measured = load_run(folder)
-    exp = next(e for e in run_.experiments if run_name in e.runs())
-    log: list[tuple[float, int]] = []
-    ended = replica.Replica._step_end
-
-    def spy(self: Any, event: object) -> None:
-        if self._core_free <= self.env.now and self._inflight:  # the step's outputs now
-            plan = self._inflight[0][0]
-            seqs = len(plan.reqs) + plan.cohort_size
-            log.append((self.env.now, plan.total_tokens - (seqs - plan.prefill_seqs)
-                        if plan.prefill_seqs else 0))
-        ended(self, event)
-
-    replica.Replica._step_end = spy  # type: ignore[method-assign,assignment]
-    try:
-        run_.simulate(exp)
-    finally:
-        replica.Replica._step_end = ended  # type: ignore[method-assign]
+    sim = _simulated_step_log(run_, run_name)
     steps = pl.read_parquet(folder / "steps.parquet").filter(pl.col("run") == run_name).sort("step")
     budget = int(measured["engine"]["max_num_batched_tokens"])
-    sim = np.array(log)
     print(f"  {engine} {run_name} (budget {budget}): steps by their prompt tokens, "
           "count and gap p50 / p90 / p99 ms")
     for label, t, prompt in (
