@@ -73,7 +73,8 @@ def test_no_token_budget_advice_where_the_budget_was_searched_or_is_the_least() 
 
 
 def test_the_budget_advice_reads_an_e2e_in_seconds_and_a_gap_in_milliseconds() -> None:
-    from capplan.solve.options import _duration
+    from capplan.units import duration
 
-    assert _duration(12.345) == "12.35 s"
-    assert _duration(0.4123) == "412.3 ms"
+    assert duration(12.345) == "12.35 s"
+    assert duration(0.4123) == "412.3 ms"
+    assert duration(None) == duration(float("inf")) == "unfinished"

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from capplan._cli import check_out, fail, finite_positive, one_line, write_out
 from capplan.errors import CapplanError, ConfigError
+from capplan.units import duration
 
 LAZY_COMMANDS: dict[str, str] = {
     "calibrate": "capplan.calibrate.cli:calibrate",
@@ -96,13 +97,6 @@ def _console() -> Console:
     return console
 
 
-def _fmt_s(v: float) -> str:
-    """Seconds, in ms below one second; infinite means requests never finished."""
-    if not math.isfinite(v):
-        return "unfinished"
-    return f"{v * 1e3:.1f} ms" if v < 1 else f"{v:.2f} s"
-
-
 def _finite(obj: Any) -> Any:
     """JSON-safe copy: non-finite floats become null (JSON has no inf/nan)."""
     if isinstance(obj, float):
@@ -140,15 +134,15 @@ def _print_table(res: Any, console: Console) -> None:
     for w in res.workloads:
         checks = [
             f"[{'green' if c.met else 'red'}]{'✓' if c.met else '✗'} {c.key} "
-            f"{_fmt_s(c.value_s)} ≤ {_fmt_s(c.limit_s)}[/]"
+            f"{duration(c.value_s)} ≤ {duration(c.limit_s)}[/]"
             for c in w.slo
         ]
         table.add_row(
             w.name,
             f"{w.requests}" + (f" ({w.requests - w.completed} unfinished)"
                                if w.completed < w.requests else ""),
-            _fmt_s(w.ttft_p50_s), _fmt_s(w.ttft_p99_s),
-            _fmt_s(w.itl_p50_s), _fmt_s(w.itl_p99_s), _fmt_s(w.e2e_p99_s),
+            duration(w.ttft_p50_s), duration(w.ttft_p99_s),
+            duration(w.itl_p50_s), duration(w.itl_p99_s), duration(w.e2e_p99_s),
             f"{w.output_tokens_per_s:,.0f}", f"{w.prefix_hit_rate:.1%}",
             "\n".join(checks) or "(no SLO)",
         )

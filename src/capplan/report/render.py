@@ -20,6 +20,7 @@ from capplan.report.runs import (
 )
 from capplan.sim.results import SimResult
 from capplan.solve.plan import Fidelity, Plan, PoolPlan
+from capplan.units import duration
 
 _CSS = """
 body{font:14px/1.45 -apple-system,"Segoe UI",Roboto,"DejaVu Sans",Helvetica,Arial,sans-serif;
@@ -71,12 +72,6 @@ def _e(v: Any) -> str:
 
 def _pct(v: float | None) -> str:
     return "–" if v is None or not math.isfinite(v) else f"{v:.1%}"
-
-
-def _s(v: float | None) -> str:
-    if v is None or not math.isfinite(v):
-        return "unfinished"
-    return f"{v * 1e3:.1f} ms" if v < 1 else f"{v:.2f} s"
 
 
 def _usd(v: float | None) -> str:
@@ -219,7 +214,8 @@ def _slo_table(plan: Plan) -> str:
                 past = ("–" if line.beyond is None or line.allowed is None else
                         f"{line.beyond * 100:.2g} % of {line.allowed * 100:.2g} %")
                 rows.append([_e(p.pool), _e(w.name), f"<code>{_e(line.key)}</code>",
-                             _s(line.value_s), _s(line.limit_s), _pct(line.margin), past,
+                             duration(line.value_s), duration(line.limit_s),
+                             _pct(line.margin), past,
                              mark + bind, _pct(w.prefix_hit_rate)])
     return _table(["pool", "workload", "SLO", "predicted", "limit", "margin",
                    "past the limit (allowed)", "met", "prefix hit"], rows, num={3, 4, 5, 6, 8})

@@ -21,6 +21,7 @@ from capplan._cli import one_line as _one_line
 from capplan.errors import ConfigError, InfeasibleError
 from capplan.pool import PoolHost
 from capplan.traffic import slo_allowed_share, slo_percentile
+from capplan.units import duration
 
 if TYPE_CHECKING:
     from capplan.mix import TrafficMix
@@ -34,12 +35,6 @@ def _console() -> Console:
     console = Console()
     # pipes and logs: tables fit 160 columns, lines are never broken (grep finds them whole)
     return console if console.is_terminal else Console(width=160, soft_wrap=True)
-
-
-def _s(v: float | None) -> str:
-    if v is None:
-        return "unfinished"
-    return f"{v * 1e3:.1f} ms" if v < 1 else f"{v:.2f} s"
 
 
 def _pct(v: float | None) -> str:
@@ -147,8 +142,9 @@ def _print_pool(p: PoolPlan, console: Console, *, quick: bool = False) -> None:
             mark = "[green]✓[/]" if line.met else "[red]✗[/]"
             bind = "  ← binding" if (w.name, line.key) == binding else ""
             console.print(
-                f"  {mark} {w.name:<16} {line.key:<11} {_s(line.value_s):>11} ≤ "
-                f"{_s(line.limit_s):<9} margin {_pct(line.margin)}{_past(line, w.requests)}{bind}",
+                f"  {mark} {w.name:<16} {line.key:<11} {duration(line.value_s):>11} ≤ "
+                f"{duration(line.limit_s):<9} margin {_pct(line.margin)}"
+                f"{_past(line, w.requests)}{bind}",
                 highlight=False,
             )
     if p.profile_source == "analytic":

@@ -26,6 +26,7 @@ from capplan.solve.choose import AUTO_PRECISIONS, PoolChoice, candidates, choose
 from capplan.solve.plan import Advice, InfeasiblePool, Plan, PoolPlan, pool_plan
 from capplan.solve.search import SearchSettings, Sizer, worst_check
 from capplan.traffic import ClosedLoop, GammaArrival, PoissonArrival, Workload
+from capplan.units import duration
 
 __all__ = ["AUTO_PRECISIONS", "PoolChoice", "choose", "floors_of", "grown", "size_mix",
            "with_pool"]
@@ -217,7 +218,7 @@ def budget_advice(mix: TrafficMix, choice: PoolChoice, settings: SearchSettings)
     # what the smaller chunks cost: its tightest SLO there (TTFT, most often)
     tight = worst_check(sizer.run(n, sizer.probe_s, sizer.seed, probe=True))
     there = "" if tight is None else (f"; its tightest there {tight[0]} {tight[1].key} "
-                                      f"{_duration(tight[1].value_s)}, margin "
+                                      f"{duration(tight[1].value_s)}, margin "
                                       f"{tight[1].margin:.1%}")
     saved = (choice.probe_replicas - n) * pool.tp
     return Advice(
@@ -228,11 +229,6 @@ def budget_advice(mix: TrafficMix, choice: PoolChoice, settings: SearchSettings)
                  f"saves {saved}"),
         gpus_saved=saved,
     )
-
-
-def _duration(seconds: float) -> str:
-    """An SLO's value as people read it: an E2E of 12.3 s, a TTFT of 412.0 ms."""
-    return f"{seconds:,.2f} s" if seconds >= 1 else f"{seconds * 1e3:,.1f} ms"
 
 
 def text_only_advice(mix: TrafficMix, setup: PoolSetup) -> Advice | None:
