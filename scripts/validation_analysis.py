@@ -3013,7 +3013,8 @@ def stepprice(engine: str, run_name: str) -> None:
     prompt tokens a step carries (the gap that ends with its record, as `promptsteps` reads
     it): the engine's p50 / p90 / p99 beside the simulator's for the same requests. Then its
     decode-only steps (a decode-only record between two more) by how many requests decode,
-    their context read from the step's KV use (`kv_usage` x the engine's KV tokens): the
+    their context read from the step's KV use (`kv_usage` x the engine's KV tokens; a shared
+    prefix's blocks count once there, so rows with prefix hits read too little context): the
     median gap beside the profile's time for that batch and context. Where the second runs
     above the profile while the profile's own decode points at those contexts do not
     (`CAPPLAN_PROFILES=... calibration_analysis.py points MODEL/KEY`), the serving host is the
