@@ -14,6 +14,7 @@ drafter's cost and the stairs of its verify steps.
     python scripts/calibration_analysis.py ragged [MODEL/KEY]  # token counts off 256's multiples
     python scripts/calibration_analysis.py holes [MODEL/KEY]  # the lone-prompt scans, priced
     python scripts/calibration_analysis.py launches [MODEL/KEY]  # each run's CPU launches
+    python scripts/calibration_analysis.py decodetail [MODEL/KEY]  # decode steps' slow tail
 
 With no argument it prints sanity and graph.
 """
@@ -1414,6 +1415,26 @@ def launches(profile: str = "llama-3.1-8b/fp8", tokens: int = 768) -> None:
         print(f"    run {run} {names.get(run, '?')}: " + "; ".join(cells))
 
 
+def decodetail(profile: str | None = None) -> None:
+    """The calibration engine's counterpart of `validation_analysis.py hiccups` (fifty-fourth
+    session): each profile's decode points' decode-only steps (warm-ups left out), each
+    against the median of its point in its run: the share past 1.25x it and the p99 of the
+    ratio. A serving engine's decode tail that its profile's own steps lack is its host's."""
+    names = [profile] if profile else sorted(
+        f"{d.parent.parent.name}/{d.parent.name}" for d in PROFILES.glob("*/*/samples.parquet"))
+    for name in names:
+        s = pl.read_parquet(PROFILES / name / "samples.parquet").filter(
+            ~pl.col("warmup") & (pl.col("prefill_seqs") == 0)
+            & pl.col("point").str.starts_with("decode-"))
+        if not s.height:
+            continue
+        r = (s["step_s"] / s.select(pl.col("step_s").median().over("point", "run"))["step_s"]
+             ).to_numpy()
+        print(f"  {PROFILES.parent.name}/{name}: {len(r)} decode-only steps, "
+              f"{np.mean(r > 1.25):.2%} past 1.25x their point's median, p99 "
+              f"{np.percentile(r, 99):.2f}x")
+
+
 def main() -> None:
     what = sys.argv[1:] or ["sanity", "graph"]
     if what[0] == "points":
@@ -1430,7 +1451,8 @@ def main() -> None:
             steadiness(profile)
         return
     optional_profile = {"speeds": speeds, "mixedsteps": mixedsteps, "ragged": ragged,
-                        "holes": holes, "launches": launches}  # each takes [MODEL/KEY]
+                        "holes": holes, "launches": launches,
+                        "decodetail": decodetail}  # each takes [MODEL/KEY]
     if what[0] in optional_profile:
         optional_profile[what[0]](*what[1:2])
         return
@@ -1446,7 +1468,7 @@ def main() -> None:
         sys.exit(f"calibration_analysis.py: no command {unknown[0]!r}; the commands: "
                  f"{', '.join(commands)}, points PROFILE [ONLY], composition PROFILE, "
                  "speeds [PROFILE], byrun PROFILE, steadiness PROFILE..., mixedsteps [PROFILE], "
-                 "ragged [PROFILE], holes [PROFILE], launches [PROFILE]")
+                 "ragged [PROFILE], holes [PROFILE], launches [PROFILE], decodetail [PROFILE]")
     for name in what:
         print(f"== {name}")
         commands[name]()
