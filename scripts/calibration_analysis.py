@@ -46,6 +46,7 @@ from capplan.profile import (
     eager_threshold,
     row_holes,
 )
+from capplan.tiles import kv_blocks, splits, tail_factor
 
 PROFILES = Path(os.environ.get("CAPPLAN_PROFILES") or CALIBRATION_DIR / "h200" / "vllm-0.26.0")
 RAW = store.raw_dir(CALIBRATION_DIR, PROFILES.parent.name)
@@ -709,9 +710,18 @@ def mixlen() -> None:
     """Runs of mixlen-scan engines (`capplan calibrate --mixlen-scan`,
     calibration/_raw/<model>--<key>--mixlen.jsonl[.xz]): each decode batch of unequal lengths
     beside its twin of one length (sweep.mixlen_points), over the steps where the whole batch
-    decodes: measured, by the profile, and the unequal one against its twin."""
-    for prof, s, pred in _scan_runs("mixlen", "--mixlen-scan"):
-        twin: tuple[float, float] | None = None
+    decodes: measured, and by the profile without FlashAttention's last wave (its summed
+    context's price) and with it, F from the point's own lengths (the plan's groups, grown by
+    the steps decoded: tiles.tail_factor); then the unequal one against its twin."""
+    for prof, s, _ in _scan_runs("mixlen", "--mixlen-scan"):
+        step = prof.step
+        plan_dir = CALIBRATION_DIR / "_plans" / ("h100" if PROFILES.parent.name == "h100" else "")
+        plan = {q["id"]: q for q in json.loads(
+            (plan_dir / f"{prof.model}--{prof.key}--mixlen.json").read_text())["points"]}
+        sizes = cudagraph_capture_sizes(256, 8192, prof.spec_k)
+        flat = F.predict_steps(s, step.model_copy(update={"tile_rho": 0.0}), sizes,
+                               prof.spec_k)
+        twin: tuple[float, float, float] | None = None
         mixed0: str | None = None  # the first mixed point: the others' reference
         for name in dict.fromkeys(s["point"]):
             k = np.flatnonzero(s["point"] == name)
@@ -724,17 +734,26 @@ def mixlen() -> None:
                                                 else (s["prefill_tokens"][k] == 0))]
             if not len(k):
                 continue
-            meas, by = float(np.median(s["step_s"][k])), float(np.median(pred[k]))
+            meas, flat_s = float(np.median(s["step_s"][k])), float(np.median(flat[k]))
             ctx = float(np.median(s["decode_ctx"][k]))
+            by = flat_s
+            if step.tile_rho and not name.startswith("mixed-"):
+                q = plan[name]
+                groups = q.get("groups") or [[q["batch"], q["context"]]]
+                grown = (ctx - sum(n * c for n, c in groups)) / b  # tokens decoded since
+                blocks = [kv_blocks(int(c + grown)) for n, c in groups for _ in range(n)]
+                f = tail_factor(blocks, step.tile_kv_heads, step.tile_sms, step.tile_rho)
+                by = flat_s + step.graph_ctx_s * ctx * (f - 1)
             line = (f"  {prof.model}/{prof.key} {name:26s} {b:4d} seqs, context {ctx:9,.0f}: "
-                    f"{meas * 1e3:6.2f} ms measured, {by * 1e3:6.2f} by the profile "
+                    f"{meas * 1e3:6.2f} ms measured, {flat_s * 1e3:6.2f} by the summed context "
+                    f"({meas / flat_s - 1:+.1%}), {by * 1e3:6.2f} with the last wave "
                     f"({meas / by - 1:+.1%}; {len(k)} steps)")
             if name.startswith("decode-") or (name.startswith("mixed-") and mixed0 is None):
-                twin = (meas, by)
+                twin = (meas, flat_s, by)
                 mixed0 = name if name.startswith("mixed-") else None
             elif twin is not None:
                 line += (f"; against its twin {meas / twin[0] - 1:+.1%} measured, "
-                         f"{by / twin[1] - 1:+.1%} priced")
+                         f"{by / twin[2] - 1:+.1%} priced")
             print(line)
 
 
@@ -1435,6 +1454,57 @@ def decodetail(profile: str | None = None) -> None:
               f"{np.percentile(r, 99):.2f}x")
 
 
+def tiles(profile: str | None = None) -> None:
+    """FlashAttention's last wave on the sweep's decode-only steps (fifty-fifth session): for
+    each profile with `tile_rho` (or the one named), the cells `fit.tile_rho` fits on (a
+    point's steps with one count of decoding sequences, TILE_MIN_CONTEXT tokens or more
+    each), by that count: the tiles of equal lengths (tiles.splits), the median step
+    measured, and by the profile without the last wave and with it."""
+    dirs = [PROFILES / profile] if profile else sorted(p.parent for p in
+                                                       PROFILES.glob("*/*/profile.json"))
+    for d in dirs:
+        prof, s, sizes = _fit_inputs(d)
+        step = prof.step
+        if not step.tile_rho:
+            if profile:
+                why = "its fit found none" if step.graph_offset_s else "no graph scan"
+                print(f"  {prof.model}/{prof.key}: no tile_rho ({why})")
+            continue
+        heads, sms = step.tile_kv_heads, step.tile_sms
+        flat = _predicted(prof.model_copy(update={"step": step.model_copy(
+            update={"tile_rho": 0.0})}), s, sizes)
+        full = _predicted(prof, s, sizes)
+        dec = (s["prefill_attn"] == 0) & (s["tokens"] <= max(sizes)) & (s["decode_seqs"] > 0)
+        dec &= ~s["warmup"].astype(bool)
+        print(f"  {prof.model}/{prof.key}: tile_rho {step.tile_rho}, {heads} KV heads, "
+              f"{sms} SMs; by decoding sequences (tiles): ms measured / without the last wave "
+              "/ with it, the cells' medians")
+        rows: dict[int, list[tuple[float, float, float]]] = {}
+        for name in dict.fromkeys(s["point"][dec]):
+            k = dec & (s["point"] == name)
+            for b in sorted(set(s["decode_seqs"][k].astype(int))):
+                kk = np.flatnonzero(k & (s["decode_seqs"] == b))
+                ctx = float(np.median(s["decode_ctx"][kk]))
+                if len(kk) < 3 or ctx < F.TILE_MIN_CONTEXT * b:
+                    continue
+                rows.setdefault(b, []).append((float(np.median(s["step_s"][kk])),
+                                               float(np.median(flat[kk])),
+                                               float(np.median(full[kk]))))
+        parts = []
+        for b, cells in sorted(rows.items()):
+            m, f0, f1 = (np.median([c[i] for c in cells]) for i in range(3))
+            n_tiles = heads * sum(splits([kv_blocks(8192)] * b, heads, sms))
+            parts.append(f"{b} ({n_tiles} at 8,192): {m * 1e3:.2f} / {f0 * 1e3:.2f} "
+                         f"({m / f0 - 1:+.1%}) / {f1 * 1e3:.2f} ({m / f1 - 1:+.1%})")
+        for i in range(0, len(parts), 3):
+            print("    " + "; ".join(parts[i:i + 3]))
+        err0 = [abs(c[0] / c[1] - 1) for cs in rows.values() for c in cs]
+        err1 = [abs(c[0] / c[2] - 1) for cs in rows.values() for c in cs]
+        print(f"    {len(err0)} cells: median / largest error {np.median(err0):.1%} / "
+              f"{max(err0):.1%} without the last wave, {np.median(err1):.1%} / {max(err1):.1%} "
+              "with it")
+
+
 def main() -> None:
     what = sys.argv[1:] or ["sanity", "graph"]
     if what[0] == "points":
@@ -1452,7 +1522,7 @@ def main() -> None:
         return
     optional_profile = {"speeds": speeds, "mixedsteps": mixedsteps, "ragged": ragged,
                         "holes": holes, "launches": launches,
-                        "decodetail": decodetail}  # each takes [MODEL/KEY]
+                        "decodetail": decodetail, "tiles": tiles}  # each takes [MODEL/KEY]
     if what[0] in optional_profile:
         optional_profile[what[0]](*what[1:2])
         return
@@ -1468,7 +1538,8 @@ def main() -> None:
         sys.exit(f"calibration_analysis.py: no command {unknown[0]!r}; the commands: "
                  f"{', '.join(commands)}, points PROFILE [ONLY], composition PROFILE, "
                  "speeds [PROFILE], byrun PROFILE, steadiness PROFILE..., mixedsteps [PROFILE], "
-                 "ragged [PROFILE], holes [PROFILE], launches [PROFILE], decodetail [PROFILE]")
+                 "ragged [PROFILE], holes [PROFILE], launches [PROFILE], decodetail [PROFILE], "
+                 "tiles [PROFILE]")
     for name in what:
         print(f"== {name}")
         commands[name]()

@@ -47,6 +47,11 @@
 # the host's; then the calibration queue, now calibration/_plans/h100/queue-s54.txt: Llama-3.1-8B
 # FP8's decodes at long contexts (its serving engines with ~6,000-token prompts decoded ~7 %
 # over the profile's price), then queue-s53b.txt's two runs, unchanged.
+# The fifty-fifth session's H100 lease ran all of that (the NVFP4 tail was the host's; the
+# Llama decodes' 7 % was FlashAttention's last wave, now priced: src/capplan/tiles.py) and
+# queued the tile rule served where it decides (llama-3.1-8b-fp8-h100-tiles: ~8,000-token
+# prompts at 10, 16 and 17 users, the prediction recorded), then Qwen3-32B FP8's mixlen scan
+# (calibration/_plans/h100/queue-s55b.txt).
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -55,7 +60,7 @@ if nvidia-smi -L | grep -q H200; then
     LANE0="/tmp/keep/llama-3.1-8b-fp8-budget1k.json /tmp/keep/llama-3.1-8b-fp8-budget8k.json /tmp/keep/qwen3-32b-fp8-h200-lone.json /tmp/keep/llama-3.1-8b-bf16-lease2.json /tmp/keep/qwen3-32b-fp8-h200-t.json" \
     bash scripts/gpu_session.sh "$deadline"
 else
-  LANE0_FIRST=validate QUEUE0=calibration/_plans/h100/queue-s54.txt \
-    LANE0="/tmp/keep/qwen3-32b-nvfp4-h100-r2.json" \
+  LANE0_FIRST=validate QUEUE0=calibration/_plans/h100/queue-s55b.txt \
+    LANE0="/tmp/keep/llama-3.1-8b-fp8-h100-tiles.json" \
     bash scripts/gpu_session.sh "$deadline"
 fi

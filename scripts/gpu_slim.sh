@@ -53,6 +53,9 @@ case ${1:?hold, restore or plan} in
     for i in $(seq 1 "$g"); do
       echo "# call $i, carry [\".bundle/g$i\"$( ((i == g)) && echo ', "validation/_jobs"')]:"
       cmd="mkdir -p /tmp/vllm-parts && cp .bundle/g$i/* /tmp/vllm-parts/"
+      # which card came, by its UUID too (the fifty-fourth session's NVFP4 decode tail did
+      # not come back on the next lease's card, and neither lease had recorded which it was)
+      (( i == 1 )) && cmd+=" && nvidia-smi --query-gpu=name,uuid,driver_version,memory.total,clocks.max.sm,power.limit --format=csv > \$OUT/nvidia-smi.csv"
       if (( i == g )); then
         cmd+=" && cd /tmp/vllm-parts && cat pc_* > all && head -c $n1 all > vllm-bundle.part01"
         cmd+=" && tail -c +$((n1 + 1)) all > vllm-bundle.part02 && rm all pc_* && sha256sum -c vllm-bundle.sha256 && cd - > /dev/null && ..."

@@ -3015,10 +3015,9 @@ def stepprice(engine: str, run_name: str) -> None:
     decode-only steps (a decode-only record between two more) by how many requests decode,
     their context read from the step's KV use (`kv_usage` x the engine's KV tokens; a shared
     prefix's blocks count once there, so rows with prefix hits read too little context): the
-    median gap beside the profile's time for that batch and context. Where the second runs
-    above the profile while the profile's own decode points at those contexts do not
-    (`CAPPLAN_PROFILES=... calibration_analysis.py points MODEL/KEY`), the serving host is the
-    slower."""
+    median gap beside the profile's time for that batch and context, by their summed context
+    (FlashAttention's last wave, which depends on each length, left out: the fifty-fifth
+    session found the 5-23 decodes' excess there, `calibration_analysis.py mixlen`)."""
     folder = next((f for f in stored_runs() if f.name == engine), None)
     if folder is None:
         raise SystemExit(f"stepprice: no stored engine {engine!r}")
@@ -3047,15 +3046,18 @@ def stepprice(engine: str, run_name: str) -> None:
                       max_num_batched_tokens=budget)
     t, p = steps["t"].to_numpy(), steps["prefill_reqs"].to_numpy()
     d, use = steps["decode_reqs"].to_numpy(), steps["kv_usage"].to_numpy()
+    # the step log has each step's KV use, not its sequences' lengths: priced by their sum,
+    # without FlashAttention's last wave (profile.py: F needs each length)
     rows = np.array([(d[i], use[i] * kv, t[i] - t[i - 1],
-                      timer.step_time_s(int(d[i]), int(d[i]), 0.0, int(use[i] * kv)))
+                      timer.step_time_s(int(d[i]), int(d[i]), 0.0, int(use[i] * kv),
+                                        tile_factor=1.0))
                      for i in range(2, len(t) - 1)
                      if d[i] and not (p[i] or p[i - 1] or p[i + 1])])
     if not len(rows):
         return
-    print(f"    decode-only steps: {len(rows)}, measured over the profile's price "
-          f"{np.median(rows[:, 2] / rows[:, 3]) - 1:+.1%} at the median; by requests decoding "
-          "(steps, context tokens, ms measured / priced)")
+    print(f"    decode-only steps: {len(rows)}, measured over the profile's price by their "
+          f"summed context {np.median(rows[:, 2] / rows[:, 3]) - 1:+.1%} at the median; by "
+          "requests decoding (steps, context tokens, ms measured / priced)")
     parts = []
     for lo, hi in ((1, 4), (5, 8), (9, 12), (13, 20), (21, 64), (65, 1 << 20)):
         m = (rows[:, 0] >= lo) & (rows[:, 0] <= hi)

@@ -73,6 +73,7 @@ def test_refit_from_samples_gives_same_coefficients(d: Path) -> None:
                                               "core_graph_sigma", "core_piecewise_sigma",
                                               "core_eager_s", "eager_gpu_s",
                                               "eager_sigma", "draft_serving_scale", "draft_sigma",
+                                              "tile_rho", "tile_kv_heads", "tile_sms",
                                               *ENCODER}).items():
         assert getattr(res.step, k) == pytest.approx(v, rel=1e-6, abs=1e-15), k
     scan = prov.get("encoder_scan", {})
@@ -80,6 +81,36 @@ def test_refit_from_samples_gives_same_coefficients(d: Path) -> None:
         assert getattr(prof.step, k) == scan.get(k, [] if k.endswith("draws_s") else 0.0), k
     assert res.quality == prof.fit.model_copy(update={"shipped_median_ape": None,
                                                       "shipped_p95_ape": None})
+
+
+TILED = [d for d in PROFILES if Profile.load(d).step.tile_rho]
+
+
+def test_the_validated_fp8_engines_price_flashattentions_last_wave() -> None:
+    """The profiles whose sweeps hold enough long decodes of a few sequences fit tile_rho
+    (calibrate/fit.py tile_rho): the H100's Llama-3.1-8B and Qwen3-32B, the H200's Llama FP8."""
+    assert {f"{d.parents[2].name}/{d.parent.name}/{d.name}" for d in TILED} >= {
+        "h100/llama-3.1-8b/fp8", "h100/qwen3-32b/fp8", "h200/llama-3.1-8b/fp8"}
+
+
+@pytest.mark.parametrize("d", TILED, ids=[f"{d.parents[2].name}/{d.parent.name}/{d.name}"
+                                          for d in TILED])
+def test_tile_rho_refits_from_the_samples(d: Path) -> None:
+    """tile_rho is the fit's choice over the shipped samples once the other terms are in
+    (calibrate/build.py after the graph scan), with the model's KV heads and the GPU's SMs,
+    and it prices the cells it was fitted on better by at least TILE_MIN_GAIN."""
+    prof = Profile.load(d)
+    step = prof.step
+    s = store.samples_of(store.read_samples(d))
+    sizes = cudagraph_capture_sizes(int(prof.engine["max_num_seqs"]),  # type: ignore[call-overload]
+                                    int(prof.engine["max_num_batched_tokens"]), prof.spec_k)  # type: ignore[call-overload]
+    heads = load_model_spec(prof.model).num_kv_heads
+    assert (step.tile_kv_heads, step.tile_sms) == (heads, GPUS[prof.gpu].sms)
+    fit = F.tile_rho(s, step.model_copy(update={"tile_rho": 0.0}), sizes, prof.spec_k, heads,
+                     GPUS[prof.gpu].sms)
+    assert fit is not None and fit.rho == step.tile_rho
+    assert fit.rms_with_s <= (1 - F.TILE_MIN_GAIN) * fit.rms_without_s
+    assert f"tile_rho {fit.rho:.1f}" in prof.provenance.note
 
 
 SHARED = [d for d in PROFILES if "shared_ctx" in json.loads((d / "provenance.json").read_text())]
@@ -144,7 +175,8 @@ def test_graph_terms_refit_from_their_graph_scan(d: Path) -> None:
     # under speculative decoding a size is B (1 + k) tokens, B at most 256 requests; a scan
     # whose budget ran out before its last sizes names them, and they keep the linear terms:
     # the largest sizes only, and fewer than it reached (the H100's Qwen3-32B NVFP4 scan, whose
-    # 60 s reached 24 of 35 sizes, the rest queued: calibration/_plans/h100/queue-s53b.txt)
+    # 60 s reached 24 of 35 sizes in the fifty-third session, before it ran whole in the
+    # fifty-fifth: calibration/_raw/h100/superseded-s55/)
     missed = prov["graph_scan"].get("sizes_not_reached", [])
     assert sorted([*scan.offsets, *missed]) == [s for s in sizes if s // (1 + prof.spec_k) <= 256]
     assert len(missed) < len(scan.offsets) and all(m > max(scan.offsets) for m in missed)

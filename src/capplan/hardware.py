@@ -35,6 +35,7 @@ class GpuSpec(BaseModel):
     bf16_flops: float
     fp8_flops: float
     fp4_flops: float | None  # None: no FP4 tensor cores (4-bit runs weight-only)
+    sms: int  # streaming multiprocessors: FlashAttention's persistent thread blocks (tiles.py)
     source: str
 
     def matmul_flops(self, precision: Precision) -> float:
@@ -54,7 +55,9 @@ GPUS: dict[str, GpuSpec] = {
         bf16_flops=989e12,
         fp8_flops=1979e12,
         fp4_flops=None,
-        source="NVIDIA H200 Tensor Core GPU datasheet (SXM), dense figures",
+        sms=132,
+        source="NVIDIA H200 Tensor Core GPU datasheet (SXM), dense figures; SMs as the H100 "
+        "SXM5's, the same GH100 die",
     ),
     "h100": GpuSpec(
         name="h100",
@@ -63,6 +66,8 @@ GPUS: dict[str, GpuSpec] = {
         bf16_flops=989e12,
         fp8_flops=1979e12,
         fp4_flops=None,
-        source="NVIDIA H100 Tensor Core GPU datasheet (SXM), dense figures",
+        sms=132,
+        source="NVIDIA H100 Tensor Core GPU datasheet (SXM), dense figures; 132 SMs (NVIDIA "
+        "H100 Tensor Core GPU Architecture whitepaper, H100 SXM5)",
     ),
 }

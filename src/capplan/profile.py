@@ -27,6 +27,7 @@ Step-time model (one engine step, seconds), physically shaped:
       + graph_offset_s[T_pad] if decode-only and       # the graph size's own offset,
           within the largest CUDA graph                #   and its own KV read
           + (graph_ctx_s - decode_ctx_s) * sum(context)
+          + graph_ctx_s * sum(context) * (F - 1)       # FlashAttention's last wave (tiles.py)
 
 where a step past the largest capture size costs at least `eager_floor_s` before the drafter's
 and encoder's terms: without a graph the CPU launches every kernel, and a small such step
@@ -78,6 +79,19 @@ multiples of 1 + k, and the scan times B = size / (1 + k) at each; a decode-only
 the largest graph (more than 102 requests at k = 4) runs without a graph and takes
 neither term.
 
+F, at least 1, is FlashAttention 3's decode kernel's time over its bandwidth-bound time
+for the step's sequences (tiles.tail_factor): each sequence's KV is cut into splits chosen
+from the step's own lengths, one tile per KV head and split, and the tiles are taken in
+order by one thread block per SM; where they overflow a whole wave by fewer than
+SMs / `tile_rho`, the last ones run with most SMs idle. It depends on each sequence's length,
+not their sum, so the simulator hands the step's lengths to StepTimer.tail_factor. Measured
+on the H100 (Llama-3.1-8B FP8, 8 KV heads), the sweep's decode steps of 17 sequences ran
+8.6 % over the summed-context price and of 16 sequences 2.1 % (calibration_analysis.py
+tiles); six decodes of 4,096 tokens beside two of 12,288 ran 5.5 % over eight of 6,144
+(calibration_analysis.py mixlen). `tile_rho` is fitted on
+the decode-only steps after the graph scan (calibrate/fit.py tile_rho); where no value
+prices them better than none, or the profile has no graph scan, F is 1.
+
 S counts the context tokens that running requests read in common with another: a
 prefix-cache hit takes the cached KV blocks themselves (vllm/v1/core/kv_cache_manager.py
 get_computed_blocks, vllm/v1/core/block_pool.py touch), so every request of a prefix group
@@ -125,6 +139,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from capplan.errors import CalibrationCoverageError, ConfigError
 from capplan.kvlayout import KvLayout
 from capplan.pool import PoolHost
+from capplan.tiles import kv_blocks, tail_factor
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 _POOL_KEYS = ("layout", "slope_blocks", "intercept_blocks", "image_reservation_blocks")
@@ -140,6 +155,8 @@ GEMM_SWITCH_TOKENS = 128
 """Past this many tokens the FP8 GEMM switches to its largest tiles (`gemm_switch_s`)."""
 GEMM_ROW_TOKENS = 256
 """Tokens a row of those tiles covers: two 128-row tiles a cluster (`gemm_rows_s`)."""
+TILE_CACHE_SIZE = 1 << 14
+"""Batches whose F (StepTimer.tail_factor) a timer keeps before it starts again."""
 
 
 def row_holes(t_pad: int) -> float:
@@ -301,6 +318,20 @@ class StepModel(BaseModel):
         description="per context token within the window of a decode-only step, in place "
         "of decode_window_s, where a graph-scan run measured it (sliding-window models; "
         "0: decode_window_s)",
+    )
+    tile_rho: float = Field(
+        default=0.0, ge=0,
+        description="how many times one SM's share of the memory bandwidth a lone attention "
+        "tile streams at, in FlashAttention 3's last, partly empty wave of a decode-only "
+        "step (tiles.py); fitted on the decode-only steps (0: the tail is not priced)",
+    )
+    tile_kv_heads: int = Field(
+        default=0, ge=0,
+        description="KV heads a GPU holds, the tiles of one split (tiles.py; with tile_rho)",
+    )
+    tile_sms: int = Field(
+        default=0, ge=0,
+        description="the GPU's SMs: FlashAttention's persistent thread blocks (with tile_rho)",
     )
     graph_offset_s: dict[int, float] = Field(
         default_factory=dict,
@@ -650,6 +681,9 @@ class StepTimer:
         "_shared",
         "_sigma",
         "_stairs",
+        "_tile_cache",
+        "_tile_rate",
+        "_tiles",
         "_window",
         "box",
         "draft_spread",
@@ -719,6 +753,12 @@ class StepTimer:
         self._graph_ctx = s.graph_ctx_s - s.decode_ctx_s if s.graph_offset_s else 0.0
         self._graph_win = (s.graph_window_s - s.decode_window_s
                            if s.graph_offset_s and s.graph_window_s and s.window_tokens else 0.0)
+        # FlashAttention's last wave on a decode-only step (tiles.py; None: not priced)
+        self._tiles = ((s.tile_kv_heads, s.tile_sms, s.tile_rho)
+                       if s.tile_rho and s.tile_kv_heads and s.tile_sms and s.graph_offset_s
+                       else None)
+        self._tile_rate = s.graph_ctx_s
+        self._tile_cache: dict[tuple[int, ...], float] = {}
         self.box = profile.box
         self._box = (self.box.max_tokens, self.box.max_seqs, self.box.max_context_tokens)
         self.strict = strict
@@ -729,6 +769,26 @@ class StepTimer:
         if tokens > self._graph_max:
             return tokens
         return self._graphs[bisect.bisect_left(self._graphs, tokens)]
+
+    @property
+    def tiles(self) -> tuple[int, int] | None:
+        """(KV heads, SMs) where the profile prices FlashAttention's last wave on a
+        decode-only step (`tail_factor`), else None."""
+        return None if self._tiles is None else self._tiles[:2]
+
+    def tail_factor(self, blocks: tuple[int, ...]) -> float:
+        """F of the module docstring for a decode-only step whose sequences read `blocks`
+        KV blocks each (tiles.kv_blocks of their contexts), in batch order: 1 where the
+        profile has no `tile_rho`."""
+        if self._tiles is None:
+            return 1.0
+        f = self._tile_cache.get(blocks)
+        if f is None:
+            if len(self._tile_cache) > TILE_CACHE_SIZE:
+                self._tile_cache.clear()
+            heads, sms, rho = self._tiles
+            f = self._tile_cache[blocks] = tail_factor(blocks, heads, sms, rho)
+        return f
 
     def stairs(self, t_pad: int) -> float:
         """The quantized GEMM's tile stairs for a step of `t_pad` padded tokens."""
@@ -788,6 +848,7 @@ class StepTimer:
         encoder_step_s: float | None = None,
         launch_factor: float = 1.0,
         draft_factor: float = 1.0,
+        tile_factor: float | None = None,
     ) -> tuple[float, float]:
         """(work, launch) seconds of one engine step of this composition. `launch` is the
         engine core's own time for the step, during which it can neither schedule nor hand
@@ -807,7 +868,8 @@ class StepTimer:
         `encoder_step_s`, the profile's median unless given (one of its draws).
         `launch_factor` scales the core's own time (simulation.core_spread), not the
         encoder's, whose spread its draws carry; `draft_factor` the drafter's pass (a draw
-        of `draft_spread`)."""
+        of `draft_spread`). `tile_factor` is a decode-only step's F (`tail_factor` of its
+        sequences' lengths); None takes the sequences as of one length."""
         fixed, per_tok, knee, p_attn, d_ctx, per_seq = self._c
         max_tokens, max_seqs, max_context = self._box
         if tokens > max_tokens or seqs > max_seqs or (seqs and decode_ctx > max_context * seqs):
@@ -839,6 +901,10 @@ class StepTimer:
             # decoding a decode-only step can be, no graph at all: vllm/v1/cudagraph_dispatcher.py
             # CudagraphDispatcher.dispatch returns CUDAGraphMode.NONE)
             t += self._graph_ctx * decode_ctx + self._graph_offset[tokens]
+            if self._tiles is not None and seqs and decode_ctx:
+                if tile_factor is None:
+                    tile_factor = self.tail_factor((kv_blocks(decode_ctx // seqs),) * seqs)
+                t += self._tile_rate * decode_ctx * (tile_factor - 1.0)
             if self._graph_win and seqs and decode_ctx:
                 w = self._window[0]  # type: ignore[index]
                 mean = decode_ctx / seqs

@@ -612,6 +612,19 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                          + (f"; size{'s' if len(missed) > 1 else ''} "
                             f"{', '.join(map(str, missed))} not reached before the scan's "
                             "budget ran out, priced by the linear terms" if missed else ""))
+    if graphs is not None and not k and kv_dtype == "auto" and not window:
+        # FlashAttention's last wave on a decode-only step (tiles.py): 16-bit KV's tiles,
+        # one token a sequence, full attention only (the cases its rule was measured on)
+        heads = load_model_spec(g.model).num_kv_heads
+        tiles = F.tile_rho(s, step, sizes, k, heads, GPUS[gpu].sms)
+        if tiles is not None:
+            step = step.model_copy(update={"tile_rho": tiles.rho, "tile_kv_heads": heads,
+                                           "tile_sms": GPUS[gpu].sms})
+            notes.append(f"tile_rho {tiles.rho:.1f}: FlashAttention's last wave on a "
+                         f"decode-only step ({heads} KV heads, {GPUS[gpu].sms} SMs), fitted on "
+                         f"{tiles.cells} decode-only cells, their RMS error "
+                         f"{tiles.rms_without_s * 1e3:.3f} ms without it, "
+                         f"{tiles.rms_with_s * 1e3:.3f} ms with it")
     encoder, note = encoder_time(raw, g)
     if encoder is not None:
         step = step.model_copy(update={k: encoder[k] for k in (

@@ -34,6 +34,7 @@ from capplan.profile import (
     encoder_work_s,
     graph_offset,
 )
+from capplan.tiles import kv_blocks, tail_factor
 
 Samples = Mapping[str, np.ndarray]
 COEFS = ("fixed_s", "per_token_s", "prefill_attn_s", "decode_ctx_s", "per_seq_s",
@@ -344,7 +345,92 @@ def predict_steps(s: Samples, step: StepModel, sizes: list[int], spec_k: int) ->
         t_pad = _pad(s["tokens"], sizes)
         offsets = {int(p): graph_offset(step.graph_offset_s, int(p)) for p in set(t_pad[dec])}
         out = out + np.where(dec, [offsets.get(int(p), 0.0) for p in t_pad], 0.0)
+        if step.tile_rho and step.tile_kv_heads and step.tile_sms:
+            f = tile_factors(s, dec, step.tile_kv_heads, step.tile_sms, step.tile_rho)
+            out = out + step.graph_ctx_s * s["decode_ctx"] * (f - 1.0)
     return out
+
+
+def tile_factors(s: Samples, dec: np.ndarray, kv_heads: int, sms: int,
+                 rho: float) -> np.ndarray:
+    """F (tiles.tail_factor) of each step in `dec`, its sequences taken as of one length
+    (the sweep's decode points are), 1 elsewhere."""
+    out = np.ones(len(s["step_s"]))
+    seen: dict[tuple[int, int], float] = {}
+    for i in np.flatnonzero(dec & (s["decode_seqs"] > 0)):
+        b = int(s["decode_seqs"][i])
+        key = (b, kv_blocks(int(s["decode_ctx"][i]) // b))
+        f = seen.get(key)
+        if f is None:
+            f = seen[key] = tail_factor((key[1],) * b, kv_heads, sms, rho)
+        out[i] = f
+    return out
+
+
+TILE_RHOS = tuple(round(1.0 + 0.1 * i, 1) for i in range(31))
+"""The values of `tile_rho` the fit tries (1: a lone tile no faster than any other; 4: all
+but the shortest tails free)."""
+TILE_MIN_CONTEXT = 1024
+"""Context tokens a sequence a decode-only cell must hold to join `tile_rho`'s fit."""
+TILE_MIN_MOVE = 0.02
+"""A decode-only cell joins `tile_rho`'s fit where F at rho 1 would add this share of its
+price or more."""
+TILE_MIN_GAIN = 0.2
+"""A fitted `tile_rho` stands where it cuts the decode-only cells' root-mean-square error
+by at least this share; else F stays 1."""
+
+
+@dataclass(frozen=True)
+class TileFit:
+    """`tile_rho`'s fit over a profile's decode-only cells (a sweep point's steps with one
+    count of decoding sequences) whose F can exceed 1: how many, and the RMS of their median
+    error without the term and with it."""
+
+    rho: float
+    cells: int
+    rms_without_s: float
+    rms_with_s: float
+
+
+def tile_rho(s: Samples, step: StepModel, sizes: list[int], spec_k: int, kv_heads: int,
+             sms: int) -> TileFit | None:
+    """Fit `tile_rho` on the decode-only steps within the largest CUDA graph, once the graph
+    scan's terms are in `step`: the value of TILE_RHOS whose F brings each cell's median
+    step closest to the measured median, in the root mean square over cells. None without a
+    graph scan or such steps, or where no value cuts the error by TILE_MIN_GAIN."""
+    if not step.graph_offset_s:
+        return None
+    dec = (_decode_only(s) & (s["tokens"] <= max(sizes, default=0)) & (s["decode_seqs"] > 0)
+           & ~s["warmup"].astype(bool))
+    if not dec.any():
+        return None
+    base = predict_steps(s, step.model_copy(update={"tile_rho": 0.0}), sizes, spec_k)
+    cells: dict[tuple[str, int], list[int]] = {}
+    for i in np.flatnonzero(dec):
+        cells.setdefault((str(s["point"][i]), int(s["decode_seqs"][i])), []).append(int(i))
+    # the cells the term can move by TILE_MIN_MOVE of their price or more (at the slowest
+    # tail, rho 1) whose sequences hold TILE_MIN_CONTEXT tokens or more; the others keep
+    # their error whatever rho is, or errors of their own (a short-context point's ramp, its
+    # decodes between its prompts' steps, runs up to 70 % over its price at any rho)
+    cost = step.graph_ctx_s * s["decode_ctx"]
+    most = cost * (tile_factors(s, dec, kv_heads, sms, TILE_RHOS[0]) - 1.0)
+    idx = [k for (_, b), v in cells.items() if len(v) >= 3
+           for k in [np.array(v)]
+           if np.median(most[k]) >= TILE_MIN_MOVE * np.median(base[k])
+           and np.median(s["decode_ctx"][k]) >= TILE_MIN_CONTEXT * b]
+    if not idx:
+        return None
+    meas = np.array([np.median(s["step_s"][k]) for k in idx])
+
+    def rms(f: np.ndarray) -> float:
+        return float(np.sqrt(np.mean([(m - np.median(base[k] + cost[k] * (f[k] - 1))) ** 2
+                                      for m, k in zip(meas, idx, strict=True)])))
+
+    without = rms(np.ones(len(base)))
+    best = min((rms(tile_factors(s, dec, kv_heads, sms, r)), r) for r in TILE_RHOS)
+    if best[0] > (1 - TILE_MIN_GAIN) * without:
+        return None
+    return TileFit(rho=best[1], cells=len(idx), rms_without_s=without, rms_with_s=best[0])
 
 
 def _decode_only(s: Samples) -> np.ndarray:

@@ -686,6 +686,25 @@ class EngineCore:
         plan.shared_ctx = self.shared_ctx
         return plan
 
+    def decode_contexts(self, plan: StepPlan) -> list[int]:
+        """Each sequence's context in `plan`, a decode-only step just scheduled (they sum to
+        plan.decode_ctx), in the running list's order, the cohort's shortcut or not: an
+        explicit request's counters have advanced past the step (_update_after_schedule), a
+        member's are as of its first implicit schedule, s0. vLLM's batch order is its
+        persistent batch's slots (vllm/v1/worker/gpu_input_batch.py: a new request takes
+        the first free one), which the running list's order stands in for
+        (profile.StepTimer.tail_factor)."""
+        idx = plan.idx
+        scheduled = {id(r): n for r, n in zip(plan.reqs, plan.tokens, strict=True)}
+        out: list[int] = []
+        for r in self.running:
+            n = scheduled.get(id(r))
+            if n is not None:
+                out.append(r.computed - n)
+            elif r.lazy and r.s0 <= idx:
+                out.append(r.computed + idx - r.s0)
+        return out
+
     def _schedule_with_cohort(
         self, plan: StepPlan, budget: int, cohort: DecodeCohort
     ) -> tuple[int, bool]:

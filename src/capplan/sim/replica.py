@@ -52,6 +52,7 @@ from capplan.profile import StepTimer
 from capplan.sim.client import ClientLoop, OutputJitter
 from capplan.sim.core import EngineCore, SimRequest, StepPlan
 from capplan.sim.metrics import StepGaps, WorkloadRecorder
+from capplan.tiles import BLOCK_N
 
 INPUT_S = 0.15e-3
 INPUT_TOKEN_S = 0.3e-6
@@ -65,6 +66,16 @@ thread, so a wave that arrives during the launch of its first requests' step hol
 launch until the wave is decoded, and the rest of the wave joins one step, as the engine's
 waves do (docs/validation.md, "Where the engine core's time goes"). While the core waits
 for the GPU, the GIL is free and arrivals cost it nothing."""
+
+TILE_EXACT_SEQS = 8
+TILE_REFRESH_STEPS = 16
+"""A decode-only step of up to TILE_EXACT_SEQS sequences takes F (FlashAttention's last
+wave, profile.StepTimer.tail_factor) of its own lengths; a larger one takes the last F
+taken while the batch stays within an eighth of that step's size, for up to
+TILE_REFRESH_STEPS steps. F walks every tile of
+the step (eight a sequence, or more: tiles.py), and a large batch changes a block count
+almost every step, so the exact F would cost the simulator most of its time there (2.6x the
+time of `capplan size --traffic examples/which-gpu.yaml`); its lengths' mix moves slowly."""
 
 ENGINE_WAKE_S = 0.13e-3
 """From the input thread's end of decoding the first request that reaches an idle engine
@@ -213,6 +224,10 @@ class Replica:
         self._async = core.cfg.async_scheduling
         # without asynchronous scheduling the core's own time a step is serial with the GPU's
         self._serial = 0.0 if self._async else timer.serial_core_s
+        # FlashAttention's last wave on a decode-only step, where the profile prices it: F of
+        # the step's own lengths (profile.py, tiles.py)
+        self._tiles = timer.tiles is not None
+        self._tile = (0, 0, 1.0)  # the last F taken: (sequences, steps since, F)
         self._gpu_free = 0.0  # when the GPU ends the last step launched
         self._core_free = 0.0  # when the core ends launching the last step (INPUT_S)
         self._last_out = 0.0  # when the core last handed out a step's outputs
@@ -239,6 +254,20 @@ class Replica:
 
     # -- the engine loop, as callbacks: _advance while the core is free, _step_end after a
     # -- step's outputs are processed --------------------------------------------------------
+
+    def _tail_factor(self, plan: StepPlan, seqs: int) -> float:
+        """F of a decode-only step (StepTimer.tail_factor) from its sequences' lengths; past
+        TILE_EXACT_SEQS sequences, the last one taken while the batch stays within an eighth
+        of its size then, for up to TILE_REFRESH_STEPS steps (a large batch's mix of lengths
+        moves slowly, and F is costly there: an evaluation shortcut, docs/simulator.md)."""
+        n, age, f = self._tile
+        if seqs > TILE_EXACT_SEQS and abs(seqs - n) * 8 <= n and age < TILE_REFRESH_STEPS:
+            self._tile = (n, age + 1, f)
+            return f
+        f = self.timer.tail_factor(
+            tuple([c // BLOCK_N + 1 for c in self.core.decode_contexts(plan)]))
+        self._tile = (seqs, 0, f)
+        return f
 
     def _start(self, _event: object) -> None:
         self._advance()
@@ -289,6 +318,9 @@ class Replica:
             draft = 1.0
             if self.timer.draft_spread:  # the drafter's pass, the host's moment (profile.py)
                 draft = self.draws.factor(self.timer.draft_spread)
+            tile = None
+            if self._tiles and not plan.prefill_seqs and not plan.encoder_tokens and seqs:
+                tile = self._tail_factor(plan, seqs)
             work, launch = self.timer.step_times(
                 plan.total_tokens,
                 seqs,
@@ -303,6 +335,7 @@ class Replica:
                                 if plan.encoder_tokens and self.pictures is not None else None),
                 launch_factor=factor,
                 draft_factor=draft,
+                tile_factor=tile,
             )
             if self._serial:
                 work += self._serial
