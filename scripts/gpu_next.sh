@@ -51,7 +51,9 @@
 # Llama decodes' 7 % was FlashAttention's last wave, now priced: src/capplan/tiles.py) and
 # queued the tile rule served where it decides (llama-3.1-8b-fp8-h100-tiles: ~8,000-token
 # prompts at 10, 16 and 17 users, the prediction recorded), then Qwen3-32B FP8's mixlen scan
-# (calibration/_plans/h100/queue-s55b.txt).
+# (calibration/_plans/h100/queue-s55b.txt). A second lease of that session ran the Llama
+# engine (all 18 figures within target) and queued the same test on Qwen3-32B FP8
+# (qwen3-32b-fp8-h100-tiles, prediction recorded) before the mixlen scan.
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -61,6 +63,6 @@ if nvidia-smi -L | grep -q H200; then
     bash scripts/gpu_session.sh "$deadline"
 else
   LANE0_FIRST=validate QUEUE0=calibration/_plans/h100/queue-s55b.txt \
-    LANE0="/tmp/keep/llama-3.1-8b-fp8-h100-tiles.json" \
+    LANE0="/tmp/keep/qwen3-32b-fp8-h100-tiles.json" \
     bash scripts/gpu_session.sh "$deadline"
 fi
