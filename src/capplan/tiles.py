@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -45,6 +45,11 @@ def kv_blocks(context: int) -> int:
     """Blocks of BLOCK_N KV tokens a decode of `context` earlier tokens reads (its new
     token's included)."""
     return context // BLOCK_N + 1
+
+
+def blocks_of(contexts: Iterable[int]) -> tuple[int, ...]:
+    """kv_blocks of each decode's context, in order: the key StepTimer.tail_factor takes."""
+    return tuple([c // BLOCK_N + 1 for c in contexts])
 
 
 def splits(blocks: Sequence[int], kv_heads: int, sms: int) -> list[int]:

@@ -52,7 +52,7 @@ from capplan.profile import StepTimer
 from capplan.sim.client import ClientLoop, OutputJitter
 from capplan.sim.core import EngineCore, SimRequest, StepPlan
 from capplan.sim.metrics import StepGaps, WorkloadRecorder
-from capplan.tiles import BLOCK_N
+from capplan.tiles import blocks_of
 
 INPUT_S = 0.15e-3
 INPUT_TOKEN_S = 0.3e-6
@@ -72,10 +72,10 @@ TILE_REFRESH_STEPS = 16
 """A decode-only step of up to TILE_EXACT_SEQS sequences takes F (FlashAttention's last
 wave, profile.StepTimer.tail_factor) of its own lengths; a larger one takes the last F
 taken while the batch stays within an eighth of that step's size, for up to
-TILE_REFRESH_STEPS steps. F walks every tile of
-the step (eight a sequence, or more: tiles.py), and a large batch changes a block count
-almost every step, so the exact F would cost the simulator most of its time there (2.6x the
-time of `capplan size --traffic examples/which-gpu.yaml`); its lengths' mix moves slowly."""
+TILE_REFRESH_STEPS steps. F walks every tile of the step (eight a sequence, or more:
+tiles.py), and a large batch changes a block count almost every step, so the exact F would
+cost the simulator most of its time there (2.6x the time of `capplan size --traffic
+examples/which-gpu.yaml`); its lengths' mix moves slowly."""
 
 ENGINE_WAKE_S = 0.13e-3
 """From the input thread's end of decoding the first request that reaches an idle engine
@@ -264,8 +264,7 @@ class Replica:
         if seqs > TILE_EXACT_SEQS and abs(seqs - n) * 8 <= n and age < TILE_REFRESH_STEPS:
             self._tile = (n, age + 1, f)
             return f
-        f = self.timer.tail_factor(
-            tuple([c // BLOCK_N + 1 for c in self.core.decode_contexts(plan)]))
+        f = self.timer.tail_factor(blocks_of(self.core.decode_contexts(plan)))
         self._tile = (seqs, 0, f)
         return f
 
