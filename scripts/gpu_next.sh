@@ -53,13 +53,15 @@
 # prompts at 10, 16 and 17 users, the prediction recorded), then Qwen3-32B FP8's mixlen scan
 # (calibration/_plans/h100/queue-s55b.txt). A second lease of that session ran the Llama
 # engine (all 18 figures within target) and queued the same test on Qwen3-32B FP8
-# (qwen3-32b-fp8-h100-tiles, prediction recorded) before the mixlen scan.
+# (qwen3-32b-fp8-h100-tiles, prediction recorded) before the mixlen scan. On an H200 it put
+# the same test on the H200's Llama-3.1-8B FP8 (llama-3.1-8b-fp8-h200-tiles: tile_rho 1.6
+# there) at the head of the serving engines, after the scan.
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
 if nvidia-smi -L | grep -q H200; then
   QUEUE0=calibration/_plans/queue-s48.txt \
-    LANE0="/tmp/keep/llama-3.1-8b-fp8-budget1k.json /tmp/keep/llama-3.1-8b-fp8-budget8k.json /tmp/keep/qwen3-32b-fp8-h200-lone.json /tmp/keep/llama-3.1-8b-bf16-lease2.json /tmp/keep/qwen3-32b-fp8-h200-t.json" \
+    LANE0="/tmp/keep/llama-3.1-8b-fp8-h200-tiles.json /tmp/keep/llama-3.1-8b-fp8-budget1k.json /tmp/keep/llama-3.1-8b-fp8-budget8k.json /tmp/keep/qwen3-32b-fp8-h200-lone.json /tmp/keep/llama-3.1-8b-bf16-lease2.json /tmp/keep/qwen3-32b-fp8-h200-t.json" \
     bash scripts/gpu_session.sh "$deadline"
 else
   LANE0_FIRST=validate QUEUE0=calibration/_plans/h100/queue-s55b.txt \
