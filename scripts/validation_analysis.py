@@ -119,6 +119,7 @@ from capplan.calibrate import store
 from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.modelspec import load_model_spec
 from capplan.profile import Profile, StepTimer, eager_threshold
+from capplan.tiles import blocks_of
 from capplan.sim.run import simulate
 from capplan.tracefit import parse_metrics
 from capplan.traffic import ClosedLoop
@@ -3016,8 +3017,10 @@ def stepprice(engine: str, run_name: str) -> None:
     their context read from the step's KV use (`kv_usage` x the engine's KV tokens; a shared
     prefix's blocks count once there, so rows with prefix hits read too little context): the
     median gap beside the profile's time for that batch and context, by their summed context
-    (FlashAttention's last wave, which depends on each length, left out: the fifty-fifth
-    session found the 5-23 decodes' excess there, `calibration_analysis.py mixlen`)."""
+    (FlashAttention's last wave, which depends on each length, left out). Then, for a profile
+    with `tile_rho`, the same steps with each request's length read from its token times
+    (the steps whose count of requests matches the log's): priced without the last wave and
+    with it (fifty-fifth session)."""
     folder = next((f for f in stored_runs() if f.name == engine), None)
     if folder is None:
         raise SystemExit(f"stepprice: no stored engine {engine!r}")
@@ -3065,6 +3068,48 @@ def stepprice(engine: str, run_name: str) -> None:
             parts.append(f"{lo}-{hi if hi < 1 << 20 else ''}: {int(m.sum())}, "
                          f"{np.median(rows[m, 1]):,.0f}, {np.median(rows[m, 2]) * 1e3:.2f} / "
                          f"{np.median(rows[m, 3]) * 1e3:.2f}")
+    print("      " + "; ".join(parts))
+    if timer.tiles is None:
+        return
+    # each decode-only step's own lengths, from the requests' token times (the client's
+    # clock, the step log's too): a request decoding through the step's gap holds its prompt
+    # and the tokens it had by the gap's start; steps whose count matches the log are kept
+    req = pl.read_parquet(folder / "requests.parquet").filter(pl.col("run") == run_name)
+    at = [(r["send_s"] + np.cumsum(np.array(r["chunk_us"], float) * 1e-6),
+           np.cumsum(np.array(r["chunk_k"], float)), int(r["input_tokens"]))
+          for r in req.iter_rows(named=True) if r["chunk_us"]]
+    keep = [i for i in range(2, len(t) - 1) if d[i] and not (p[i] or p[i - 1] or p[i + 1])]
+    t0, t1 = t[np.array(keep) - 1] + 1e-4, t[np.array(keep)] - 1e-4
+    ctx = np.full((len(at), len(keep)), -1)
+    for n, (arrive, tokens, prompt) in enumerate(at):
+        live = (arrive[0] <= t0) & (arrive[-1] >= t1)
+        j = np.searchsorted(arrive, t0, side="right")
+        ctx[n, live] = prompt + tokens[j[live] - 1]
+    flat, tiled, count = [], [], []
+    for c, i in enumerate(keep):
+        lengths = ctx[ctx[:, c] >= 0, c]
+        if len(lengths) != d[i]:
+            continue
+        s = int(lengths.sum())
+        flat.append(timer.step_time_s(int(d[i]), int(d[i]), 0.0, s, tile_factor=1.0))
+        tiled.append(timer.step_time_s(int(d[i]), int(d[i]), 0.0, s,
+                                       tile_factor=timer.tail_factor(blocks_of(lengths))))
+        count.append(i)
+    if not count:
+        return
+    gap = t[count] - t[np.array(count) - 1]
+    b, flat_s, tiled_s = d[count], np.array(flat), np.array(tiled)
+    print(f"    {len(count)} of them with each request's length (the log's count): measured over "
+          f"the price by their summed context {np.median(gap / flat_s) - 1:+.1%}, with "
+          f"FlashAttention's last wave {np.median(gap / tiled_s) - 1:+.1%}; by requests "
+          "decoding (steps, ms measured / without / with it)")
+    parts = []
+    for lo, hi in ((1, 4), (5, 8), (9, 12), (13, 20), (21, 64), (65, 1 << 20)):
+        m = (b >= lo) & (b <= hi)
+        if m.sum() >= 20:
+            parts.append(f"{lo}-{hi if hi < 1 << 20 else ''}: {int(m.sum())}, "
+                         f"{np.median(gap[m]) * 1e3:.2f} / {np.median(flat_s[m]) * 1e3:.2f} / "
+                         f"{np.median(tiled_s[m]) * 1e3:.2f}")
     print("      " + "; ".join(parts))
 
 def whichgpu() -> None:
