@@ -71,8 +71,8 @@ TILE_EXACT_SEQS = 8
 TILE_REFRESH_STEPS = 16
 """A decode-only step of up to TILE_EXACT_SEQS sequences takes F (FlashAttention's last
 wave, profile.StepTimer.tail_factor) of its own lengths; a larger one takes the last F
-taken while the batch stays within an eighth of that step's size, for up to
-TILE_REFRESH_STEPS steps. F walks every tile of the step (eight a sequence, or more:
+taken while the batch keeps that step's size (past 4 x TILE_EXACT_SEQS, stays within an
+eighth of it), for up to TILE_REFRESH_STEPS steps. F walks every tile of the step (eight a sequence, or more:
 tiles.py), and a large batch changes a block count almost every step, so the exact F would
 cost the simulator most of its time there (2.6x the time of `capplan size --traffic
 examples/which-gpu.yaml`); its lengths' mix moves slowly."""
@@ -257,11 +257,15 @@ class Replica:
 
     def _tail_factor(self, plan: StepPlan, seqs: int) -> float:
         """F of a decode-only step (StepTimer.tail_factor) from its sequences' lengths; past
-        TILE_EXACT_SEQS sequences, the last one taken while the batch stays within an eighth
-        of its size then, for up to TILE_REFRESH_STEPS steps (a large batch's mix of lengths
-        moves slowly, and F is costly there: an evaluation shortcut, docs/simulator.md)."""
+        TILE_EXACT_SEQS sequences, the last one taken while the batch keeps its size then
+        (past 4 x TILE_EXACT_SEQS, within an eighth of it), for up to TILE_REFRESH_STEPS steps
+        (a large batch's mix of lengths moves slowly, and F is costly there: an evaluation
+        shortcut, docs/simulator.md)."""
         n, age, f = self._tile
-        if seqs > TILE_EXACT_SEQS and abs(seqs - n) * 8 <= n and age < TILE_REFRESH_STEPS:
+        # a batch a sequence larger or smaller makes 8 tiles more or fewer (a KV head's),
+        # which at 32 sequences or fewer can cross a wave: there only the same size reuses F
+        near = seqs == n or (n > 4 * TILE_EXACT_SEQS and abs(seqs - n) * 8 <= n)
+        if seqs > TILE_EXACT_SEQS and near and age < TILE_REFRESH_STEPS:
             self._tile = (n, age + 1, f)
             return f
         f = self.timer.tail_factor(blocks_of(self.core.decode_contexts(plan)))
