@@ -72,10 +72,10 @@ TILE_REFRESH_STEPS = 16
 """A decode-only step of up to TILE_EXACT_SEQS sequences takes F (FlashAttention's last
 wave, profile.StepTimer.tail_factor) of its own lengths; a larger one takes the last F
 taken while the batch keeps that step's size (past 4 x TILE_EXACT_SEQS, stays within an
-eighth of it), for up to TILE_REFRESH_STEPS steps. F walks every tile of the step (eight a sequence, or more:
-tiles.py), and a large batch changes a block count almost every step, so the exact F would
-cost the simulator most of its time there (2.6x the time of `capplan size --traffic
-examples/which-gpu.yaml`); its lengths' mix moves slowly."""
+eighth of it), for up to TILE_REFRESH_STEPS steps. F walks every tile of the step (eight a
+sequence, or more: tiles.py), and a large batch changes a block count almost every step, so
+the exact F would cost the simulator most of its time there (2.6x the time of `capplan size
+--traffic examples/which-gpu.yaml`); its lengths' mix moves slowly."""
 
 ENGINE_WAKE_S = 0.13e-3
 """From the input thread's end of decoding the first request that reaches an idle engine
