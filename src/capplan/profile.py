@@ -88,9 +88,9 @@ not their sum, so the simulator hands the step's lengths to StepTimer.tail_facto
 on the H100 (Llama-3.1-8B FP8, 8 KV heads), the sweep's decode steps of 17 sequences ran
 8.6 % over the summed-context price and of 16 sequences 2.1 % (calibration_analysis.py
 tiles); six decodes of 4,096 tokens beside two of 12,288 ran 5.5 % over eight of 6,144
-(calibration_analysis.py mixlen). `tile_rho` is fitted on
-the decode-only steps after the graph scan (calibrate/fit.py tile_rho); where no value
-prices them better than none, or the profile has no graph scan, F is 1.
+(calibration_analysis.py mixlen). `tile_rho` is fitted on the decode-only steps after the
+graph scan (calibrate/fit.py tile_rho); where no value prices them better than none, or the
+profile has no graph scan, F is 1.
 
 S counts the context tokens that running requests read in common with another: a
 prefix-cache hit takes the cached KV blocks themselves (vllm/v1/core/kv_cache_manager.py

@@ -414,10 +414,12 @@ def tile_rho(s: Samples, step: StepModel, sizes: list[int], spec_k: int, kv_head
     # decodes between its prompts' steps, runs up to 70 % over its price at any rho)
     cost = step.graph_ctx_s * s["decode_ctx"]
     most = cost * (tile_factors(s, dec, kv_heads, sms, TILE_RHOS[0]) - 1.0)
-    idx = [k for (_, b), v in cells.items() if len(v) >= 3
-           for k in [np.array(v)]
-           if np.median(most[k]) >= TILE_MIN_MOVE * np.median(base[k])
-           and np.median(s["decode_ctx"][k]) >= TILE_MIN_CONTEXT * b]
+    idx = []
+    for (_, b), v in cells.items():
+        k = np.array(v)
+        if (len(k) >= 3 and np.median(most[k]) >= TILE_MIN_MOVE * np.median(base[k])
+                and np.median(s["decode_ctx"][k]) >= TILE_MIN_CONTEXT * b):
+            idx.append(k)
     if not idx:
         return None
     meas = np.array([np.median(s["step_s"][k]) for k in idx])
