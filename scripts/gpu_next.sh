@@ -56,6 +56,13 @@
 # (qwen3-32b-fp8-h100-tiles, prediction recorded) before the mixlen scan. On an H200 it put
 # the same test on the H200's Llama-3.1-8B FP8 (llama-3.1-8b-fp8-h200-tiles: tile_rho 1.6
 # there) at the head of the serving engines, after the scan.
+# The fifty-sixth session's H100 lease (a third host) ran both (Qwen3-32B FP8's ITL p50 at
+# 10, 16 and 17 users 20.4, 22.8, 27.3 ms against 20.2, 22.8, 28.1 predicted) and queued the
+# token budget's RAG rows again on another host than the fifty-fourth's
+# (llama-3.1-8b-fp8-h100-budget1k-r2, -budget8k-r2): at 1,024 tokens the second host ran much
+# faster, its steps past the largest CUDA graph the host's launches. It queued the 1,024 row
+# once more with the engine core traced (llama-3.1-8b-fp8-h100-budget1k-t, prediction
+# recorded), which a third lease, come with too little time, did not run.
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -64,7 +71,7 @@ if nvidia-smi -L | grep -q H200; then
     LANE0="/tmp/keep/llama-3.1-8b-fp8-h200-tiles.json /tmp/keep/llama-3.1-8b-fp8-budget1k.json /tmp/keep/llama-3.1-8b-fp8-budget8k.json /tmp/keep/qwen3-32b-fp8-h200-lone.json /tmp/keep/llama-3.1-8b-bf16-lease2.json /tmp/keep/qwen3-32b-fp8-h200-t.json" \
     bash scripts/gpu_session.sh "$deadline"
 else
-  LANE0_FIRST=validate QUEUE0=calibration/_plans/h100/queue-s55b.txt \
-    LANE0="/tmp/keep/qwen3-32b-fp8-h100-tiles.json" \
+  LANE0_FIRST=validate QUEUE0= \
+    LANE0="/tmp/keep/llama-3.1-8b-fp8-h100-budget1k-t.json" \
     bash scripts/gpu_session.sh "$deadline"
 fi

@@ -74,6 +74,9 @@ measured and predicted TTFT p50 / p99 and ITL p99.
 `hiccups [ENGINE]` the closed-loop shared-prefix rows' ITL p99 (or every row of ENGINE) beside
 their traced engines' slow decode-only steps; `hiccuptrial [SHARES] [FACTORS]` the suite with
 such a tail drawn on every engine (forty-fourth session).
+`shadow [MODEL]` the model's traced serving hosts: the core's time on a graph-less step beside
+the GPU's span of it (fifty-sixth session: the span, where it is the launches' shadow, moves
+with the host).
 `whichgpu` examples/which-gpu.yaml's pool on the H100 alone, sized as it is and with
 `--guard p10` and `worst` (forty-fifth session: the plan's edge on real H100s).
 `budgets` every row by its engine's token budget (max_num_batched_tokens): rows within target
@@ -1033,6 +1036,26 @@ def endtrial(engines: str = "llama-3.1-8b-fp8-h100-mix,llama-3.1-8b-fp8-h100-mix
             print(f"{engine} {exp.name:11s} " + "; ".join(
                 f"{k[:-2].replace('_', ' ').upper()} {m[k] * 1e3:.1f} / "
                 + " / ".join(f"{getattr(w, k) * 1e3:.1f}" for w in got) for k in keys))
+
+
+def shadow(model: str = "llama-3.1-8b") -> None:
+    """The traced serving hosts of MODEL on each GPU (`core-launch/eager/<model>.json`): the
+    core's time on a graph-less step beside the GPU's span of it, and their ratio (fifty-sixth
+    session: where the span is the launches' shadow, it moves with the host's pace, which
+    `Profile.on_host` now scales, `Profile._eager_shadow`)."""
+    root = Path(__file__).resolve().parents[1] / "calibration" / "_raw"
+    for path in (root / "core-launch" / "eager" / f"{model}.json",
+                 root / "h100" / "core-launch" / "eager" / f"{model}.json"):
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        print(f"  {path.relative_to(root.parent)}: median core {data['core_eager_s'] * 1e3:.1f} ms, "
+              "GPU span " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in data["gpu_eager_s"].items()))
+        for e in sorted(data["engines"], key=lambda e: e["core_eager_s"]):
+            gpu = e.get("gpu_eager_s")
+            print(f"    {e['engine']:40s} {e['precision']:5s} core {e['core_eager_s'] * 1e3:5.1f} ms"
+                  + (f", GPU span {gpu * 1e3:5.1f} ms, {gpu / e['core_eager_s']:.2f} of the core's"
+                     if gpu else "") + f" ({e['lone_eager_steps']} steps)")
 
 
 def coresuite(rho: str = "0.5") -> None:
@@ -3009,10 +3032,11 @@ def promptsteps(engine: str, run_name: str, host: str = "median") -> None:
         print(f"    {label} ({len(t)} steps, {np.mean(prompt > 0):.1%} with a prompt; "
               f"decode-only {decode * 1e3:.1f} ms) " + "; ".join(parts))
 
-def stepprice(engine: str, run_name: str) -> None:
+def stepprice(engine: str, run_name: str, host: str = "median") -> None:
     """A step-traced run's steps against their price (fifty-fourth session). First by the
     prompt tokens a step carries (the gap that ends with its record, as `promptsteps` reads
-    it): the engine's p50 / p90 / p99 beside the simulator's for the same requests. Then its
+    it): the engine's p50 / p90 / p99 beside the simulator's for the same requests, its pool
+    priced on `host`'s engine core (median, slowest or fastest; fifty-sixth session). Then its
     decode-only steps (a decode-only record between two more) by how many requests decode,
     their context read from the step's KV use (`kv_usage` x the engine's KV tokens; a shared
     prefix's blocks count once there, so rows with prefix hits read too little context): the
@@ -3025,6 +3049,7 @@ def stepprice(engine: str, run_name: str) -> None:
     if folder is None:
         raise SystemExit(f"stepprice: no stored engine {engine!r}")
     run_, _, measured = load_run(folder)
+    run_ = run_.model_copy(update={"pool": run_.pool.model_copy(update={"host": host})})
     sim = _simulated_step_log(run_, run_name)
     steps = pl.read_parquet(folder / "steps.parquet").filter(pl.col("run") == run_name).sort("step")
     budget = int(measured["engine"]["max_num_batched_tokens"])
@@ -3147,13 +3172,13 @@ def main() -> None:
         "probe": probe, "edge": edge, "routed": routed, "drainfit": drainfit,
         "borrowsaving": borrowsaving, "borrowcore": borrowcore, "tokengaps": tokengaps,
         "leasecalls": leasecalls, "firsttoken": firsttoken, "coresuite": coresuite,
-        "hosttrial": hosttrial, "endtrial": endtrial, "hiccups": hiccups}
+        "hosttrial": hosttrial, "endtrial": endtrial, "hiccups": hiccups, "shadow": shadow}
     # each command that takes arguments, and how many it takes at most
     with_arguments: dict[str, tuple[Callable[..., None], int]] = {
         "hostsuite": (hostsuite, 0), "whichgpu": (whichgpu, 0), "budgets": (budgets, 0),
         "hiccuptrial": (hiccuptrial, 2), "wavesplit": (wavesplit, 2),
         "gapseeds": (gapseeds, 2), "gapcliff": (gapcliff, 2), "floortrial": (floortrial, 2),
-        "promptsteps": (promptsteps, 3), "coretrial": (coretrial, 3), "stepprice": (stepprice, 2),
+        "promptsteps": (promptsteps, 3), "coretrial": (coretrial, 3), "stepprice": (stepprice, 3),
         **{name: (f, 1) for name, f in one_argument.items()}}
     if sys.argv[1:2] and sys.argv[1] in with_arguments:
         command, most = with_arguments[sys.argv[1]]

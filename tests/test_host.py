@@ -69,11 +69,35 @@ def test_slowest_takes_the_slowest_hosts_own_core_times() -> None:
     assert (slow.step.core_eager_s, slow.step.core_graph_s) == (host.core_eager_s,
                                                                 host.core_graph_s)
     assert slow.step.eager_sigma == host.eager_sigma
+    # a graph-less step's GPU terms, the launches' shadow here, at that host's pace
+    ratio = host.core_eager_s / median.step.core_eager_s
+    assert slow.step.eager_gpu_s == pytest.approx(median.step.eager_gpu_s * ratio)
+    assert slow.step.eager_step_s == pytest.approx(median.step.eager_step_s * ratio)
     # the rest of the step, and the hosts themselves, as shipped
-    keep = {"core_eager_s", "core_graph_s", "eager_sigma", "core_piecewise_s"}
+    keep = {"core_eager_s", "core_graph_s", "eager_sigma", "core_piecewise_s", "eager_gpu_s",
+            "eager_step_s"}
     assert {k: v for k, v in slow.step if k not in keep} == {
         k: v for k, v in median.step if k not in keep}
     assert median.on_host("median") is median
+
+
+def test_a_graph_less_steps_gpu_span_moves_with_the_host_only_where_it_is_the_launches() -> None:
+    """Llama-3.1-8B FP8 on an H100: the median host's core takes longer over a graph-less step
+    than the GPU spans it, so the GPU's span (and the calibration's jump past the largest
+    graph) is the launches' shadow and takes the host's pace; Qwen3-32B FP8's GPU span is
+    twice its core's time, the GPU's own, and stays as measured on every host."""
+    llama = resolve_profile(_pool(), LLAMA8)
+    assert 0 < llama.step.eager_gpu_s < llama.step.core_eager_s and llama.step.eager_step_s
+    fast = llama.on_host("fastest").step
+    assert fast.eager_gpu_s < llama.step.eager_gpu_s and fast.eager_step_s < (
+        llama.step.eager_step_s)
+    qwen = resolve_profile(_pool(model="qwen3-32b"), load_model_spec("qwen3-32b"))
+    assert qwen.step.eager_gpu_s > qwen.step.core_eager_s > 0
+    for host in ("fastest", "slowest"):
+        moved = qwen.on_host(host).step
+        assert moved.core_eager_s != qwen.step.core_eager_s
+        assert (moved.eager_gpu_s, moved.eager_step_s) == (qwen.step.eager_gpu_s,
+                                                           qwen.step.eager_step_s)
 
 
 def test_a_hosts_piecewise_time_is_taken_where_its_trace_held_enough() -> None:
