@@ -2995,6 +2995,21 @@ def _simulated_step_log(run_: Any, run_name: str) -> np.ndarray:
     return np.array(log)
 
 
+def _traced_run(command: str, engine: str, run_name: str, host: str
+                ) -> tuple[Path, Any, dict[str, Any], np.ndarray, pl.DataFrame]:
+    """A stored step-traced engine's folder, run (its pool on `host`'s core) and measurement,
+    the simulator's step log of its run `run_name` (`_simulated_step_log`) and the engine's
+    own step records of it, for `command`'s figures."""
+    folder = next((f for f in stored_runs() if f.name == engine), None)
+    if folder is None:
+        raise SystemExit(f"{command}: no stored engine {engine!r}")
+    run_, _, measured = load_run(folder)
+    run_ = run_.model_copy(update={"pool": run_.pool.model_copy(update={"host": host})})
+    sim = _simulated_step_log(run_, run_name)
+    steps = pl.read_parquet(folder / "steps.parquet").filter(pl.col("run") == run_name).sort("step")
+    return folder, run_, measured, sim, steps
+
+
 def promptsteps(engine: str, run_name: str, host: str = "median") -> None:
     """A step-traced open-loop run's lone steps that carry a prompt (the three records before
     them and the one after decode-only), in the engine's step records and in the simulator's
@@ -3004,13 +3019,7 @@ def promptsteps(engine: str, run_name: str, host: str = "median") -> None:
     a step's outputs once it has launched the next), of its own record, and of the two over
     two decode-only steps. Where a run's ITL p99 is the stalls such steps put in the decodes,
     their own record is that stall."""
-    folder = next((f for f in stored_runs() if f.name == engine), None)
-    if folder is None:
-        raise SystemExit(f"promptsteps: no stored engine {engine!r}")
-    run_, _, _ = load_run(folder)
-    run_ = run_.model_copy(update={"pool": run_.pool.model_copy(update={"host": host})})
-    sim = _simulated_step_log(run_, run_name)
-    steps = pl.read_parquet(folder / "steps.parquet").filter(pl.col("run") == run_name).sort("step")
+    _, _, _, sim, steps = _traced_run("promptsteps", engine, run_name, host)
     buckets = ((1, 256), (257, 512), (513, 768), (769, 1024), (1025, 2048), (2049, 1 << 20))
     print(f"  {engine} {run_name}, the simulator on the {host} host's core; by the step's "
           "prompt tokens: steps, then ms before / own / both over two decode-only steps")
@@ -3045,13 +3054,7 @@ def stepprice(engine: str, run_name: str, host: str = "median") -> None:
     with `tile_rho`, the same steps with each request's length read from its token times
     (the steps whose count of requests matches the log's): priced without the last wave and
     with it (fifty-fifth session)."""
-    folder = next((f for f in stored_runs() if f.name == engine), None)
-    if folder is None:
-        raise SystemExit(f"stepprice: no stored engine {engine!r}")
-    run_, _, measured = load_run(folder)
-    run_ = run_.model_copy(update={"pool": run_.pool.model_copy(update={"host": host})})
-    sim = _simulated_step_log(run_, run_name)
-    steps = pl.read_parquet(folder / "steps.parquet").filter(pl.col("run") == run_name).sort("step")
+    folder, run_, measured, sim, steps = _traced_run("stepprice", engine, run_name, host)
     budget = int(measured["engine"]["max_num_batched_tokens"])
     print(f"  {engine} {run_name} (budget {budget}): steps by their prompt tokens, "
           "count and gap p50 / p90 / p99 ms")
