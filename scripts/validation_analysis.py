@@ -1049,11 +1049,13 @@ def shadow(model: str = "llama-3.1-8b") -> None:
         if not path.exists():
             continue
         data = json.loads(path.read_text())
-        print(f"  {path.relative_to(root.parent)}: median core {data['core_eager_s'] * 1e3:.1f} ms, "
-              "GPU span " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in data["gpu_eager_s"].items()))
+        spans = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in data["gpu_eager_s"].items())
+        print(f"  {path.relative_to(root.parent)}: median core "
+              f"{data['core_eager_s'] * 1e3:.1f} ms, GPU span {spans}")
         for e in sorted(data["engines"], key=lambda e: e["core_eager_s"]):
             gpu = e.get("gpu_eager_s")
-            print(f"    {e['engine']:40s} {e['precision']:5s} core {e['core_eager_s'] * 1e3:5.1f} ms"
+            print(f"    {e['engine']:40s} {e['precision']:5s} core "
+                  f"{e['core_eager_s'] * 1e3:5.1f} ms"
                   + (f", GPU span {gpu * 1e3:5.1f} ms, {gpu / e['core_eager_s']:.2f} of the core's"
                      if gpu else "") + f" ({e['lone_eager_steps']} steps)")
 
