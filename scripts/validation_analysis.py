@@ -3031,7 +3031,8 @@ def promptsteps(engine: str, run_name: str, host: str = "median") -> None:
         gap, p = np.diff(t), prompt[1:]
         decode = float(np.median(gap[(p == 0) & (np.r_[0, p[:-1]] == 0)]))
         lone = np.array([(p[i], gap[i - 1], gap[i]) for i in range(3, len(p) - 1)
-                         if p[i] and not (p[i - 1] or p[i - 2] or p[i - 3] or p[i + 1])])
+                         if p[i] and not (p[i - 1] or p[i - 2] or p[i - 3] or p[i + 1])]
+                        ).reshape(-1, 3)  # none: a busy run's prompts come in runs of steps
         parts = []
         for lo, hi in buckets:
             m = (lone[:, 0] >= lo) & (lone[:, 0] <= hi)
@@ -3041,7 +3042,8 @@ def promptsteps(engine: str, run_name: str, host: str = "median") -> None:
                 parts.append(f"{lo}-{hi if hi < 1 << 20 else ''}: {int(m.sum())}, "
                              f"{before * 1e3:.1f} / {own * 1e3:.1f} / {both * 1e3:.1f}")
         print(f"    {label} ({len(t)} steps, {np.mean(prompt > 0):.1%} with a prompt; "
-              f"decode-only {decode * 1e3:.1f} ms) " + "; ".join(parts))
+              f"decode-only {decode * 1e3:.1f} ms) " + ("; ".join(parts) or "no lone steps"))
+
 
 def stepprice(engine: str, run_name: str, host: str = "median") -> None:
     """A step-traced run's steps against their price (fifty-fourth session). First by the
