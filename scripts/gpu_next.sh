@@ -63,6 +63,12 @@
 # faster, its steps past the largest CUDA graph the host's launches. It queued the 1,024 row
 # once more with the engine core traced (llama-3.1-8b-fp8-h100-budget1k-t, prediction
 # recorded), which a third lease, come with too little time, did not run.
+# The fifty-seventh session's H100 lease (a fifth host) ran it and queued the 2,048-token
+# budget that examples/token-budget.yaml picks, on the same RAG traffic, core-traced
+# (llama-3.1-8b-fp8-h100-budget2k-t), then the 1,024 row traced again on the same host
+# (llama-3.1-8b-fp8-h100-budget1k-t2), both predictions recorded; a second lease (a sixth
+# host) ran both and queued the one budget of examples/token-budget.yaml's H100 pool not yet
+# served, 4,096, which the plan rejects at 3 prompts a second (llama-3.1-8b-fp8-h100-budget4k-t).
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -72,6 +78,6 @@ if nvidia-smi -L | grep -q H200; then
     bash scripts/gpu_session.sh "$deadline"
 else
   LANE0_FIRST=validate QUEUE0= \
-    LANE0="/tmp/keep/llama-3.1-8b-fp8-h100-budget1k-t.json" \
+    LANE0="/tmp/keep/llama-3.1-8b-fp8-h100-budget4k-t.json" \
     bash scripts/gpu_session.sh "$deadline"
 fi

@@ -33,8 +33,9 @@ core's launch, the GPU's end and own span) against their price (docs/validation.
 eighteenth session); `floortrial [ENGINE] [FLOORS_MS]` predicts an engine's experiments again
 with its profile's eager floor set by hand (thirty-ninth session); `coretrial [ENGINES]
 [RHO]` as shipped, with the core's own time for such a step apart from the GPU's span and
-drawn (forty-first), and under the rule before it; `coresuite [RHO]` the shipped rule
-against its variants on the whole suite.
+drawn (forty-first), and under the rule before it; `coresuite [RHO] [VARIANTS]` the
+shipped rule against its variants on the whole suite (`coresuite 0.5 nojump`: the jump past
+the largest graph hidden, fifty-seventh session).
 `hosttrial [ENGINES]` predicts engines again with their own host's core times, read from
 their traces (forty-first session); `hostsuite` every traced text engine so, rows within
 target and the errors' median and p90 shipped against its own host's; `endtrial [ENGINES]`
@@ -79,6 +80,8 @@ the GPU's span of it (fifty-sixth session: the span, where it is the launches' s
 with the host).
 `whichgpu` examples/which-gpu.yaml's pool on the H100 alone, sized as it is and with
 `--guard p10` and `worst` (forty-fifth session: the plan's edge on real H100s).
+`tokenbudget` examples/token-budget.yaml's pool on the H100: the budget sized there and its
+runners-up, beside the H100 rows served of that traffic by budget (fifty-seventh session).
 `budgets` every row by its engine's token budget (max_num_batched_tokens): rows within target
 and the signed errors' median, p10 and p90 per metric (fifty-third session).
 `promptsteps ENGINE RUN [HOST]` a step-traced open-loop run's lone steps carrying a prompt,
@@ -89,6 +92,9 @@ session: the H100 plan edge's ITL p99).
 their share at or past 75 and 100 ms (or LIMITS_MS), measured and predicted (forty-sixth
 session: the cliff the plan's load of 5 puts its ITL p99 on); `gapseeds ENGINE [SEEDS]` its
 experiments predicted over other traffic seeds and ten minutes: ITL p99 and those shares.
+`chunkprice ENGINE RUN` a core-traced open-loop run's steps past the largest CUDA graph: the
+GPU's span of each against the profile's work for its composition, with and without the jump
+past the largest graph, by the prior context of its chunk (fifty-seventh session).
 `recorded ENGINE` the engine's rows against the prediction recorded before its run
 (validation/queued/) and against today's: rows within target and the median absolute error
 per metric, each way (docs/validation.md, "The H100 (thirty-second session)": the analytic
@@ -122,8 +128,8 @@ from capplan.calibrate import store
 from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.modelspec import load_model_spec
 from capplan.profile import Profile, StepTimer, eager_threshold
-from capplan.tiles import blocks_of
 from capplan.sim.run import simulate
+from capplan.tiles import blocks_of
 from capplan.tracefit import parse_metrics
 from capplan.traffic import ClosedLoop
 from capplan.validate.compare import (
@@ -680,15 +686,22 @@ def prefix() -> None:
 TRACED = ROOT / "validation" / "logs" / "s13-coretrace"
 
 
-def _run_timer(folder: Path) -> StepTimer:
-    """The step timer the simulator prices a stored run's engine with: its pool's profile
-    and engine limits."""
+def _run_profile(folder: Path) -> Profile:
+    """The profile the simulator prices a stored run's engine with: its pool's."""
     from capplan.profiles import resolve_profile
 
-    run_, _, _ = load_run(folder)
-    eng = run_.pool.engine
-    return StepTimer(resolve_profile(run_.pool, load_model_spec(run_.pool.model)),
-                     max_num_seqs=eng.max_num_seqs,
+    pool = load_run(folder)[0].pool
+    return resolve_profile(pool, load_model_spec(pool.model))
+
+
+def _run_timer(folder: Path, **step: float) -> StepTimer:
+    """The step timer the simulator prices a stored run's engine with: its pool's profile
+    (with `step`'s StepModel terms in place of its own) and engine limits."""
+    eng = load_run(folder)[0].pool.engine
+    prof = _run_profile(folder)
+    if step:
+        prof = prof.model_copy(update={"step": prof.step.model_copy(update=step)})
+    return StepTimer(prof, max_num_seqs=eng.max_num_seqs,
                      max_num_batched_tokens=eng.max_num_batched_tokens)
 
 
@@ -823,7 +836,10 @@ CORE_VARIANTS: dict[str, dict[str, float]] = {
 def _core_variant(name: str, rho: float) -> Any:
     """A context that runs the simulator under a variant of the graph-less core rule:
     `CORE_VARIANTS`' terms on every profile that carries core_eager_s, "gpumin" (eager_gpu_s
-    the least of the precision's traced engines' GPU spans), or "drift", the core's
+    the least of the precision's traced engines' GPU spans), "nojump" (no eager_step_s where
+    the GPU's span is the launches' shadow, eager_gpu_s < core_eager_s: the jump past the
+    largest graph hidden, as the traced 1,024-token RAG steps suggested; fifty-seventh
+    session), or "drift", the core's
     time drifting from one such step to the next with autocorrelation `rho` (`_Drifting`,
     the traces' lag-1 autocorrelation: core-launch/eager/*.json eager_rho)."""
     import contextlib
@@ -845,6 +861,10 @@ def _core_variant(name: str, rho: float) -> Any:
                          if e["precision"] == prof.key.split("-")[0] and "gpu_eager_s" in e]
                 return prof.model_copy(update={"step": prof.step.model_copy(
                     update={"eager_gpu_s": min(spans)})}) if spans else prof
+            if name == "nojump":  # the jump past the largest graph hidden under the launches
+                s = prof.step
+                return prof.model_copy(update={"step": s.model_copy(
+                    update={"eager_step_s": 0.0})}) if 0 < s.eager_gpu_s < s.core_eager_s else prof
             if name not in CORE_VARIANTS:
                 return prof
             return prof.model_copy(update={"step": prof.step.model_copy(
@@ -1060,13 +1080,14 @@ def shadow(model: str = "llama-3.1-8b") -> None:
                      if gpu else "") + f" ({e['lone_eager_steps']} steps)")
 
 
-def coresuite(rho: str = "0.5") -> None:
+def coresuite(rho: str = "0.5", variants: str = "floor,median,terms,gpumin,drift") -> None:
     """The shipped graph-less core rule against its variants on the whole suite
     (`_core_variant`): the floor as the core's hold (the rule before), the core's median time
     on every such step (no draw), the GPU's span the step's terms alone (no floor under it)
     or each precision's least traced span (not the median: "gpumin"), and the core's time
-    drifting from one such step to the next (`rho`). Rows within target,
-    each variant against the rule shipped, by GPU and model, and in all."""
+    drifting from one such step to the next (`rho`), or any of `_core_variant`'s named in
+    `variants` (comma-separated). Rows within target, each variant against the rule
+    shipped, by GPU and model, and in all."""
     targets = {"output_tok_s": .05, "ttft_p50_s": .05, "ttft_p99_s": .10, "itl_p50_s": .05,
                "itl_p99_s": .10, "e2e_p99_s": .10}
 
@@ -1081,7 +1102,7 @@ def coresuite(rho: str = "0.5") -> None:
         return out
 
     shipped = within(compare_all())
-    for variant in ("floor", "median", "terms", "gpumin", "drift"):
+    for variant in variants.split(","):
         with _core_variant(variant, float(rho)):
             got = within(compare_all())
         print(f"  {variant}" + (f" (rho {rho})" if variant == "drift" else "")
@@ -3045,6 +3066,81 @@ def promptsteps(engine: str, run_name: str, host: str = "median") -> None:
               f"decode-only {decode * 1e3:.1f} ms) " + ("; ".join(parts) or "no lone steps"))
 
 
+def _chunk_compositions(steps: pl.DataFrame, prompts: list[int], kv_tokens: int
+                        ) -> dict[int, tuple[int, int, float, int, int, int]]:
+    """Each prompt-carrying step of an open-loop run without prefix hits, as the engine ran
+    it: (tokens, sequences, prefill attention pairs, decode context, decodes, the first
+    chunk's prior context) by the step's index. The run's prompts (`prompts`, in arrival
+    order) are chunked first come, first served (vllm/v1/core/sched/scheduler.py), so each
+    step's prompt tokens continue the oldest unfinished prompt; the decode context is the
+    step's KV use (`kv_usage` x `kv_tokens`) less the prompts' blocks. Steps past the last
+    recorded prompt (those the client stopped recording) are left out."""
+    left = [[n, 0] for n in prompts]
+    head, out = 0, {}
+    for row in steps.filter(pl.col("prefill_tokens") > 0).sort("step").iter_rows(named=True):
+        chunk, pairs, prior, held = row["prefill_tokens"], 0.0, -1, 0
+        while chunk and head < len(left):
+            n, done = left[head]
+            take = min(chunk, n - done)
+            pairs += take * done + take * take / 2
+            prior = done if prior < 0 else prior
+            left[head][1] += take
+            held += done + take
+            chunk -= take
+            head += left[head][1] >= n
+        if chunk:  # a prompt the client did not record
+            continue
+        out[row["step"]] = (row["prefill_tokens"] + row["decode_tokens"],
+                            row["prefill_reqs"] + row["decode_reqs"], pairs,
+                            max(int(row["kv_usage"] * kv_tokens) - held, 0),
+                            row["decode_reqs"], prior)
+    return out
+
+
+def chunkprice(engine: str, run_name: str) -> None:
+    """A core-traced open-loop run's steps past the largest CUDA graph (fifty-seventh
+    session): the GPU's own span of each (`step_core_times`' gpu_s) against the profile's
+    work for its composition (`_chunk_compositions`), at the median host, and that work
+    without the jump past the largest graph (`eager_step_s`: the GPU's span then at least
+    `eager_gpu_s`), by the prior context of the step's first chunk."""
+    from capplan.validate.corelaunch import step_core_times
+
+    folder = next((f for f in stored_runs() if f.name == engine), None)
+    stored = _stored_trace(engine) if folder else None
+    if folder is None or stored is None:
+        raise SystemExit(f"chunkprice: no stored core-traced engine {engine!r}")
+    steps = pl.read_parquet(folder / "steps.parquet").filter(pl.col("run") == run_name)
+    prompts = (pl.read_parquet(folder / "requests.parquet").filter(pl.col("run") == run_name)
+               .sort("send_s")["input_tokens"].to_list())
+    _, _, measured = load_run(folder)
+    comp = _chunk_compositions(steps, prompts, int(measured["engine"]["kv_tokens"]))
+    timer, bare = _run_timer(folder), _run_timer(folder, eager_step_s=0.0)
+    jump = _run_profile(folder).step.eager_step_s
+    eager = step_core_times(*stored, steps).filter(
+        (pl.col("kind") == "eager") & pl.col("gpu_s").is_not_nan())
+    rows = []
+    for step, gpu in zip(eager["step"].to_list(), eager["gpu_s"].to_list(), strict=True):
+        if step in comp:
+            tokens, seqs, pairs, ctx, decodes, prior = comp[step]
+            rows.append((prior, ctx, gpu, timer.step_times(
+                tokens, seqs, pairs, ctx, decode_seqs=decodes)[0], bare.step_times(
+                tokens, seqs, pairs, ctx, decode_seqs=decodes)[0]))
+    if not rows:
+        raise SystemExit(f"chunkprice: {engine} {run_name} has no graph-less step with the "
+                         "GPU's span")
+    a = np.array(rows)
+    print(f"  {engine} {run_name}: {len(a)} steps past the largest CUDA graph with the GPU's "
+          "span; by the prior context of the step's first chunk: steps, decode context, ms "
+          f"the GPU's span / priced / priced without the jump ({jump * 1e3:.1f} "
+          "ms) at the median")
+    for lo, hi in ((0, 1), (1, 2000), (2000, 4000), (4000, 8000), (8000, 1 << 30)):
+        m = (a[:, 0] >= lo) & (a[:, 0] < hi)
+        if m.any():
+            span, priced, bare_ = (float(np.median(a[m, i])) * 1e3 for i in (2, 3, 4))
+            print(f"    {lo}-{hi if hi < 1 << 30 else ''}: {int(m.sum())}, "
+                  f"{np.median(a[m, 1]):,.0f}, {span:.1f} / {priced:.1f} / {bare_:.1f}")
+
+
 def stepprice(engine: str, run_name: str, host: str = "median") -> None:
     """A step-traced run's steps against their price (fifty-fourth session). First by the
     prompt tokens a step carries (the gap that ends with its record, as `promptsteps` reads
@@ -3164,6 +3260,39 @@ def whichgpu() -> None:
             f"{p.binding_margin:.1%})" for p in plan.pools))
 
 
+def tokenbudget() -> None:
+    """examples/token-budget.yaml with its pool on the H100 (fifty-seventh session): the
+    budget `capplan size` chooses there and its runners-up (GPUs, worst SLO margin), then
+    every stored H100 row of that traffic (Llama-3.1-8B FP8 RAG prompts at 3 a second, one
+    replica's share of a 2-GPU plan) by its budget: ITL p99 measured and predicted against
+    the SLO's limit."""
+    from capplan.mix import load_mix
+    from capplan.solve.options import size_mix
+
+    mix = load_mix(ROOT / "examples" / "token-budget.yaml")
+    mix = mix.model_copy(update={"pools": [p.model_copy(update={"gpu": "h100"})
+                                           for p in mix.pools]})
+    limit = next(t.limit_s for t in mix.workloads[0].slo.targets if t.key == "itl_p99_s")
+    for p in size_mix(mix).pools:
+        print(f"  {p.pool} on the H100: {p.gpus} GPUs at max_num_batched_tokens "
+              f"{p.engine['max_num_batched_tokens']} (margin {p.binding_margin:.1%}); "
+              + "; ".join(f"{r.label}: {r.gpus} GPUs (margin "
+                          + (f"{r.margin:.1%})" if r.margin is not None else "-)")
+                          for r in p.runners_up))
+    folders = [f for f in stored_runs() if f.name.startswith("llama-3.1-8b-fp8-h100-budget")]
+    by_budget: dict[int, list[str]] = {}
+    for r in compare_all(folders=folders):
+        budget = int(json.loads((ROOT / "calibration" / "h100" / "vllm-0.26.0" / "llama-3.1-8b"
+                                 / "validation" / r.engine / "run.json").read_text())
+                     ["pool"]["engine"]["max_num_batched_tokens"])
+        by_budget.setdefault(budget, []).append(
+            f"{r.engine} {r.measured['itl_p99_s'] * 1e3:.1f} / "
+            f"{r.predicted['itl_p99_s'] * 1e3:.1f}")
+    print(f"  served, ITL p99 ms measured / predicted (the SLO's limit {limit * 1e3:.0f} ms):")
+    for budget, cells in sorted(by_budget.items()):
+        print(f"    {budget}: " + "; ".join(cells))
+
+
 def main() -> None:
     if sys.argv[1:2] == ["before"]:
         before(sys.argv[2], sys.argv[3:])
@@ -3178,14 +3307,17 @@ def main() -> None:
         "reach": reach, "eager": eager, "pictures": pictures, "sync": sync, "spread": spread,
         "probe": probe, "edge": edge, "routed": routed, "drainfit": drainfit,
         "borrowsaving": borrowsaving, "borrowcore": borrowcore, "tokengaps": tokengaps,
-        "leasecalls": leasecalls, "firsttoken": firsttoken, "coresuite": coresuite,
+        "leasecalls": leasecalls, "firsttoken": firsttoken,
         "hosttrial": hosttrial, "endtrial": endtrial, "hiccups": hiccups, "shadow": shadow}
     # each command that takes arguments, and how many it takes at most
     with_arguments: dict[str, tuple[Callable[..., None], int]] = {
         "hostsuite": (hostsuite, 0), "whichgpu": (whichgpu, 0), "budgets": (budgets, 0),
+        "tokenbudget": (tokenbudget, 0),
         "hiccuptrial": (hiccuptrial, 2), "wavesplit": (wavesplit, 2),
         "gapseeds": (gapseeds, 2), "gapcliff": (gapcliff, 2), "floortrial": (floortrial, 2),
         "promptsteps": (promptsteps, 3), "coretrial": (coretrial, 3), "stepprice": (stepprice, 3),
+        "chunkprice": (chunkprice, 2),
+        "coresuite": (coresuite, 2),
         **{name: (f, 1) for name, f in one_argument.items()}}
     if sys.argv[1:2] and sys.argv[1] in with_arguments:
         command, most = with_arguments[sys.argv[1]]

@@ -136,7 +136,7 @@ def test_slowest_host_serves_the_same_traffic_slower_and_says_whose() -> None:
         runs[host] = simulate(_mix(_pool(host=host), rate=20.0, duration=20.0), "chat", 1)
     med, slow = (runs[h].workloads[0] for h in ("median", "slowest"))
     assert slow.ttft_p50_s > 1.2 * med.ttft_p50_s
-    assert "slowest of 6 traced hosts' core, llama-3.1-8b-fp8-h100-mix" in (
+    assert "slowest of 8 traced hosts' core, llama-3.1-8b-fp8-h100-mix" in (
         runs["slowest"].pool.profile_source)
     assert runs["median"].pool.profile_source == "measured"
 
@@ -179,8 +179,8 @@ def test_size_host_flag_prices_every_pool_on_it(tmp_path: Path) -> None:
     """--host slowest names the host in the plan; --host any sizes on the median and both
     ends, keeps the most GPUs and says each."""
     plans = {h: _size(tmp_path, h) for h in ("median", "slowest", "fastest", "any")}
-    assert "slowest of 6 traced hosts' core" in str(plans["slowest"]["profile_source"])
-    assert "fastest of 6 traced hosts' core" in str(plans["fastest"]["profile_source"])
+    assert "slowest of 8 traced hosts' core" in str(plans["slowest"]["profile_source"])
+    assert "fastest of 8 traced hosts' core" in str(plans["fastest"]["profile_source"])
     assert plans["median"]["profile_source"] == "measured"
     ends = [int(plans[h]["gpus"]) for h in ("median", "slowest", "fastest")]  # type: ignore[call-overload]
     assert plans["any"]["gpus"] == max(ends)

@@ -613,9 +613,9 @@ class Profile(BaseModel):
     def _eager_shadow(self, end: HostCore) -> dict[str, float]:
         """A graph-less step's GPU terms on host `end`, where the profile's are the launches'
         shadow: when the median host's core takes longer over such a step than the GPU spans
-        it (`core_eager_s` > `eager_gpu_s`: Llama-3.1-8B on an H100, 22.3 against 19.2 ms), the
+        it (`core_eager_s` > `eager_gpu_s`: Llama-3.1-8B on an H100, 20.9 against 19.4 ms), the
         GPU waits on each kernel's launch, and its span moves with the host's pace (the
-        traced FP8 hosts' spans 0.77-0.80 of their core's time, 17.2-26.0 ms). So the span
+        traced FP8 chat hosts' spans 0.77-0.80 of their core's time, 17.2-26.0 ms). So the span
         (`eager_gpu_s`) and the jump the calibration engines measured just past the largest
         graph (`eager_step_s`) take the ratio of that host's core time to the median's.
         Where the GPU's span is the longer (Qwen3-32B FP8: 61.2 against 29.9 ms), the step
@@ -940,8 +940,8 @@ class StepTimer:
                 # measured apart, the core's time is its own and the GPU's span at least
                 # eager_gpu_s (else the floor): shorter than the span (Qwen3-32B FP8 on an
                 # H100: the core's 29.9 ms against 61.0), the core schedules the next step
-                # while the GPU still runs this one; longer (Llama-3.1-8B: 22.3 against
-                # 19.2), the GPU waits for it (docs/simulator.md)
+                # while the GPU still runs this one; longer (Llama-3.1-8B: 20.9 against
+                # 19.4), the GPU waits for it (docs/simulator.md)
                 if t < self._eager_gpu:
                     t = self._eager_gpu
                 launch = self._core_eager
