@@ -3280,12 +3280,11 @@ def tokenbudget() -> None:
                           + (f"{r.margin:.1%})" if r.margin is not None else "-)")
                           for r in p.runners_up))
     folders = [f for f in stored_runs() if f.name.startswith("llama-3.1-8b-fp8-h100-budget")]
+    budget_of = {f.name: json.loads((f / "run.json").read_text())["pool"]["engine"]
+                 ["max_num_batched_tokens"] for f in folders}
     by_budget: dict[int, list[str]] = {}
     for r in compare_all(folders=folders):
-        budget = int(json.loads((ROOT / "calibration" / "h100" / "vllm-0.26.0" / "llama-3.1-8b"
-                                 / "validation" / r.engine / "run.json").read_text())
-                     ["pool"]["engine"]["max_num_batched_tokens"])
-        by_budget.setdefault(budget, []).append(
+        by_budget.setdefault(budget_of[r.engine], []).append(
             f"{r.engine} {r.measured['itl_p99_s'] * 1e3:.1f} / "
             f"{r.predicted['itl_p99_s'] * 1e3:.1f}")
     print(f"  served, ITL p99 ms measured / predicted (the SLO's limit {limit * 1e3:.0f} ms):")
@@ -3316,8 +3315,7 @@ def main() -> None:
         "hiccuptrial": (hiccuptrial, 2), "wavesplit": (wavesplit, 2),
         "gapseeds": (gapseeds, 2), "gapcliff": (gapcliff, 2), "floortrial": (floortrial, 2),
         "promptsteps": (promptsteps, 3), "coretrial": (coretrial, 3), "stepprice": (stepprice, 3),
-        "chunkprice": (chunkprice, 2),
-        "coresuite": (coresuite, 2),
+        "chunkprice": (chunkprice, 2), "coresuite": (coresuite, 2),
         **{name: (f, 1) for name, f in one_argument.items()}}
     if sys.argv[1:2] and sys.argv[1] in with_arguments:
         command, most = with_arguments[sys.argv[1]]
