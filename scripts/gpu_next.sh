@@ -69,11 +69,14 @@
 # (llama-3.1-8b-fp8-h100-budget1k-t2), both predictions recorded; a second lease (a sixth
 # host) ran both and queued the one budget of examples/token-budget.yaml's H100 pool not yet
 # served, 4,096, which the plan rejects at 3 prompts a second (llama-3.1-8b-fp8-h100-budget4k-t).
+# The fifty-eighth session put the lone-prompt scan on the H200's Llama-3.1-8B BF16 and FP8
+# ahead of Qwen3-32B FP8's (calibration/_plans/queue-s58.txt: its three runs): the H200's Llama
+# profiles price a lone 2,048-token prompt 12 % over what the engine served.
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
 if nvidia-smi -L | grep -q H200; then
-  QUEUE0=calibration/_plans/queue-s48.txt \
+  QUEUE0=calibration/_plans/queue-s58.txt \
     LANE0="/tmp/keep/llama-3.1-8b-fp8-h200-tiles.json /tmp/keep/llama-3.1-8b-fp8-budget1k.json /tmp/keep/llama-3.1-8b-fp8-budget8k.json /tmp/keep/qwen3-32b-fp8-h200-lone.json /tmp/keep/llama-3.1-8b-bf16-lease2.json /tmp/keep/qwen3-32b-fp8-h200-t.json" \
     bash scripts/gpu_session.sh "$deadline"
 else
