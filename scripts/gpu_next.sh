@@ -71,7 +71,9 @@
 # served, 4,096, which the plan rejects at 3 prompts a second (llama-3.1-8b-fp8-h100-budget4k-t).
 # The fifty-eighth session put the lone-prompt scan on the H200's Llama-3.1-8B BF16 and FP8
 # ahead of Qwen3-32B FP8's (calibration/_plans/queue-s58.txt: its three runs): the H200's Llama
-# profiles price a lone 2,048-token prompt 12 % over what the engine served.
+# profiles price a lone 2,048-token prompt 12 % over what the engine served. Its H100 lease (a
+# host no session had had) ran the 4,096-token row and queued the 2,048-token one, the plan's
+# closest to its SLO, on another host (llama-3.1-8b-fp8-h100-budget2k-t2, prediction recorded).
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -81,6 +83,6 @@ if nvidia-smi -L | grep -q H200; then
     bash scripts/gpu_session.sh "$deadline"
 else
   LANE0_FIRST=validate QUEUE0= \
-    LANE0="/tmp/keep/llama-3.1-8b-fp8-h100-budget4k-t.json" \
+    LANE0="/tmp/keep/llama-3.1-8b-fp8-h100-budget2k-t2.json" \
     bash scripts/gpu_session.sh "$deadline"
 fi
