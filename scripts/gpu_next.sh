@@ -73,7 +73,8 @@
 # ahead of Qwen3-32B FP8's (calibration/_plans/queue-s58.txt: its three runs): the H200's Llama
 # profiles price a lone 2,048-token prompt 12 % over what the engine served. Its H100 lease (a
 # host no session had had) ran the 4,096-token row and queued the 2,048-token one, the plan's
-# closest to its SLO, on another host (llama-3.1-8b-fp8-h100-budget2k-t2, prediction recorded).
+# closest to its SLO, on another host (llama-3.1-8b-fp8-h100-budget2k-t2, prediction recorded);
+# a second H100 lease ran it and queued the same row on a third host (-budget2k-t3).
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -83,6 +84,6 @@ if nvidia-smi -L | grep -q H200; then
     bash scripts/gpu_session.sh "$deadline"
 else
   LANE0_FIRST=validate QUEUE0= \
-    LANE0="/tmp/keep/llama-3.1-8b-fp8-h100-budget2k-t2.json" \
+    LANE0="/tmp/keep/llama-3.1-8b-fp8-h100-budget2k-t3.json" \
     bash scripts/gpu_session.sh "$deadline"
 fi
