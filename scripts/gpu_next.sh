@@ -77,7 +77,9 @@
 # a second H100 lease ran it and queued the same row on a third host (-budget2k-t3).
 # The fifty-ninth session's H100 lease (a host no session had had) ran it and queued the
 # 8,192-token row of the same plan core-traced (llama-3.1-8b-fp8-h100-budget8k-t, prediction
-# recorded); no H200 came, so the H200 queue stands as the fifty-eighth left it.
+# recorded); a second H100 lease (another new host) ran it and queued Qwen3-32B FP8 at the
+# same 2,048-token budget (qwen3-32b-fp8-h100-budget2k, prediction recorded). No H200 came,
+# so the H200 queue stands as the fifty-eighth left it.
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -87,6 +89,6 @@ if nvidia-smi -L | grep -q H200; then
     bash scripts/gpu_session.sh "$deadline"
 else
   LANE0_FIRST=validate QUEUE0= \
-    LANE0="/tmp/keep/llama-3.1-8b-fp8-h100-budget8k-t.json" \
+    LANE0="/tmp/keep/qwen3-32b-fp8-h100-budget2k.json" \
     bash scripts/gpu_session.sh "$deadline"
 fi
