@@ -23,7 +23,8 @@ for job in "$@"; do
   done_args=(); out="$RAW/$name"; n=1
   while [[ -e $out ]]; do done_args+=(--done "$out"); n=$((n + 1)); out="$RAW/start$n/$name"; done
   # the engine's start, its warm-ups and its first unfinished experiment must fit (runner.py
-  # start_need_s, which takes a resumed job's start from its earlier starts on this host),
+  # start_need_s, which takes a resumed job's start from its earlier starts on this host,
+  # and counts the imports before the engine starts),
   # or the start is cut inside the compile and measures nothing
   need=$(( $(python3 src/capplan/validate/runner.py --job "$job" --start-need "${done_args[@]}") + 25 ))
   if (( left < need )); then echo "[gpu$gpu] SKIP $name: ${left}s left, its start and first experiment need ${need}s"; continue; fi

@@ -244,13 +244,15 @@ def test_gc_pauses_records_the_collections_that_held_the_process() -> None:
 
 def test_a_new_start_needs_its_engine_start_warm_ups_and_first_experiment() -> None:
     """runner.start_need_s (scripts/gpu_validate.sh skips a job with less time left): the
-    job's expected_start_s, each warm-up's and the first measured experiment's need."""
+    job's expected_start_s after the process's imports, each warm-up's and the first
+    measured experiment's need."""
     job = {"expected_start_s": 200.0, "experiments": [
         {"name": "warmup-c1", "warmup": True, "duration_s": 2.0},
         {"name": "warmup", "warmup": True, "duration_s": 3.0},
         {"name": "a", "duration_s": 30.0}, {"name": "b", "duration_s": 90.0}]}
-    assert runner.start_need_s(job) == pytest.approx(200 + 12.6 + 13.9 + 49.0)
-    assert runner.start_need_s({**job, "expected_start_s": 0.0}) == pytest.approx(75.5)
+    imports = runner.IMPORT_S
+    assert runner.start_need_s(job) == pytest.approx(imports + 200 + 12.6 + 13.9 + 49.0)
+    assert runner.start_need_s({**job, "expected_start_s": 0.0}) == pytest.approx(imports + 75.5)
 
 
 def test_a_resumed_start_needs_its_hosts_own_start_and_first_unfinished_experiment(
@@ -267,11 +269,19 @@ def test_a_resumed_start_needs_its_hosts_own_start_and_first_unfinished_experime
     (earlier / "engine.json").write_text(json.dumps(
         {"engine_start_s": 130.0, "experiments": {"warmup": {"wall_s": 6.0},
                                                   "a": {"wall_s": 40.0}}}))
-    assert runner.start_need_s(job, [str(earlier)]) == pytest.approx(130 + 12.6 + 13.9 + 127.0)
+    imports = runner.IMPORT_S
+    assert runner.start_need_s(job, [str(earlier)]) == pytest.approx(
+        imports + 130 + 12.6 + 13.9 + 127.0)
+    timed = tmp_path / "start3"  # a start that timed its imports as well: its own figure
+    timed.mkdir()
+    (timed / "engine.json").write_text(json.dumps(
+        {"engine_start_s": 130.0, "ready_s": 175.0, "experiments": {"a": {"wall_s": 40.0}}}))
+    assert runner.start_need_s(job, [str(timed)]) == pytest.approx(175 + 12.6 + 13.9 + 127.0)
     never = tmp_path / "start2"  # a start cut inside the compile wrote no engine start
     never.mkdir()
     (never / "engine.json").write_text(json.dumps({"error": "cut"}))
-    assert runner.start_need_s(job, [str(never)]) == pytest.approx(200 + 12.6 + 13.9 + 49.0)
+    assert runner.start_need_s(job, [str(never)]) == pytest.approx(
+        imports + 200 + 12.6 + 13.9 + 49.0)
 
 
 class DeadEngine(FixedTimingEngine):

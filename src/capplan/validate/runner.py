@@ -44,6 +44,13 @@ os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # flashinfer is not b
 EXIT_NO_VLLM = 3
 EXIT_ENGINE = 4
 T_START = time.perf_counter()
+IMPORT_S = 70.0
+"""Seconds this process takes before its engine's start begins (torch and vLLM imported on a
+cold host): 44, 57 and 68 s on the fifty-ninth session's three H100 hosts (each lane log's
+`===` line against its engine log's first). A start's need counts them, since the deadline
+runs from the process's start (T_START): without them a Qwen3-32B FP8 job given 2 s more
+than its estimate started its engine and had no time left for its one experiment
+(2026-12-07). A start that recorded its own (`ready_s`) needs no such allowance."""
 
 
 def write_json(path, obj):
@@ -595,6 +602,7 @@ async def amain(args):
         print(f"capplan-runner: {meta['error']}", file=sys.stderr)
         return EXIT_ENGINE
     meta["engine_start_s"] = round(time.perf_counter() - t, 2)
+    meta["ready_s"] = round(time.perf_counter() - T_START, 2)  # the imports and the start
     meta["engine"] = engine_settings(engine)
     write_json(meta_path, meta)
     print("ENGINE", job["name"], json.dumps({"start_s": meta["engine_start_s"],
@@ -683,13 +691,15 @@ def start_need_s(job, done_folders=()):
     The engine's start is the model's longest so far (`capplan validate emit` writes it as
     expected_start_s), unless the job resumes on the host of earlier starts (`done_folders`,
     as --done names them): then it is the longest of those starts, all cold, which bounds a
-    restart that finds the host's compile cache warm (2026-12-06: 130 s cold, 42 s again)."""
+    restart that finds the host's compile cache warm (2026-12-06: 130 s cold, 42 s again).
+    Either way with the process's imports before it: an earlier start's own (`ready_s`), else
+    IMPORT_S."""
     x = job["experiments"]
     done = finished_runs(done_folders)
     first = [e for e in x if not e.get("warmup") and e["name"] not in done][:1]
-    start = job.get("expected_start_s", 0)
-    here = [m["engine_start_s"] for m in map(_earlier_start, done_folders)
-            if m.get("engine_start_s") is not None]
+    start = job.get("expected_start_s", 0) + IMPORT_S
+    here = [m.get("ready_s") or m["engine_start_s"] + IMPORT_S
+            for m in map(_earlier_start, done_folders) if m.get("engine_start_s") is not None]
     if here:
         start = max(here)
     return start + sum(need_s(e) for e in x if e.get("warmup")) + sum(need_s(e) for e in first)

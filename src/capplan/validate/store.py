@@ -232,6 +232,7 @@ def ingest(raws: Path | list[Path], run: EngineRun, root: Path = CALIBRATION_DIR
         "starts": old_starts + [
             {"date": _iso(m.get("started_unix")), "finished": _iso(m.get("finished_unix")),
              "engine_start_s": m.get("engine_start_s"),
+             **({"ready_s": m["ready_s"]} if m.get("ready_s") is not None else {}),
              "kv_tokens": m["engine"].get("kv_tokens"),
              **({"host": m["versions"]["host"]} if "host" in m.get("versions", {}) else {})}
             for m in metas],
