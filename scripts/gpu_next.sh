@@ -79,8 +79,8 @@
 # 8,192-token row of the same plan core-traced (llama-3.1-8b-fp8-h100-budget8k-t, prediction
 # recorded); a second H100 lease (another new host) ran it and queued Qwen3-32B FP8 at the
 # same 2,048-token budget (qwen3-32b-fp8-h100-budget2k, prediction recorded), which a third
-# lease started but had no time left to measure. No H200 came,
-# so the H200 queue stands as the fifty-eighth left it.
+# lease started but had no time left to measure. No H200 came, so the H200 queue stands as
+# the fifty-eighth left it.
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
