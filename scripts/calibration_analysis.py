@@ -465,7 +465,9 @@ def holes(profile: str | None = None) -> None:
     over the fitted runs) against its price by the profile's fit, with the tokens its last
     row of 256 leaves empty; then, on the scan's steps past 512 tokens alone, a line in T
     and the rows of tiles with and without a cost for a half-empty last row (row_holes): that
-    cost in ms and the median / p95 of each line's error. With no PROFILE, Qwen3-32B FP8 and
+    cost in ms and the median / p95 of each line's error (and 2,048 tokens' own); then the
+    same with a cost a started block of 1,024 and of 2,048 tokens besides (the counts just
+    under 2,048 and 4,096 run cheap, those just past dear). With no PROFILE, Qwen3-32B FP8 and
     AWQ and Llama-3.1-8B FP8 and BF16 (CAPPLAN_PROFILES; the scans ran on the H100)."""
     names = ([profile] if profile else
              ["qwen3-32b/fp8", "qwen3-32b/awq", "llama-3.1-8b/fp8", "llama-3.1-8b/bf16"])
@@ -488,14 +490,21 @@ def holes(profile: str | None = None) -> None:
         n, y = counts[big].astype(float), ran[big]
         base = np.column_stack([np.ones(len(n)), n, np.ceil(n / 256)])
         with_holes = np.column_stack([base, [row_holes(int(c)) for c in counts[big]]])
+        with_blocks = np.column_stack([with_holes, np.ceil(n / 1024), np.ceil(n / 2048)])
         fits = []
-        for x in (base, with_holes):
+        at_2048 = counts[big] == 2048
+        for x in (base, with_holes, with_blocks):
             beta = np.linalg.lstsq(x / y[:, None], np.ones(len(y)), rcond=None)[0]
             err = np.abs(x @ beta / y - 1)
-            fits.append((beta, np.median(err), np.percentile(err, 95)))
+            fits.append((beta, np.median(err), np.percentile(err, 95),
+                         float((x @ beta / y - 1)[at_2048][0]) if at_2048.any() else np.nan))
         print(f"    the scan alone ({big.sum()} counts past 512): a row half empty costs "
               f"{fits[1][0][3]:.2f} ms; error median / p95 {fits[0][1]:.1%} / {fits[0][2]:.1%} "
-              f"without that cost, {fits[1][1]:.1%} / {fits[1][2]:.1%} with it")
+              f"without that cost, {fits[1][1]:.1%} / {fits[1][2]:.1%} with it (2,048 tokens "
+              f"{fits[1][3]:+.1%})")
+        print(f"    with a cost a started block of 1,024 tokens ({fits[2][0][4]:.2f} ms) and of "
+              f"2,048 ({fits[2][0][5]:.2f} ms) besides (sixtieth session): {fits[2][1]:.1%} / "
+              f"{fits[2][2]:.1%} (2,048 tokens {fits[2][3]:+.1%})")
 
 
 def ragged(profile: str | None = None) -> None:

@@ -81,6 +81,9 @@
 # same 2,048-token budget (qwen3-32b-fp8-h100-budget2k, prediction recorded), which a third
 # lease started but had no time left to measure. No H200 came, so the H200 queue stands as
 # the fifty-eighth left it.
+# The sixtieth session's H100 lease (a host no session had had) ran it (ITL p99 132.3 ms
+# against 147.4) and queued the same row core-traced (qwen3-32b-fp8-h100-budget2k-t,
+# prediction recorded).
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -90,6 +93,6 @@ if nvidia-smi -L | grep -q H200; then
     bash scripts/gpu_session.sh "$deadline"
 else
   LANE0_FIRST=validate QUEUE0= \
-    LANE0="/tmp/keep/qwen3-32b-fp8-h100-budget2k.json" \
+    LANE0="/tmp/keep/qwen3-32b-fp8-h100-budget2k-t.json" \
     bash scripts/gpu_session.sh "$deadline"
 fi
