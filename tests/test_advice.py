@@ -52,7 +52,7 @@ def _fixed_budget(budget: int) -> TrafficMix:
 def test_a_binding_itl_at_a_fixed_budget_gets_token_budget_advice() -> None:
     """Long prompts under a tight ITL SLO at vLLM's default budget: the advice names a smaller
     budget and the GPUs it needs, the same count the pool sized at that budget gets, and
-    fewer than the plan's."""
+    fewer than the plan's, whose count it names and saves from."""
     plan = size_mix(_fixed_budget(8192), quick=True)
     (pool,) = plan.pools
     assert pool.binding_slo.startswith("itl")
@@ -62,6 +62,9 @@ def test_a_binding_itl_at_a_fixed_budget_gets_token_budget_advice() -> None:
     assert a.gpus_saved is not None and a.gpus_saved > 0
     smaller = size_mix(_fixed_budget(budget), quick=True, advice=False).pools[0]
     assert f"needs {smaller.gpus} GPUs" in a.message and smaller.gpus < pool.gpus
+    # set against the plan's own count, not its probe answer (which can sit one above)
+    assert f"against {pool.gpus} at 8192" in a.message
+    assert a.gpus_saved == pool.gpus - smaller.gpus
 
 
 def test_no_token_budget_advice_where_the_budget_was_searched_or_is_the_least() -> None:

@@ -188,9 +188,9 @@ def batch_pool_advice(
 def budget_advice(mix: TrafficMix, choice: PoolChoice, settings: SearchSettings) -> Advice | None:
     """Where an inter-token SLO binds a pool whose token budget the mix fixed: the GPUs at the
     smaller budgets `max_num_batched_tokens: auto` would try (solve/choose.py: a prompt's
-    chunk stalls the decodes beside it for a step of up to the budget), by probe runs against
-    the pool's probe answer; said only where one saves GPUs (the fewest GPUs, then the
-    larger budget)."""
+    chunk stalls the decodes beside it for a step of up to the budget), found by probe runs
+    against the pool's probe answer, the best then confirmed as the plan's answer was and set
+    against it; said only where one saves GPUs (the fewest GPUs, then the larger budget)."""
     pool = choice.sizing.setup.pool
     found = worst_check(choice.sizing.result)
     if found is None or not found[1].key.startswith(("itl", "tpot")):
@@ -214,18 +214,28 @@ def budget_advice(mix: TrafficMix, choice: PoolChoice, settings: SearchSettings)
             best = (budget, n, sizer)
     if best is None or best[1] >= choice.probe_replicas:
         return None
-    budget, n, sizer = best
+    budget, _, sizer = best
+    # confirmed as the plan's own answer was (its seeds, its length), so that the advice's
+    # count stands beside the plan's: a probe answer can sit one above what confirmation
+    # keeps (examples/which-gpu.yaml: 5 by probe runs at 8,192 tokens, 4 confirmed)
+    try:
+        sizing = sizer.confirm(best[1])
+    except InfeasibleError:
+        return None
+    n, plan_n = sizing.replicas, choice.sizing.replicas
+    if n >= plan_n:
+        return None
     # what the smaller chunks cost: its tightest SLO there (TTFT, most often)
-    tight = worst_check(sizer.run(n, sizer.probe_s, sizer.seed, probe=True))
+    tight = worst_check(sizing.result)
     there = "" if tight is None else (f"; its tightest there {tight[0]} {tight[1].key} "
                                       f"{duration(tight[1].value_s)}, margin "
                                       f"{tight[1].margin:.1%}")
-    saved = (choice.probe_replicas - n) * pool.tp
+    saved = (plan_n - n) * pool.tp
     return Advice(
         kind="token_budget",
         message=(f"token budget: engine.max_num_batched_tokens {budget} (or auto) needs "
-                 f"{n * pool.tp} GPUs against {choice.probe_replicas * pool.tp} at {now} (probe "
-                 f"runs{there}): a prompt's chunk stalls the decodes beside it for less; "
+                 f"{n * pool.tp} GPUs against {plan_n * pool.tp} at {now} (sized as the plan "
+                 f"is{there}): a prompt's chunk stalls the decodes beside it for less; "
                  f"saves {saved}"),
         gpus_saved=saved,
     )
