@@ -467,7 +467,8 @@ def holes(profile: str | None = None) -> None:
     and the rows of tiles with and without a cost for a half-empty last row (row_holes): that
     cost in ms and the median / p95 of each line's error (and 2,048 tokens' own); then the
     same with a cost a started block of 1,024 and of 2,048 tokens besides (the counts just
-    under 2,048 and 4,096 run cheap, those just past dear). With no PROFILE, Qwen3-32B FP8 and
+    under 2,048 and 4,096 run cheap, those just past dear). A profile with eager_offset_s
+    shows each count's price without it too, in brackets. With no PROFILE, Qwen3-32B FP8 and
     AWQ and Llama-3.1-8B FP8 and BF16 (CAPPLAN_PROFILES; the scans ran on the H100)."""
     names = ([profile] if profile else
              ["qwen3-32b/fp8", "qwen3-32b/awq", "llama-3.1-8b/fp8", "llama-3.1-8b/bf16"])
@@ -479,11 +480,17 @@ def holes(profile: str | None = None) -> None:
         counts = np.unique(tok)
         ran = np.array([np.median(s["step_s"][lone][tok == n]) for n in counts]) * 1e3
         priced = np.array([np.median(pred[lone][tok == n]) for n in counts]) * 1e3
-        step = Profile.load(PROFILES / name).step
+        prof = Profile.load(PROFILES / name)
+        step = prof.step
+        bare = _predicted(prof.model_copy(update={"step": step.model_copy(
+            update={"eager_offset_s": {}})}), s, _fit_inputs(PROFILES / name)[2])
+        terms = np.array([np.median(bare[lone][tok == n]) for n in counts]) * 1e3
         print(f"  {PROFILES.parent.name}/{name} (gemm_holes_s {step.gemm_holes_s * 1e3:.2f} ms): "
-              "lone prompts, tokens (empty of the last row): ms measured / priced")
+              "lone prompts, tokens (empty of the last row): ms measured / priced"
+              + (" [by the terms without eager_offset_s]" if step.eager_offset_s else ""))
         cells = [f"{n} ({-n % 256}): {a:.1f} / {b:.1f} ({b / a - 1:+.1%})"
-                 for n, a, b in zip(counts, ran, priced, strict=True)]
+                 + (f" [{c:.1f}, {c / a - 1:+.1%}]" if step.eager_offset_s else "")
+                 for n, a, b, c in zip(counts, ran, priced, terms, strict=True)]
         for i in range(0, len(cells), 4):
             print("    " + "; ".join(cells[i:i + 4]))
         big = counts > 512

@@ -3097,6 +3097,49 @@ def _chunk_compositions(steps: pl.DataFrame, prompts: list[int], kv_tokens: int
     return out
 
 
+def fullrows(engine: str, run_name: str) -> None:
+    """A step-traced open-loop run's steps that carry a prompt chunk right after a step that
+    carried one of 1,024 tokens or more (the launches hidden under the GPU's work, so the
+    gap is the GPU's step), past 1,024 tokens, by how empty their last row of 256 tokens
+    runs (profile.row_holes): count, median tokens, median gap, and the median of gap over
+    the profile's price for its composition (`_chunk_compositions`), with eager_offset_s and
+    without it (sixtieth session: the steps of a full row ran under the rows' price)."""
+    from capplan.profile import row_holes
+
+    folder = next((f for f in stored_runs() if f.name == engine), None)
+    if folder is None:
+        raise SystemExit(f"fullrows: no stored engine {engine!r}")
+    steps = pl.read_parquet(folder / "steps.parquet").filter(pl.col("run") == run_name).sort("step")
+    prompts = (pl.read_parquet(folder / "requests.parquet").filter(pl.col("run") == run_name)
+               .sort("send_s")["input_tokens"].to_list())
+    _, _, measured = load_run(folder)
+    comp = _chunk_compositions(steps, prompts, int(measured["engine"]["kv_tokens"]))
+    timer, bare = _run_timer(folder), _run_timer(folder, eager_offset_s={})
+    t = dict(zip(steps["step"].to_list(), steps["t"].to_list(), strict=True))
+    chunk = dict(zip(steps["step"].to_list(), steps["prefill_tokens"].to_list(), strict=True))
+    rows = []
+    for step, (tokens, seqs, pairs, ctx, decodes, _) in comp.items():
+        if step - 1 in comp and step - 1 in t and chunk[step - 1] >= 1024 and tokens > 1024:
+            gap = t[step] - t[step - 1]
+            rows.append((row_holes(tokens), tokens, gap,
+                         gap / timer.step_times(tokens, seqs, pairs, ctx, decode_seqs=decodes)[0],
+                         gap / bare.step_times(tokens, seqs, pairs, ctx, decode_seqs=decodes)[0]))
+    if not rows:
+        raise SystemExit(f"fullrows: {engine} {run_name} has no such step")
+    df = pl.DataFrame(rows, schema=["holes", "tokens", "gap", "ratio", "ratio_bare"], orient="row")
+    print(f"  {engine} {run_name}: steps of a prompt chunk after one of 1,024+ tokens, by the "
+          "last row's holes: steps, median tokens, gap ms, measured / priced (without "
+          "eager_offset_s)")
+    for label, lo, hi in (("full", 0.0, 0.0), ("at most 1/8 empty", 1e-9, 0.125),
+                          ("1/8 to half empty", 0.125 + 1e-9, 0.999),
+                          ("half empty or more", 1.0, 1.0)):
+        d = df.filter((pl.col("holes") >= lo) & (pl.col("holes") <= hi))
+        if len(d):
+            print(f"    {label}: {len(d)}, {d['tokens'].median():.0f}, "
+                  f"{d['gap'].median() * 1e3:.1f}, {d['ratio'].median():.3f} "
+                  f"({d['ratio_bare'].median():.3f})")
+
+
 def chunkprice(engine: str, run_name: str) -> None:
     """A core-traced open-loop run's steps past the largest CUDA graph (fifty-seventh
     session): the GPU's own span of each (`step_core_times`' gpu_s) against the profile's
@@ -3315,7 +3358,7 @@ def main() -> None:
         "hiccuptrial": (hiccuptrial, 2), "wavesplit": (wavesplit, 2),
         "gapseeds": (gapseeds, 2), "gapcliff": (gapcliff, 2), "floortrial": (floortrial, 2),
         "promptsteps": (promptsteps, 3), "coretrial": (coretrial, 3), "stepprice": (stepprice, 3),
-        "chunkprice": (chunkprice, 2), "coresuite": (coresuite, 2),
+        "chunkprice": (chunkprice, 2), "coresuite": (coresuite, 2), "fullrows": (fullrows, 2),
         **{name: (f, 1) for name, f in one_argument.items()}}
     if sys.argv[1:2] and sys.argv[1] in with_arguments:
         command, most = with_arguments[sys.argv[1]]

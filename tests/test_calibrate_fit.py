@@ -284,6 +284,43 @@ def test_gemm_holes_price_a_graphless_steps_emptier_last_row() -> None:
     assert res.step.gemm_holes_s == pytest.approx(8e-3, rel=0.1)
 
 
+def test_eager_offsets_apply_past_the_largest_graph_within_a_row() -> None:
+    """A step past the largest CUDA graph takes the measured offset at its count, the line
+    between two measured counts of its own row of 256 tokens, and nothing across rows or
+    outside the counts; a step within the graphs takes none (profile.eager_offset)."""
+    step = StepModel(fixed_s=1e-2, per_token_s=0, knee_tokens=0, prefill_attn_s=0,
+                     decode_ctx_s=0, per_seq_s=0,
+                     eager_offset_s={2032: -4e-3, 2048: -8e-3, 2304: 2e-3})
+    t = _timer(step)
+    at = {n: t.step_time_s(n, n, 0.0, 0) for n in (300, 2000, 2032, 2040, 2048, 2100, 2304, 4096)}
+    assert at[2032] == pytest.approx(6e-3) and at[2048] == pytest.approx(2e-3)
+    assert at[2040] == pytest.approx(4e-3)  # the line within the row 1,793-2,048
+    assert at[2100] == at[2000] == at[4096] == at[300] == pytest.approx(1e-2)
+    assert at[2304] == pytest.approx(1.2e-2)
+
+
+def test_eager_offsets_take_full_rows_with_little_attention() -> None:
+    """fit.eager_offsets: the lone steps' median less the price at a count whose last row is
+    (nearly) full and whose attention is a small share; none at a half-empty row, where the
+    prompt's attention dominates, or under the floor."""
+    sizes = cudagraph_capture_sizes(256, 8192)
+    counts = np.repeat([600, 1920, 2048, 4096, 8192], 5)
+    step = StepModel(fixed_s=0, per_token_s=5e-5, knee_tokens=0, prefill_attn_s=2e-9,
+                     decode_ctx_s=0, per_seq_s=0)
+    n = len(counts)
+    s = {"tokens": counts, "seqs": np.ones(n), "decode_seqs": np.zeros(n, dtype=int),
+         "decode_ctx": np.zeros(n), "prefill_attn": counts * counts / 2.0,
+         "spec_tokens": np.zeros(n), "drafting_seqs": np.zeros(n),
+         "point": np.array([f"lone-p{c}-a" for c in counts]),
+         "warmup": np.zeros(n, dtype=bool)}
+    s["step_s"] = F.predict_steps(s, step, sizes, 0) - 3e-3
+    got = F.eager_offsets(s, step, sizes, lone=np.ones(n, dtype=bool), above_s=0.04,
+                          test_fraction=0.0)
+    # 600 tokens: under the floor; 1,920: half a row empty; 8,192: attention 67 of 477 ms
+    assert set(got) == {2048, 4096}
+    assert all(v == pytest.approx(-3e-3) for v in got.values())
+
+
 def test_fixed_coefficients_are_kept() -> None:
     """Coefficients passed as fixed come back unchanged; only the rest are fitted."""
     res = F.fit_step_model(_synthetic(), max_num_seqs=256, max_num_batched_tokens=8192,

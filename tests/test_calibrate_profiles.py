@@ -69,7 +69,7 @@ def test_refit_from_samples_gives_same_coefficients(d: Path) -> None:
                            window=window)
     for k, v in prof.step.model_dump(exclude={"shared_ctx_saving", "graph_ctx_s",
                                               "graph_window_s", "graph_offset_s",
-                                              "core_graph_s", "core_piecewise_s",
+                                              "eager_offset_s", "core_graph_s", "core_piecewise_s",
                                               "core_graph_sigma", "core_piecewise_sigma",
                                               "core_eager_s", "eager_gpu_s",
                                               "eager_sigma", "draft_serving_scale", "draft_sigma",
@@ -213,6 +213,48 @@ def test_a_half_empty_row_of_tiles_is_priced_as_the_scan_ran_it(key: str,
         priced = {n: timer.step_time_s(n, 1, n * n / 2, 0) for n in (holed, full)}
         assert (ran[holed] > ran[full]) is holes_cost, ran
         assert (priced[holed] > priced[full]) is holes_cost, priced
+
+
+@pytest.mark.parametrize("d", PROFILES, ids=IDS)
+def test_eager_offsets_refit_from_the_lone_prompt_scan(d: Path) -> None:
+    """eager_offset_s is a function of the profile's own samples: the FP8 profiles whose runs
+    hold the lone-prompt scan get it back from fit.eager_offsets (the shipped step without
+    it, the recorded seed); every other profile has none (calibrate/build.py)."""
+    prof = Profile.load(d)
+    s = store.samples_of(store.read_samples(d), window_tokens=prof.step.window_tokens)
+    lone = (np.char.startswith(np.asarray(s["point"]).astype(str), "lone-p")
+            & (s["decode_seqs"] == 0))
+    if prof.precision != "fp8" or prof.spec_k or not lone.any():
+        assert not prof.step.eager_offset_s
+        return
+    eng = prof.engine
+    sizes = cudagraph_capture_sizes(int(eng["max_num_seqs"]),  # type: ignore[call-overload]
+                                    int(eng["max_num_batched_tokens"]))  # type: ignore[call-overload]
+    step = prof.step.model_copy(update={"eager_offset_s": {}})
+    seed = json.loads((d / "provenance.json").read_text())["fit"]["seed"]
+    got = F.eager_offsets(s, step, sizes, lone=lone, seed=seed,
+                          above_s=max(step.eager_floor_s, step.eager_gpu_s))
+    assert got == pytest.approx(prof.step.eager_offset_s, abs=1e-9)
+
+
+def test_a_full_row_count_is_priced_as_the_scan_ran_it() -> None:
+    """The H100's lone-prompt scans: 2,032-2,048 tokens ran cheaper than the rows and holes
+    price them (Qwen3-32B FP8 129.5 ms at 2,048 where they give 137.3), and the profile now
+    prices those counts within 2 % of the scan; 2,049, whose last row is nearly empty, keeps
+    the holes' price (profile.py, eager_offset_s)."""
+    d = CALIBRATION_DIR / "h100" / "vllm-0.26.0" / "qwen3-32b" / "fp8"
+    s = pl.read_parquet(d / "samples.parquet")
+    prof = Profile.load(d)
+    timer = StepTimer(prof, max_num_seqs=256, max_num_batched_tokens=8192)
+    bare = StepTimer(prof.model_copy(update={"step": prof.step.model_copy(
+        update={"eager_offset_s": {}})}), max_num_seqs=256, max_num_batched_tokens=8192)
+    for n in (2032, 2040, 2047, 2048):
+        ran = s.filter(pl.col("point").str.starts_with(f"lone-p{n}-"))["step_s"].median()
+        priced = timer.step_time_s(n, 1, n * n / 2, 0)
+        assert priced == pytest.approx(ran, rel=0.02), n
+        assert bare.step_time_s(n, 1, n * n / 2, 0) > 1.04 * ran, n  # type: ignore[operator]
+    assert timer.step_time_s(2049, 1, 2049 * 2049 / 2, 0) == bare.step_time_s(
+        2049, 1, 2049 * 2049 / 2, 0)
 
 
 @pytest.mark.parametrize("d", PROFILES, ids=IDS)

@@ -23,6 +23,8 @@ Step-time model (one engine step, seconds), physically shaped:
       + gemm_rows_s * (ceil(T_pad / 256) - 1)          #   see below
       + gemm_holes_s * row_holes(T) if T > the         # FP8: a last row of tiles half
           largest capture size                         #   empty or more, see below
+      + eager_offset_s[T] if T > the largest           # FP8: what the scan measured at a
+          capture size                                 #   full row's count, see below
       + eager_step_s if T > the largest capture size   # no CUDA graph at all
       + graph_offset_s[T_pad] if decode-only and       # the graph size's own offset,
           within the largest CUDA graph                #   and its own KV read
@@ -61,7 +63,14 @@ proportion to the row's empty tokens up to half a row (`row_holes`). AWQ's kerne
 costs the whole row however empty (2,049 tokens 191.3 ms, 2,304 193.7) and BF16's cuBLAS has
 no rows: those profiles keep it at 0, and so does a profile whose runs hold no such scan,
 because the sweep's graph-less steps alone cannot tell a row's holes from the floor under
-the small ones (calibrate/build.py).
+the small ones (calibrate/build.py). At a full row the rows and holes still miss: both FP8
+models the H100 scanned run 2,032-2,048 tokens 5-10 % under the line through the other
+counts (Qwen3-32B FP8 129.5 ms at 2,048 where the terms give 137.3) and 4,080-4,096 2-4 %,
+and served steps of 2,048 tokens run as far under their price (0.92 of it on Qwen3-32B FP8,
+docs/calibration.md "The counts the rows leave"). `eager_offset_s` holds, for each scanned
+count whose last row is (nearly) full and whose prompt's attention is a small share of its
+step, the scan's median less the terms above (calibrate/fit.py eager_offsets); a count
+between two of them in one row takes the line between them, any other none (`eager_offset`).
 
 A decode-only step replays the full CUDA graph captured for its padded size, and the sizes
 do not cost what the linear terms say: measured, Llama-3.1-8B FP8 decodes 16 sequences in
@@ -178,6 +187,24 @@ def graph_offset(offsets: dict[int, float], t_pad: int) -> float:
     i = bisect.bisect_left(sizes, t_pad)
     lo, hi = sizes[i - 1], sizes[i]
     return offsets[lo] + (offsets[hi] - offsets[lo]) * (t_pad - lo) / (hi - lo)
+
+
+def eager_offset(offsets: dict[int, float], tokens: int,
+                 counts: list[int] | None = None) -> float:
+    """A step past the largest CUDA graph's offset at `tokens` (StepModel.eager_offset_s):
+    the measured one, else the line between the two scanned counts around it where both lie
+    in its row of tiles (the same ceil(T / GEMM_ROW_TOKENS)), else 0: the offsets are taken
+    at counts whose last row is (nearly) full, and a line across rows would carry them over
+    the holes between. `counts` is `offsets`' keys, sorted (StepTimer keeps them)."""
+    if tokens in offsets:
+        return offsets[tokens]
+    counts = sorted(offsets) if counts is None else counts
+    i = bisect.bisect_left(counts, tokens)
+    if i == 0 or i == len(counts) or (-(-counts[i] // GEMM_ROW_TOKENS)
+                                      != -(-counts[i - 1] // GEMM_ROW_TOKENS)):
+        return 0.0
+    lo, hi = counts[i - 1], counts[i]
+    return offsets[lo] + (offsets[hi] - offsets[lo]) * (tokens - lo) / (hi - lo)
 
 
 def cudagraph_capture_sizes(
@@ -332,6 +359,15 @@ class StepModel(BaseModel):
     tile_sms: int = Field(
         default=0, ge=0,
         description="the GPU's SMs: FlashAttention's persistent thread blocks (with tile_rho)",
+    )
+    eager_offset_s: dict[int, float] = Field(
+        default_factory=dict,
+        description="a step past the largest CUDA graph's offset at its token count T (FP8 "
+        "profiles with a lone-prompt scan: calibrate/fit.py eager_offsets): at each scanned "
+        "count whose last row of tiles is at least 7/8 full and whose prompt's attention is "
+        "at most a tenth of its step, the scan's median step less the terms above without "
+        "the floor; between two such counts in one row of tiles the line between them, "
+        "elsewhere none (`eager_offset`)",
     )
     graph_offset_s: dict[int, float] = Field(
         default_factory=dict,
@@ -686,6 +722,7 @@ class StepTimer:
         "_eager_above",
         "_eager_floor",
         "_eager_gpu",
+        "_eager_offset",
         "_enc",
         "_enc_step",
         "_gemm",
@@ -764,6 +801,9 @@ class StepTimer:
         # the GEMM stairs likewise, for a profile that has them
         self._gemm = (s.gemm_switch_s, s.gemm_rows_s)
         self._holes = s.gemm_holes_s
+        # a step past the largest graph's measured offset at its count (None: no scan)
+        self._eager_offset = ((dict(s.eager_offset_s), sorted(s.eager_offset_s))
+                              if s.eager_offset_s else None)
         self._stairs = ([self.stairs(p) for p in self._pad]
                         if s.gemm_switch_s or s.gemm_rows_s else None)
         # a decode-only step's offset for its graph size, likewise (None: no graph scan)
@@ -932,6 +972,9 @@ class StepTimer:
             t += self._stairs[tokens] if 0 <= tokens <= self._graph_max else self.stairs(t_pad)
         if self._holes and tokens > self._graph_max:
             t += self._holes * row_holes(tokens)
+        if self._eager_offset is not None and tokens > self._graph_max:
+            offsets, counts = self._eager_offset
+            t += eager_offset(offsets, tokens, counts)
         launch = 0.0
         if tokens > self._eager_above:
             t += self._eager

@@ -655,6 +655,21 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                      + (f"; eager_gpu_s {eager['gpu_eager_s'][prec] * 1e3:.1f} ms, the GPU's "
                         f"span of those steps in the {prec} engines"
                         if prec in eager["gpu_eager_s"] else ""))
+    if prec == "fp8" and not k and df["point"].str.starts_with(LONE_SCAN).any():
+        # what the rows leave at the counts the lone-prompt scan timed (fit.eager_offsets:
+        # 2,032-2,048 tokens ran 5-10 % under the terms on both FP8 models the H100 scanned)
+        sizes = cudagraph_capture_sizes(eng["max_num_seqs"], eng["max_num_batched_tokens"], k)
+        lone = (np.char.startswith(np.asarray(s["point"]).astype(str), LONE_SCAN)
+                & (s["decode_seqs"] == 0))
+        offsets = F.eager_offsets(s, step, sizes, lone=lone, seed=seed,
+                                  above_s=max(step.eager_floor_s, step.eager_gpu_s))
+        if offsets:
+            step = step.model_copy(update={"eager_offset_s": offsets})
+            span = [v * 1e3 for v in offsets.values()]
+            notes.append(f"eager_offset_s at {len(offsets)} lone-prompt counts "
+                         f"({min(offsets)}-{max(offsets)} tokens, {min(span):+.2f} to "
+                         f"{max(span):+.2f} ms): the scan's steps less the terms' price "
+                         "where the last row of tiles is full and attention a small share")
     reserved = image_reservation(g.metas, g.image_metas)
     if reserved is not None:
         kv = kv.model_copy(update={"image_reservation_tokens": reserved})

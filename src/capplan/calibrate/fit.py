@@ -30,9 +30,11 @@ from capplan.profile import (
     KvCapacity,
     StepModel,
     cudagraph_capture_sizes,
+    eager_offset,
     eager_threshold,
     encoder_work_s,
     graph_offset,
+    row_holes,
 )
 from capplan.tiles import kv_blocks, tail_factor
 
@@ -51,6 +53,10 @@ WINDOW = 4
 FLOOR_CANDIDATES = 24
 MAX_WINDOWS_PER_POINT = 40
 TRIM_APE = 0.35  # training windows this far off the first fit are left out of the second
+# eager_offsets' counts: a last row of tiles at least 7/8 full (profile.row_holes), and a
+# lone prompt's attention at most this share of its step
+FULL_ROW_HOLES = 0.125
+MAX_ATTN_SHARE = 0.10
 
 
 def step_times_s(point: np.ndarray, t_sched0: np.ndarray, t_done: np.ndarray) -> np.ndarray:
@@ -334,6 +340,11 @@ def predict_steps(s: Samples, step: StepModel, sizes: list[int], spec_k: int) ->
     beta = np.array([getattr(step, c) for c in COEFS])
     out = _steps(design(s, step.knee_tokens, sizes, spec_k), beta, _eager(s, sizes),
                  step.eager_floor_s)
+    if step.eager_offset_s:
+        past = s["tokens"] > max(sizes, default=0)
+        offsets = {int(n): eager_offset(step.eager_offset_s, int(n))
+                   for n in set(s["tokens"][past])}
+        out = out + np.where(past, [offsets.get(int(n), 0.0) for n in s["tokens"]], 0.0)
     if step.graph_offset_s:
         # a decode-only step within the largest CUDA graph (past it, as under speculative
         # decoding it can be, the step runs without a graph: cudagraph_dispatcher.py)
@@ -946,3 +957,36 @@ def fit_kv_capacity(
     return KvCapacity(bytes_per_token=bytes_per_token, slope_tokens=round(float(slope), 1),
                       intercept_tokens=round(float(-offset), 1),
                       measured=[dict(p) for p in points])
+
+
+def eager_offsets(s: Samples, step: StepModel, sizes: list[int], *, lone: np.ndarray,
+                  above_s: float, seed: int = 0, test_fraction: float = 0.2
+                  ) -> dict[int, float]:
+    """StepModel.eager_offset_s: at each token count of the lone-prompt steps `lone` (a
+    mask), the median measured step less the model's terms without the floor, over the
+    steps outside fit_step_model's held-out windows (so its held-out error stays unseen).
+
+    Only counts whose last row of tiles is (nearly) full (FULL_ROW_HOLES): there the rows
+    alone set the FP8 GEMMs' cost, and the scan departs from the line by as much as the
+    serving steps do (Qwen3-32B FP8 on the H100: a lone 2,048-token prompt 0.94 of its
+    price, served steps of 2,048 tokens 0.92), where at a half-empty row the lone prompts
+    ran dearer than `gemm_holes_s` and the served steps did not (docs/calibration.md, "The
+    counts the rows leave"). Only counts whose prompt's attention is at most
+    MAX_ATTN_SHARE of the step: a lone long prompt's attention is no served step's. Only
+    counts whose measured and priced medians both exceed `above_s` (the floor and the GPU's
+    span of a graph-less step, below which the CPU's launches set the time)."""
+    held = np.zeros(len(s["tokens"]), dtype=bool)
+    for a, b in _heldout(s, seed, test_fraction):
+        held[a:b] = True
+    bare = predict_steps(s, step.model_copy(update={"eager_floor_s": 0.0,
+                                                     "eager_offset_s": {}}), sizes, 0)
+    use = lone & ~held & (s["tokens"] > max(sizes, default=0))
+    out: dict[int, float] = {}
+    for n in np.unique(s["tokens"][use]):
+        mine = use & (s["tokens"] == n)
+        ran, priced = float(np.median(s["step_s"][mine])), float(np.median(bare[mine]))
+        attn = step.prefill_attn_s * float(np.median(s["prefill_attn"][mine]))
+        if (ran > above_s and priced > above_s and row_holes(int(n)) <= FULL_ROW_HOLES
+                and attn <= MAX_ATTN_SHARE * priced):
+            out[int(n)] = round(ran - priced, 7)
+    return out
