@@ -84,6 +84,9 @@
 # The sixtieth session's H100 lease (a host no session had had) ran it (ITL p99 132.3 ms
 # against 147.4) and queued the same row core-traced (qwen3-32b-fp8-h100-budget2k-t,
 # prediction recorded).
+# A second H100 lease (another new host) ran it (ITL p99 139.9 ms) and queued the same
+# traffic at a 4,096-token budget (qwen3-32b-fp8-h100-budget4k, prediction recorded), after the
+# H100's FP8 profiles took the lone-prompt scan's price at a full row's count (eager_offset_s).
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -93,6 +96,6 @@ if nvidia-smi -L | grep -q H200; then
     bash scripts/gpu_session.sh "$deadline"
 else
   LANE0_FIRST=validate QUEUE0= \
-    LANE0="/tmp/keep/qwen3-32b-fp8-h100-budget2k-t.json" \
+    LANE0="/tmp/keep/qwen3-32b-fp8-h100-budget4k.json" \
     bash scripts/gpu_session.sh "$deadline"
 fi

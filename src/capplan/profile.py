@@ -654,7 +654,7 @@ class Profile(BaseModel):
         traced FP8 chat hosts' spans 0.77-0.80 of their core's time, 17.2-26.0 ms). So the span
         (`eager_gpu_s`) and the jump the calibration engines measured just past the largest
         graph (`eager_step_s`) take the ratio of that host's core time to the median's.
-        Where the GPU's span is the longer (Qwen3-32B FP8: 61.2 against 29.9 ms), the step
+        Where the GPU's span is the longer (Qwen3-32B FP8: 61.3 against 31.8 ms), the step
         is the GPU's on any host and nothing moves."""
         s = self.step
         if not (s.core_eager_s and end.core_eager_s and 0 < s.eager_gpu_s < s.core_eager_s):
@@ -982,7 +982,7 @@ class StepTimer:
             if self._core_eager:
                 # measured apart, the core's time is its own and the GPU's span at least
                 # eager_gpu_s (else the floor): shorter than the span (Qwen3-32B FP8 on an
-                # H100: the core's 29.9 ms against 61.0), the core schedules the next step
+                # H100: the core's 31.8 ms against 61.3), the core schedules the next step
                 # while the GPU still runs this one; longer (Llama-3.1-8B: 20.9 against
                 # 19.4), the GPU waits for it (docs/simulator.md)
                 if t < self._eager_gpu:
