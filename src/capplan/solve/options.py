@@ -217,7 +217,7 @@ def budget_advice(mix: TrafficMix, choice: PoolChoice, settings: SearchSettings)
     budget, _, sizer = best
     # confirmed as the plan's own answer was (its seeds, its length), so that the advice's
     # count stands beside the plan's: a probe answer can sit one above what confirmation
-    # keeps (examples/which-gpu.yaml: 5 by probe runs at 8,192 tokens, 4 confirmed)
+    # keeps (examples/which-gpu.yaml once said "against 5 at 8192" beside a plan of 4)
     try:
         sizing = sizer.confirm(best[1])
     except InfeasibleError:
