@@ -184,9 +184,13 @@ def graph_offset(offsets: dict[int, float], t_pad: int) -> float:
     sizes = sorted(offsets)
     if not sizes or t_pad < sizes[0] or t_pad > sizes[-1]:
         return 0.0
-    i = bisect.bisect_left(sizes, t_pad)
-    lo, hi = sizes[i - 1], sizes[i]
-    return offsets[lo] + (offsets[hi] - offsets[lo]) * (t_pad - lo) / (hi - lo)
+    return _line(offsets, sizes, bisect.bisect_left(sizes, t_pad), t_pad)
+
+
+def _line(offsets: dict[int, float], keys: list[int], i: int, x: int) -> float:
+    """The line between `offsets` at keys[i - 1] and keys[i], at x between them."""
+    lo, hi = keys[i - 1], keys[i]
+    return offsets[lo] + (offsets[hi] - offsets[lo]) * (x - lo) / (hi - lo)
 
 
 def eager_offset(offsets: dict[int, float], tokens: int,
@@ -203,8 +207,7 @@ def eager_offset(offsets: dict[int, float], tokens: int,
     if i == 0 or i == len(counts) or (-(-counts[i] // GEMM_ROW_TOKENS)
                                       != -(-counts[i - 1] // GEMM_ROW_TOKENS)):
         return 0.0
-    lo, hi = counts[i - 1], counts[i]
-    return offsets[lo] + (offsets[hi] - offsets[lo]) * (tokens - lo) / (hi - lo)
+    return _line(offsets, counts, i, tokens)
 
 
 def cudagraph_capture_sizes(
