@@ -87,12 +87,18 @@
 # A second H100 lease (another new host) ran it (ITL p99 139.9 ms) and queued the same
 # traffic at a 4,096-token budget (qwen3-32b-fp8-h100-budget4k, prediction recorded), after the
 # H100's FP8 profiles took the lone-prompt scan's price at a full row's count (eager_offset_s).
+# The sixty-first session's H200 lease (the first H200 since the fifty-eighth queued them) ran
+# queue-s58.txt's three lone-prompt scans (stored as r30 and r3; the H200's FP8 profiles now take
+# eager_offset_s from them) and three serving engines (llama-3.1-8b-fp8-h200-tiles,
+# llama-3.1-8b-fp8-budget1k, llama-3.1-8b-bf16-lease2). The H200 queue is now the serving
+# engines left: Qwen3-32B FP8's lone prompts first (the profile its new scan refitted, served),
+# then the 8,192-token RAG twin, then Qwen3-32B FP8's core-traced Poisson chat.
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
 if nvidia-smi -L | grep -q H200; then
-  QUEUE0=calibration/_plans/queue-s58.txt \
-    LANE0="/tmp/keep/llama-3.1-8b-fp8-h200-tiles.json /tmp/keep/llama-3.1-8b-fp8-budget1k.json /tmp/keep/llama-3.1-8b-fp8-budget8k.json /tmp/keep/qwen3-32b-fp8-h200-lone.json /tmp/keep/llama-3.1-8b-bf16-lease2.json /tmp/keep/qwen3-32b-fp8-h200-t.json" \
+  LANE0_FIRST=validate QUEUE0= \
+    LANE0="/tmp/keep/qwen3-32b-fp8-h200-lone.json /tmp/keep/llama-3.1-8b-fp8-budget8k.json /tmp/keep/qwen3-32b-fp8-h200-t.json" \
     bash scripts/gpu_session.sh "$deadline"
 else
   LANE0_FIRST=validate QUEUE0= \

@@ -98,7 +98,8 @@ past the largest graph, by the prior context of its chunk (fifty-seventh session
 `recorded ENGINE` the engine's rows against the prediction recorded before its run
 (validation/queued/) and against today's: rows within target and the median absolute error
 per metric, each way (docs/validation.md, "The H100 (thirty-second session)": the analytic
-profile recorded before, the measured H100 profile today).
+profile recorded before, the measured H100 profile today); then each row's figures, measured,
+recorded and today's.
 `before COMMIT` predicts today's stored rows with the code and profiles of COMMIT (a git
 worktree of it, given today's suite and measurements) beside today's: the rows within target
 of each (by profile where a count moved, and split into closed- and open-loop rows), and each
@@ -2952,6 +2953,15 @@ def recorded(engine: str) -> None:
         cells = [f"{sum(abs(e) <= TARGETS[m] for e in es)} / {len(es)}, "
                  f"{float(np.median(np.abs(es))) * 100:.1f} %" for es in (then, now)]
         print(f"| {m} | ±{TARGETS[m]:.0%} | {cells[0]} | {cells[1]} |")
+    print("each row: measured / recorded / today (tok/s; ms; E2E s)")
+    for r in rows:
+        then = rec["predictions"][r.experiment][r.workload]
+        cells = []
+        for m in METRICS:
+            scale = 1e3 if m.startswith(("ttft", "itl")) else 1.0
+            cells.append(f"{m} {r.measured[m] * scale:.4g} / {then[m] * scale:.4g} / "
+                         f"{r.predicted[m] * scale:.4g}")
+        print(f"  {r.experiment} run {r.run} {r.workload}: " + "; ".join(cells))
 
 
 CORE_CALLS = ("execute_model", "schedule", "sample_tokens", "update_from_output")

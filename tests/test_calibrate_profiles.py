@@ -345,7 +345,8 @@ def test_repeat_runs_take_the_slowest_runs_launch_terms() -> None:
     """The terms that price the CPU's launches (build.LAUNCH_COEFS) come from the slowest
     of the runs' own fits, each run refitted alone here from the shipped samples; the other
     terms are fitted on every run with them fixed (docs/calibration.md, "Repeat runs and
-    the CPU's launches"). Llama-3.1-8B BF16's run 2 launched faster than run 1."""
+    the CPU's launches"). Llama-3.1-8B BF16's run 2 launched faster than run 1; its run 3, a
+    lone-prompt scan, takes no part."""
     from capplan.calibrate.build import LAUNCH_COEFS
 
     d = CALIBRATION_DIR / "h200" / "vllm-0.26.0" / "llama-3.1-8b" / "bf16"
@@ -358,10 +359,16 @@ def test_repeat_runs_take_the_slowest_runs_launch_terms() -> None:
                             max_num_seqs=int(prof.engine["max_num_seqs"]),  # type: ignore[call-overload]
                             max_num_batched_tokens=int(prof.engine["max_num_batched_tokens"]),  # type: ignore[call-overload]
                             fixed=fixed, seed=prov["fit"]["seed"],
-                            floors=prov["fit"]["floors"]).step for run in (1, 2)]
+                            floors=prov["fit"]["floors"]).step for run in (1, 2, 3)]
     assert own[1].eager_floor_s < 0.8 * own[0].eager_floor_s  # run 2's CPU was faster
+    # run 3 is the lone-prompt scan (sixty-first session): an idle engine's first steps set
+    # its floor, slower than either sweep's, and it has no vote
+    lone = df.filter((pl.col("run") == 3) & ~pl.col("warmup"))["point"]
+    assert lone.str.starts_with("lone-p").all()
+    assert own[2].eager_floor_s > 1.2 * own[0].eager_floor_s
+    assert "the lone-prompt scans' runs not among them" in prof.provenance.note
     for c in LAUNCH_COEFS:
-        assert getattr(prof.step, c) == pytest.approx(max(getattr(r, c) for r in own)), c
+        assert getattr(prof.step, c) == pytest.approx(max(getattr(r, c) for r in own[:2])), c
         assert prov["fit"]["fixed_coefficients"][c] == getattr(prof.step, c)
 
 

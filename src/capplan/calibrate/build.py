@@ -403,8 +403,11 @@ def core_time(raw: Path, g: Group, df: pl.DataFrame,
     a step")."""
     timed, timed_run = calibration_core(df, eng), g.main
     if timed is not None:  # named by the runs that recorded it (runners since 64a61b4)
+        # and hold steps of either kind (a lone-prompt scan's are all past the largest graph)
         names = [g.main, *g.repeats]
-        recorded = df.filter(pl.col("cpu_launch_s").is_not_null())["run"].unique().sort()
+        largest = cudagraph_capture_sizes(eng["max_num_seqs"], eng["max_num_batched_tokens"])[-1]
+        recorded = df.filter(pl.col("cpu_launch_s").is_not_null() & ~pl.col("warmup")
+                             & (pl.col("tokens") <= largest))["run"].unique().sort()
         timed_run = ", ".join(names[i - 1] for i in recorded)
     scan = f"{g.model}--{g.key}--core"
     scan_path = store.runner_jsonl(raw, scan)
@@ -533,7 +536,15 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                 "max_num_batched_tokens": eng["max_num_batched_tokens"], "spec_k": k,
                 "seed": seed, "floors": floors, "window": window}
     launch = [c for c in LAUNCH_COEFS if c not in fixed]
-    if g.repeats and launch:
+    # A lone-prompt scan (every point `lone-p*`: one prompt a step on an idle engine) has no
+    # launch terms of a working engine to give: its floor is an idle engine's first step
+    # after a pause (33.3 ms on the H200's Llama-3.1-8B BF16 scan against 24.7 and 16.0 on
+    # the sweeps), which the serving model prices apart (core_eager_s); its steps join the
+    # joint fit below all the same.
+    voting = [i for i in range(1, len(g.repeats) + 2)
+              if not df.filter((pl.col("run") == i) & ~pl.col("warmup"))["point"]
+              .str.starts_with(LONE_SCAN).all()]
+    if len(voting) > 1 and launch:
         # The terms that price the CPU's launches: a calibration run's in-process engine
         # launches faster than a serving engine does (0.64-0.87x of its core time,
         # core_time above), by as much as its run's luck (30-50 % apart run to run): of the
@@ -542,14 +553,15 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
         # CPU's launches").
         per_run = [F.fit_step_model(store.samples_of(df.filter(pl.col("run") == i)),
                                     fixed=fixed, **fit_args).step
-                   for i in range(1, len(g.repeats) + 2)]
+                   for i in voting]
         # (only where every run alone finds a floor: one that does not prices its graph-less
         # steps by eager_step_s instead, and its terms do not compare; the joint fit stays)
         if min(r.eager_floor_s for r in per_run) > 0:
             fixed = {**fixed, **{c: max(getattr(r, c) for r in per_run) for c in launch}}
             notes.append("the CPU's launch terms the slowest of the runs' own (" + "; ".join(
                 f"{c} " + ", ".join(f"{getattr(r, c) * 1e3:.2f}" for r in per_run) + " ms"
-                for c in launch) + ")")
+                for c in launch) + ")" + ("; the lone-prompt scans' runs not among them"
+                                          if len(voting) < len(g.repeats) + 1 else ""))
     res = F.fit_step_model(s, fixed=fixed, **fit_args)
     step = res.step
     cache_run = f"{g.model}--{g.key}--cache"
