@@ -91,14 +91,15 @@
 # queue-s58.txt's three lone-prompt scans (stored as r30 and r3; the H200's FP8 profiles now take
 # eager_offset_s from them) and three serving engines (llama-3.1-8b-fp8-h200-tiles,
 # llama-3.1-8b-fp8-budget1k, llama-3.1-8b-bf16-lease2). The H200 queue is now the serving
-# engines left: Qwen3-32B FP8's lone prompts first (the profile its new scan refitted, served),
-# then the 8,192-token RAG twin, then Qwen3-32B FP8's core-traced Poisson chat.
+# engines left: Qwen3-32B FP8's core-traced Poisson chat first (its refitted profile has no
+# floor under a graph-less step, and no serving trace of the core's time on one), then its lone
+# prompts (the profile its new scan refitted, served), then the 8,192-token RAG twin.
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
 if nvidia-smi -L | grep -q H200; then
   LANE0_FIRST=validate QUEUE0= \
-    LANE0="/tmp/keep/qwen3-32b-fp8-h200-lone.json /tmp/keep/llama-3.1-8b-fp8-budget8k.json /tmp/keep/qwen3-32b-fp8-h200-t.json" \
+    LANE0="/tmp/keep/qwen3-32b-fp8-h200-t.json /tmp/keep/qwen3-32b-fp8-h200-lone.json /tmp/keep/llama-3.1-8b-fp8-budget8k.json" \
     bash scripts/gpu_session.sh "$deadline"
 else
   LANE0_FIRST=validate QUEUE0= \
