@@ -563,6 +563,18 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                 for c in launch) + ")" + ("; the lone-prompt scans' runs not among them"
                                           if len(voting) < len(g.repeats) + 1 else ""))
     res = F.fit_step_model(s, fixed=fixed, **fit_args)
+    if "prefill_attn_s" not in fixed and not window:
+        # the attention rate from the steps where attention weighs, the rest fitted with it
+        # (fit.attention_rate; docs/calibration.md, "The attention rate")
+        sizes = cudagraph_capture_sizes(eng["max_num_seqs"], eng["max_num_batched_tokens"], k)
+        attn = F.attention_rate(s, res.step, sizes, k, seed=seed)
+        if attn is not None:
+            fixed = {**fixed, "prefill_attn_s": attn.rate}
+            res = F.fit_step_model(s, fixed=fixed, **fit_args)
+            notes.append(f"prefill_attn_s {attn.rate * 1e10:.2f}e-10 s a pair from the "
+                         f"{attn.steps} steps whose prompt attention is at least "
+                         f"{F.ATTN_MIN_SHARE:.0%} of the joint fit's price (the joint fit's "
+                         f"{attn.joint * 1e10:.2f}e-10), the other terms fitted with it")
     step = res.step
     cache_run = f"{g.model}--{g.key}--cache"
     cache_path = store.runner_jsonl(raw, cache_run)
