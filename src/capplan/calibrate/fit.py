@@ -979,9 +979,9 @@ def attention_rate(s: Samples, step: StepModel, sizes: list[int], spec_k: int, *
     measured step less the price's other terms against the step's attention pairs, over the
     steps outside fit_step_model's held-out windows (so its held-out error stays unseen).
     Elsewhere the attention term trades against the per-token and row terms across the many
-    short steps: on the H200's Llama-3.1-8B FP8 the joint fit took 4.5e-10 s a pair where its
-    long prompts say 7.9e-10, as all four Llama-3.1-8B profiles' long prompts do on both GPUs
-    (FlashAttention's prefill is the die's, not the GEMMs' precision). None with fewer than
+    short steps: on the H200's Llama-3.1-8B FP8 the joint fit took 4.47e-10 s a pair where
+    its long prompts say 7.49e-10, and the four Llama-3.1-8B profiles' say 7.5-7.9e-10 on both
+    GPUs (FlashAttention's prefill is the die's, not the GEMMs' precision). None with fewer than
     ATTN_MIN_STEPS such steps."""
     held = np.zeros(len(s["tokens"]), dtype=bool)
     for a, b in _heldout(s, seed, test_fraction):
