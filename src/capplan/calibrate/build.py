@@ -430,6 +430,20 @@ def core_time(raw: Path, g: Group, df: pl.DataFrame,
     return None, ""
 
 
+def _lone_floors(df: pl.DataFrame, voting: list[int], runs: int, fixed: dict[str, float],
+                 fit_args: dict[str, Any]) -> str:
+    """The provenance note's words on the lone-prompt scans' runs left out of the launch
+    terms' vote, with the floor each would have brought."""
+    lone = [i for i in range(1, runs + 1) if i not in voting]
+    if not lone:
+        return ""
+    own = [F.fit_step_model(store.samples_of(df.filter(pl.col("run") == i)),
+                            fixed={k: v for k, v in fixed.items() if k not in LAUNCH_COEFS},
+                            **fit_args).step.eager_floor_s for i in lone]
+    return ("; the lone-prompt scans' runs not among them (eager_floor_s "
+            + ", ".join(f"{f * 1e3:.2f}" for f in own) + " ms)")
+
+
 def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                   gpu: str, git_commit: str, seed: int = 0) -> tuple[Profile, dict[str, Any],
                                                                       pl.DataFrame]:
@@ -560,8 +574,8 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
             fixed = {**fixed, **{c: max(getattr(r, c) for r in per_run) for c in launch}}
             notes.append("the CPU's launch terms the slowest of the runs' own (" + "; ".join(
                 f"{c} " + ", ".join(f"{getattr(r, c) * 1e3:.2f}" for r in per_run) + " ms"
-                for c in launch) + ")" + ("; the lone-prompt scans' runs not among them"
-                                          if len(voting) < len(g.repeats) + 1 else ""))
+                for c in launch) + ")" + _lone_floors(df, voting, len(g.repeats) + 1, fixed,
+                                                     fit_args))
     res = F.fit_step_model(s, fixed=fixed, **fit_args)
     if "prefill_attn_s" not in fixed and not window:
         # the attention rate from the steps where attention weighs, the rest fitted with it
