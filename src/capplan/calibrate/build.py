@@ -577,10 +577,11 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                 for c in launch) + ")" + _lone_floors(df, voting, len(g.repeats) + 1, fixed,
                                                      fit_args))
     res = F.fit_step_model(s, fixed=fixed, **fit_args)
+    # the CUDA-graph sizes every term below prices by
+    sizes = cudagraph_capture_sizes(eng["max_num_seqs"], eng["max_num_batched_tokens"], k)
     if "prefill_attn_s" not in fixed and not window:
         # the attention rate from the steps where attention weighs, the rest fitted with it
         # (fit.attention_rate; docs/calibration.md, "The attention rate")
-        sizes = cudagraph_capture_sizes(eng["max_num_seqs"], eng["max_num_batched_tokens"], k)
         attn = F.attention_rate(s, res.step, sizes, k, seed=seed)
         if attn is not None:
             fixed = {**fixed, "prefill_attn_s": attn.rate}
@@ -611,7 +612,6 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     graphs: dict[str, Any] | None = None  # the points behind graph_offset_s, for provenance
     if graph_path is not None:
         scan = store.samples_of(store.read_runner_jsonl(graph_path))
-        sizes = cudagraph_capture_sizes(eng["max_num_seqs"], eng["max_num_batched_tokens"], k)
         fitted = F.graph_scan(scan, step, sizes, floors.get("decode_ctx_s", 0.0), window,
                               floors.get("decode_window_s", 0.0), spec_k=k)
         slow = F.graph_scan_slow_stretches(fitted.points) if fitted is not None else []
@@ -696,7 +696,6 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     if prec == "fp8" and not k and df["point"].str.starts_with(LONE_SCAN).any():
         # what the rows leave at the counts the lone-prompt scan timed (fit.eager_offsets:
         # 2,032-2,048 tokens ran 5-10 % under the terms on both FP8 models the H100 scanned)
-        sizes = cudagraph_capture_sizes(eng["max_num_seqs"], eng["max_num_batched_tokens"], k)
         lone = (np.char.startswith(np.asarray(s["point"]).astype(str), LONE_SCAN)
                 & (s["decode_seqs"] == 0))
         offsets = F.eager_offsets(s, step, sizes, lone=lone, seed=seed,

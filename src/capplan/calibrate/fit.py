@@ -746,6 +746,14 @@ def _heldout(s: Samples, seed: int, test_fraction: float) -> np.ndarray:
     return out
 
 
+def _heldout_steps(s: Samples, seed: int, test_fraction: float) -> np.ndarray:
+    """A mask of the steps inside fit_step_model's held-out windows."""
+    held = np.zeros(len(s["tokens"]), dtype=bool)
+    for a, b in _heldout(s, seed, test_fraction):
+        held[a:b] = True
+    return held
+
+
 def heldout_ape(s: Samples, step: StepModel, *, max_num_seqs: int,
                 max_num_batched_tokens: int, spec_k: int = 0, seed: int = 0,
                 test_fraction: float = 0.2, window: int = 0) -> np.ndarray:
@@ -983,9 +991,7 @@ def attention_rate(s: Samples, step: StepModel, sizes: list[int], spec_k: int, *
     its long prompts say 7.49e-10, and the four Llama-3.1-8B profiles' say 7.5-7.9e-10 on both
     GPUs (FlashAttention's prefill is the die's, not the GEMMs' precision). None with fewer than
     ATTN_MIN_STEPS such steps."""
-    held = np.zeros(len(s["tokens"]), dtype=bool)
-    for a, b in _heldout(s, seed, test_fraction):
-        held[a:b] = True
+    held = _heldout_steps(s, seed, test_fraction)
     price = predict_steps(s, step, sizes, spec_k)
     attn = step.prefill_attn_s * s["prefill_attn"]
     use = (~held & ~s["warmup"].astype(bool) & (s["prefill_attn"] > 0)
@@ -1014,9 +1020,7 @@ def eager_offsets(s: Samples, step: StepModel, sizes: list[int], *, lone: np.nda
     MAX_ATTN_SHARE of the step: a lone long prompt's attention is no served step's. Only
     counts whose measured and priced medians both exceed `above_s` (the floor and the GPU's
     span of a graph-less step, below which the CPU's launches set the time)."""
-    held = np.zeros(len(s["tokens"]), dtype=bool)
-    for a, b in _heldout(s, seed, test_fraction):
-        held[a:b] = True
+    held = _heldout_steps(s, seed, test_fraction)
     bare = predict_steps(s, step.model_copy(update={"eager_floor_s": 0.0,
                                                      "eager_offset_s": {}}), sizes, 0)
     use = lone & ~held & (s["tokens"] > max(sizes, default=0))
