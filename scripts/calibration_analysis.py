@@ -34,6 +34,7 @@ import polars as pl
 
 from capplan.calibrate import fit as F
 from capplan.calibrate import store
+from capplan.calibrate import build
 from capplan.calibrate.build import LONE_SCAN
 from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.errors import CalibrationError
@@ -351,18 +352,23 @@ def repeats() -> None:
             continue
         prof, s, sizes = _fit_inputs(d.parent)
         ape_all = np.abs(_predicted(prof, s, sizes) / s["step_s"] - 1)
-        name = f"{prof.model}--{prof.key}"
+        g = build.groups(raw)[(prof.model, prof.key)]
+        names = [g.main, *g.repeats]  # `run` numbers them from 1 (build._samples)
         cols = ("point", "step", "step_s", "tokens")
         first = df.filter(pl.col("run") == 1).select(*cols)
-        for run in range(2, df["run"].max() + 1):
+        for run in range(2, len(names) + 1):
             j = first.join(df.filter(pl.col("run") == run).select(*cols), on=["point", "step"],
                            suffix="_2").filter((pl.col("tokens") == pl.col("tokens_2"))
                                                & ~pl.col("point").str.starts_with("warmup"))
+            if j.is_empty():
+                print(f"  {prof.model}/{prof.key}, run {run} ({names[run - 1]}): no step in "
+                      "common with run 1 (a scan of other points)")
+                continue
             step = (j["step_s_2"] / j["step_s"] - 1).abs().to_numpy()
             pts = j.group_by("point").agg(pl.col("step_s").sum(), pl.col("step_s_2").sum())
             pt = (pts["step_s_2"] / pts["step_s"] - 1).abs().to_numpy()
             blocks = [json.loads((raw / f"{n}.meta.json").read_text())["kv"]["num_gpu_blocks"]
-                      for n in (name, f"{name}--r{run}")]
+                      for n in (names[0], names[run - 1])]
             fit = [ape_all[(df["run"].to_numpy() == r) & ~s["warmup"]] for r in (1, run)]
             print(f"  {prof.model}/{prof.key}, run 1 and run {run}: same step median "
                   f"{np.median(step):.1%}, p95 {np.percentile(step, 95):.1%} ({len(step)} "
