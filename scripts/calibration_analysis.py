@@ -15,6 +15,7 @@ drafter's cost and the stairs of its verify steps.
     python scripts/calibration_analysis.py holes [MODEL/KEY]  # the lone-prompt scans, priced
     python scripts/calibration_analysis.py launches [MODEL/KEY]  # each run's CPU launches
     python scripts/calibration_analysis.py decodetail [MODEL/KEY]  # decode steps' slow tail
+    python scripts/calibration_analysis.py gcpasses [MODEL/KEY [POINT]]  # slow launches, GC
 
 With no argument it prints sanity and graph.
 """
@@ -376,6 +377,46 @@ def repeats() -> None:
                   f"blocks {blocks[0]:,} and {blocks[1]:,}; the fit (both runs) on each run's "
                   f"steps: median {np.median(fit[0]):.1%} / {np.median(fit[1]):.1%}, p95 "
                   f"{np.percentile(fit[0], 95):.1%} / {np.percentile(fit[1], 95):.1%}")
+
+
+def gcpasses(profile: str = "llama-3.1-8b/fp8", point: str = "prefill-p128-x129") -> None:
+    """The launch-bound steps that run slow, run by run (sixty-second session): in each run of
+    the profile, `point`'s steps 1.3x or more the point's median step, how many, the gap
+    between one and the next that recurs most, their median step and CPU launch
+    (`cpu_launch_s`) against the other steps', and, in runs whose runner timed Python's
+    garbage collector in each launch (`gc_launch_s`, runner.py GcClock, from the
+    sixty-second session's runner on), how many of the slow steps held a collection and
+    for how long at the median."""
+    df = pl.read_parquet(PROFILES / profile / "samples.parquet").filter(
+        (pl.col("point") == point) & ~pl.col("warmup"))
+    timed = "gc_launch_s" in df.columns
+    for run in sorted(df["run"].unique().to_list()):
+        r = df.filter(pl.col("run") == run).sort("step")
+        step, launch = r["step_s"].to_numpy(), r["cpu_launch_s"].to_numpy()
+        slow = step >= 1.3 * np.median(step)
+        rest = ~slow
+        rest[0] = False  # the point's first step began on an idle GPU
+        gaps = Counter(np.diff(np.flatnonzero(slow)).tolist())
+        cells = [f"run {run}: {slow.sum()} of {len(step)} steps 1.3x the median or more"]
+        if slow.sum() > 1:
+            gap, n = gaps.most_common(1)[0]
+            cells.append(f"{n} of them {gap} step(s) after the last")
+        if slow.any():
+            cells.append(f"median {np.median(step[slow]) * 1e3:.2f} ms against "
+                         f"{np.median(step[rest]) * 1e3:.2f}")
+            if not np.isnan(launch).all():
+                cells.append(f"launch {np.nanmedian(launch[slow]) * 1e3:.2f} ms against "
+                             f"{np.nanmedian(launch[rest]) * 1e3:.2f}")
+        if timed and r["gc_launch_s"].null_count() < len(r):
+            gcs = r["gc_launch_s"].fill_null(0.0).to_numpy()
+            held = slow & (gcs > 0)
+            cells.append(f"{held.sum()} slow steps with a collection"
+                         + (f" ({np.median(gcs[held]) * 1e3:.2f} ms at the median)"
+                            if held.any() else "")
+                         + f", {(gcs[rest] > 0).sum()} others")
+        else:
+            cells.append("the collector not timed")
+        print(f"  {profile} {point} " + "; ".join(cells))
 
 
 def _scan_runs(suffix: str, flag: str
@@ -1541,6 +1582,9 @@ def main() -> None:
     if what[0] == "steadiness":
         for profile in what[1:]:
             steadiness(profile)
+        return
+    if what[0] == "gcpasses":
+        gcpasses(*what[1:3])
         return
     optional_profile = {"speeds": speeds, "mixedsteps": mixedsteps, "ragged": ragged,
                         "holes": holes, "launches": launches,

@@ -272,3 +272,31 @@ def test_a_draft_model_profile_steps_at_the_serving_cores_median_pace(gpu: str,
         if p not in drafts:
             assert p.step.draft_serving_scale == 1.0 and p.drafter_hosts == ()
             assert p.step.draft_sigma == 0.0
+
+
+def test_the_collectors_time_is_read_per_step() -> None:
+    """`gc_s`: the garbage collector's spans on the core's loop thread within the iteration
+    that launched the step (another thread's are not the loop's); NaN for a trace taken
+    before coretrace.py recorded them."""
+    spans_ = [("step_with_batch_queue", "MainThread", 1_000, 10_000),
+              ("execute_model", "MainThread", 2_000, 6_000),
+              ("gc0", "MainThread", 3_000, 500),
+              ("gc0", "coretrace", 4_000, 1_000),  # the tracer's writer thread
+              ("update_from_output", "MainThread", 9_000, 500),
+              ("step_with_batch_queue", "MainThread", 11_000, 10_000),
+              ("execute_model", "MainThread", 12_000, 3_000),
+              ("gc1", "MainThread", 16_000, 2_000),
+              ("update_from_output", "MainThread", 19_000, 500)]
+    trace = pl.DataFrame([(1, *s) for s in spans_],
+                         schema=["pid", "name", "thread", "t0_us", "dur_us"], orient="row")
+    steps = pl.DataFrame({"run": ["x", "x"], "step": [0, 1], "t": [9.6e-3, 19.6e-3],
+                          "prefill_reqs": [1, 0], "prefill_tokens": [300, 0],
+                          "decode_reqs": [0, 1], "decode_tokens": [0, 1]})
+    meta = {"experiments": {"x": {"t0_perf": 0.0}}, "clock_base_s": 0.0,
+            "wrapped": ["gc.callbacks", "Scheduler.schedule"]}
+    got = step_core_times(trace, meta, steps)
+    assert got["kind"].to_list() == ["piecewise", "graph"]
+    assert got["gc_s"].to_list() == pytest.approx([0.5e-3, 2e-3])
+    assert got["core_s"].to_list() == pytest.approx([10e-3, 10e-3])  # the collector in it
+    old = step_core_times(trace, {**meta, "wrapped": ["Scheduler.schedule"]}, steps)
+    assert old["gc_s"].is_nan().all()

@@ -3,12 +3,14 @@ it writes, and that a spawned child (as vLLM spawns its engine core) loads it as
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing as mp
 import runpy
 import sys
 import time
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,17 +40,56 @@ def _lines(folder: Path) -> list[list[object]]:
     return []
 
 
+@pytest.fixture(autouse=True)
+def _no_gc_hook() -> Iterator[None]:
+    """Each test installs the tracer's garbage-collector hook afresh and leaves none behind
+    (gc.callbacks is the interpreter's, not the traced module's)."""
+    def clear() -> None:
+        gc.callbacks[:] = [cb for cb in gc.callbacks if not getattr(cb, "_coretrace", False)]
+    clear()
+    yield
+    clear()
+
+
 def test_wrapped_calls_are_timed_and_written(tmp_path: Path) -> None:
     _fake_module()
     ns = runpy.run_path(str(CORETRACE))
     ns["TARGETS"][:] = [("fake_vllm_core", "Sched", "schedule"), ("not_a_module", "X", "y")]
-    assert ns["install"](str(tmp_path)) == ["Sched.schedule"]
+    assert ns["install"](str(tmp_path)) == ["gc.callbacks", "Sched.schedule"]
     assert ns["install"](str(tmp_path)) == []  # wrapped once, however often installed
     assert Sched().schedule(7) == 7
     spans = [x for x in _lines(tmp_path) if x[0] == "schedule"]
     assert len(spans) == 1
     _, thread, t0, t1 = spans[0]
     assert thread == "MainThread" and 0.002 <= t1 - t0 < 1.0  # type: ignore[operator]
+
+
+def test_garbage_collections_are_spans_once_a_call_was_traced(tmp_path: Path) -> None:
+    class Loop:  # a class of its own: a method wrapped by another test keeps that trace
+        def step(self) -> None:
+            pass
+
+    mod = types.ModuleType("fake_vllm_gc")
+    mod.Loop = Loop  # type: ignore[attr-defined]
+    sys.modules["fake_vllm_gc"] = mod
+    ns = runpy.run_path(str(CORETRACE))
+    ns["TARGETS"][:] = [("fake_vllm_gc", "Loop", "step")]
+    assert ns["install"](str(tmp_path)) == ["gc.callbacks", "Loop.step"]
+    gc.collect()  # before any traced call: the engine's start-up, left out
+    time.sleep(0.7)
+    assert not list(tmp_path.glob("core-*.jsonl"))
+    Loop().step()
+    junk = [[i] for i in range(100_000)]
+    gc.collect(1)
+    gc.collect()
+    del junk
+    lines = _lines(tmp_path)
+    collections = [x for x in lines if str(x[0]).startswith("gc")]
+    names = [x[0] for x in collections]
+    # the list's allocations set off young collections, then the two asked for
+    assert "gc0" in names and names[-2:] == ["gc1", "gc2"]
+    for _, thread, t0, t1 in collections:
+        assert thread == "MainThread" and 0 <= t1 - t0 < 5.0  # type: ignore[operator]
 
 
 def _child(path: str) -> None:
@@ -101,7 +142,7 @@ def test_a_child_busy_to_its_exit_keeps_its_last_spans(tmp_path: Path) -> None:
     sys.modules["fake_vllm_busy"] = mod
     ns = runpy.run_path(str(CORETRACE))
     ns["TARGETS"][:] = [("fake_vllm_busy", "Busy", "step")]
-    assert ns["install"](str(tmp_path)) == ["Busy.step"]
+    assert ns["install"](str(tmp_path)) == ["gc.callbacks", "Busy.step"]
     p = mp.get_context("fork").Process(target=_busy_to_the_end)
     p.start()
     p.join(30)

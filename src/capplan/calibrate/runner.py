@@ -30,7 +30,11 @@ kernels, and return: vllm/v1/executor/uniproc_executor.py), and `cpu_update_s`, 
 `update_from_output`. Scheduling, launch and update are what the serving engine core's loop
 spends on a step (vllm/v1/engine/core.py step_with_batch_queue; capplan.validate.corelaunch
 measures the same in serving), and the simulator charges it (profile `core_graph_s`,
-`core_piecewise_s`).
+`core_piecewise_s`). `gc_launch_s` is the part of `cpu_launch_s` that Python's garbage
+collector ran (`gc.callbacks`; vLLM freezes the heap it starts with, vllm/utils/gc_utils.py
+freeze_gc_heap, so these are the collections of what the steps themselves make): whether
+the launches' slow steps are its passes (docs/calibration.md, "The launches' slow steps, and
+the garbage collector").
 
 A point that runs far past its estimate (`--hang-s`, or 10x its estimate if longer) is a
 hung engine: vLLM 0.26.0 has waited forever on its output copy in one batch shape on the
@@ -45,6 +49,7 @@ on stderr and in the meta file.
 
 import argparse
 import functools
+import gc
 import json
 import math
 import os
@@ -226,6 +231,23 @@ class GpuClock:
         return self.ref.elapsed_time(ev) / 1e3
 
 
+class GcClock:
+    """Seconds Python's garbage collector has run in this process since it was made, from
+    `gc.callbacks` (the in-process engine launches every step from this thread)."""
+
+    def __init__(self):
+        self.total = 0.0
+        self._t0 = None
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase, info):
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif self._t0 is not None:
+            self.total += time.perf_counter() - self._t0
+            self._t0 = None
+
+
 class Recorder:
     """Wraps the scheduler and the executor: one record per non-empty engine step."""
 
@@ -245,6 +267,7 @@ class Recorder:
         sched.update_from_output = self.update_from_output
         self.clock, self.gpu, self.launched = clock, {}, None
         self.launch_s = {}  # id(so) -> the CPU's seconds in execute_model + sample_tokens
+        self.gc, self.gc_s = GcClock(), {}  # id(so) -> the collector's seconds in them
         if clock is not None and executor is not None:
             self._execute, self._sample = executor.execute_model, executor.sample_tokens
             executor.execute_model, executor.sample_tokens = self.execute_model, self.sample_tokens
@@ -258,21 +281,23 @@ class Recorder:
         return so
 
     def execute_model(self, so, *a, **k):
-        t0 = time.perf_counter()
+        t0, g0 = time.perf_counter(), self.gc.total
         ev = self.clock.event() if so.total_num_scheduled_tokens else None
         out = self._execute(so, *a, **k)
         if ev is not None:
             self.gpu[id(so)] = [ev, None]
             self.launched = id(so)
             self.launch_s[id(so)] = time.perf_counter() - t0
+            self.gc_s[id(so)] = self.gc.total - g0
         return out
 
     def sample_tokens(self, *a, **k):
-        t0 = time.perf_counter()
+        t0, g0 = time.perf_counter(), self.gc.total
         out = self._sample(*a, **k)
         if self.launched in self.gpu:
             self.gpu[self.launched][1] = self.clock.event()
             self.launch_s[self.launched] += time.perf_counter() - t0
+            self.gc_s[self.launched] += self.gc.total - g0
             if self.alloc_counts:
                 import torch
                 st = torch.cuda.memory_stats()
@@ -346,6 +371,7 @@ class Recorder:
         item = self.pending.pop(id(so), None)
         evs = self.gpu.pop(id(so), None)
         launch = self.launch_s.pop(id(so), None)
+        gc_s = self.gc_s.pop(id(so), None)
         rec = None
         if item is not None and self.point is not None:
             t0, t1, desc = item
@@ -355,6 +381,7 @@ class Recorder:
                 rec["_gpu"] = evs
             if launch is not None:
                 rec["cpu_launch_s"] = round(launch, 7)
+                rec["gc_launch_s"] = round(gc_s or 0.0, 7)
             if id(so) in self.alloc:  # cumulative: retries, cudaMallocs, cudaFrees, syncs
                 rec["alloc_counts"] = self.alloc.pop(id(so))
             self.records.append(rec)

@@ -99,6 +99,11 @@ def read_runner_jsonl(path: Path) -> pl.DataFrame:
         # fourteenth session on (runner.py)
         df = df.with_columns(pl.Series(c, [r.get(c) for r in rows], dtype=pl.Float64)
                              for c in ("cpu_launch_s", "cpu_update_s"))
+    if any("gc_launch_s" in r for r in rows):
+        # of cpu_launch_s, the garbage collector's seconds (runner.py GcClock, sixty-second
+        # session on)
+        df = df.with_columns(pl.Series("gc_launch_s", [r.get("gc_launch_s") for r in rows],
+                                       dtype=pl.Float64))
     if any("alloc_counts" in r for r in rows):
         # torch's caching-allocator counters after the step's launch (runner.py --trace-core,
         # thirty-third session): retries, cudaMallocs, cudaFrees, all-stream syncs

@@ -56,7 +56,9 @@ def step_core_times(trace: pl.DataFrame, meta: dict[str, Any], steps: pl.DataFra
     its json (each experiment's `t0_perf`, `clock_base_s`), `steps` the stored steps.parquet
     (`t` from the experiment's start, when the client received the step's stats).
     `gpu_after_s` is how long after the core's `execute_model` returned the GPU ended the
-    step's forward: near 0 where the launch binds; `gpu_s` the GPU's own span of the step."""
+    step's forward: near 0 where the launch binds; `gpu_s` the GPU's own span of the step;
+    `gc_s` the garbage collector's time on the core's thread in that iteration (coretrace.py
+    `gc<generation>` spans; NaN for a trace taken before they were recorded)."""
     trace = core_process(trace)
     ex0, ex1 = spans(trace, "execute_model")
     up0, up1 = spans(trace, "update_from_output")
@@ -64,6 +66,12 @@ def step_core_times(trace: pl.DataFrame, meta: dict[str, Any], steps: pl.DataFra
     wt0, wt1 = spans(trace, "result")
     ip0, ip1 = spans(trace, "_process_input_queue")
     gp0, gp1 = spans(trace, "gpu:execute_model")
+    # the collector's passes on the core's loop thread, summed up to each moment
+    gcs = trace.filter(pl.col("name").cast(pl.String).str.contains(r"^gc\d$")
+                       & (pl.col("thread").cast(pl.String) == "MainThread")).sort("t0_us")
+    gc_t0 = gcs["t0_us"].to_numpy()
+    gc_cum = np.concatenate([[0.0], np.cumsum(gcs["dur_us"].to_numpy(), dtype=float)])
+    gc_traced = "gc.callbacks" in meta.get("wrapped", [])
     # each update_from_output takes the oldest step launched and not yet taken (the batch
     # queue is first in, first out); an idle wait empties the queue
     events = sorted([(t, 0, j) for j, t in enumerate(ex0)]
@@ -109,11 +117,14 @@ def step_core_times(trace: pl.DataFrame, meta: dict[str, Any], steps: pl.DataFra
             kind = ("graph" if r["prefill_reqs"] == 0 else
                     "piecewise" if tokens <= piecewise_max_tokens else "eager")
             after, span = gpu_span(i)
+            gc_s = ((gc_cum[np.searchsorted(gc_t0, it1[n])]
+                     - gc_cum[np.searchsorted(gc_t0, it0[n])]) / 1e6 if gc_traced
+                    else float("nan"))
             rows.append({"run": run, "step": r["step"], "kind": kind, "tokens": tokens,
                          "prefill_reqs": r["prefill_reqs"], "decode_reqs": r["decode_reqs"],
                          "core_s": (it1[n] - it0[n] - waits[n]) / 1e6,
                          "execute_s": (ex1[i] - ex0[i]) / 1e6,
-                         "gpu_after_s": after, "gpu_s": span})
+                         "gpu_after_s": after, "gpu_s": span, "gc_s": gc_s})
     return pl.DataFrame(rows)
 
 

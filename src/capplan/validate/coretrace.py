@@ -18,6 +18,10 @@ just before and after the call, placed on the same clock through one synchronise
 The GPU span starts when the stream reaches the call's first kernel and ends when its last
 launched kernel finishes, so the gap from a step's CPU start to its GPU start is the GPU
 still busy with earlier work, and a GPU span longer than its kernels is launch-bound.
+Python's garbage collector gives a `gc<generation>` span on the thread it stopped
+(`gc.callbacks`): vLLM freezes the heap it starts with (vllm/utils/gc_utils.py
+freeze_gc_heap, from EngineCore.__init__), and what the collections of the objects each
+step makes cost the core is what these spans measure.
 
 Lines are written by a background thread whenever the core has been quiet for 0.5 s (between
 experiments), so writing never delays a step, and what is left as the process exits (vLLM's
@@ -28,6 +32,7 @@ session).
 """
 
 import functools
+import gc
 import importlib
 import json
 import multiprocessing.util
@@ -184,11 +189,32 @@ def _wrap_gpu(trace, fn, name):
     return timed
 
 
+def _gc_spans(trace):
+    """A `gc.callbacks` entry that writes each collection as a span `gc<generation>` on the
+    thread it stopped, once this process has traced a call (the engine's start-up
+    collections, before its first step, are left out)."""
+    began = {}
+
+    def callback(phase, info):
+        if phase == "start":
+            began[threading.get_ident()] = time.perf_counter()
+            return
+        t0 = began.pop(threading.get_ident(), None)
+        if t0 is not None and trace.pid == os.getpid():
+            trace.span(f"gc{info.get('generation', '')}", t0, time.perf_counter())
+    callback._coretrace = True
+    return callback
+
+
 def install(folder):
-    """Wrap the TARGETS that exist in this vLLM and are not wrapped yet; returns their names."""
+    """Wrap the TARGETS that exist in this vLLM and are not wrapped yet, and time the garbage
+    collector's passes (`_gc_spans`) once a process; returns the wrapped names."""
     os.makedirs(folder, exist_ok=True)
     trace = _Trace(folder)
     wrapped = []
+    if not any(getattr(cb, "_coretrace", False) for cb in gc.callbacks):
+        gc.callbacks.append(_gc_spans(trace))
+        wrapped.append("gc.callbacks")
     for mod, cls, meth, *span in TARGETS:
         try:
             owner = getattr(importlib.import_module(mod), cls)
