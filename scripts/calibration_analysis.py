@@ -33,9 +33,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from capplan.calibrate import build, store
 from capplan.calibrate import fit as F
-from capplan.calibrate import store
-from capplan.calibrate import build
 from capplan.calibrate.build import LONE_SCAN
 from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.errors import CalibrationError
@@ -381,18 +380,29 @@ def repeats() -> None:
 
 def gcpasses(profile: str = "llama-3.1-8b/fp8", point: str = "prefill-p128-x129") -> None:
     """The launch-bound steps that run slow, run by run (sixty-second session): in each run of
-    the profile, `point`'s steps 1.3x or more the point's median step, how many, the gap
+    the profile (its main run, its repeats and its core scan, calibration/_raw), `point`'s
+    steps 1.3x or more the point's median step, how many, the gap
     between one and the next that recurs most, their median step and CPU launch
     (`cpu_launch_s`) against the other steps', and, in runs whose runner timed Python's
     garbage collector in each launch (`gc_launch_s`, runner.py GcClock, from the
     sixty-second session's runner on), how many of the slow steps held a collection and
     for how long at the median."""
-    df = pl.read_parquet(PROFILES / profile / "samples.parquet").filter(
-        (pl.col("point") == point) & ~pl.col("warmup"))
-    timed = "gc_launch_s" in df.columns
-    for run in sorted(df["run"].unique().to_list()):
-        r = df.filter(pl.col("run") == run).sort("step")
-        step, launch = r["step_s"].to_numpy(), r["cpu_launch_s"].to_numpy()
+    model, key = profile.split("/")
+    g = build.groups(RAW)[(model, key)]
+    names = [g.main, *g.repeats, f"{model}--{key}--core"]  # a core scan is read beside
+    for name in names:
+        path = store.runner_jsonl(RAW, name)
+        if path is None:
+            continue
+        r = store.read_runner_jsonl(path).filter(
+            (pl.col("point") == point) & ~pl.col("warmup")).sort("step")
+        if r.is_empty():
+            continue
+        run = name.removeprefix(f"{model}--{key}").removeprefix("--") or "main"
+        timed = "gc_launch_s" in r.columns
+        step = r["step_s"].to_numpy()
+        launch = (r["cpu_launch_s"].cast(pl.Float64).to_numpy() if "cpu_launch_s" in r.columns
+                  else np.full(len(r), np.nan))
         slow = step >= 1.3 * np.median(step)
         rest = ~slow
         rest[0] = False  # the point's first step began on an idle GPU
@@ -407,7 +417,7 @@ def gcpasses(profile: str = "llama-3.1-8b/fp8", point: str = "prefill-p128-x129"
             if not np.isnan(launch).all():
                 cells.append(f"launch {np.nanmedian(launch[slow]) * 1e3:.2f} ms against "
                              f"{np.nanmedian(launch[rest]) * 1e3:.2f}")
-        if timed and r["gc_launch_s"].null_count() < len(r):
+        if timed:
             gcs = r["gc_launch_s"].fill_null(0.0).to_numpy()
             held = slow & (gcs > 0)
             cells.append(f"{held.sum()} slow steps with a collection"
