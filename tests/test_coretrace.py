@@ -30,6 +30,18 @@ def _fake_module() -> None:
     sys.modules["fake_vllm_core"] = mod
 
 
+def _install(folder: Path, module: str, cls: type, method: str) -> list[str]:
+    """Put `cls` in a fake module of that name and install the tracer on its `method` alone
+    (writing to `folder`); returns what install wrapped."""
+    mod = types.ModuleType(module)
+    setattr(mod, cls.__name__, cls)
+    sys.modules[module] = mod
+    ns = runpy.run_path(str(CORETRACE))
+    ns["TARGETS"][:] = [(module, cls.__name__, method)]
+    wrapped: list[str] = ns["install"](str(folder))
+    return wrapped
+
+
 def _lines(folder: Path) -> list[list[object]]:
     deadline = time.time() + 5
     while time.time() < deadline:  # the writer flushes once the process is quiet for 0.5 s
@@ -69,12 +81,7 @@ def test_garbage_collections_are_spans_once_a_call_was_traced(tmp_path: Path) ->
         def step(self) -> None:
             pass
 
-    mod = types.ModuleType("fake_vllm_gc")
-    mod.Loop = Loop  # type: ignore[attr-defined]
-    sys.modules["fake_vllm_gc"] = mod
-    ns = runpy.run_path(str(CORETRACE))
-    ns["TARGETS"][:] = [("fake_vllm_gc", "Loop", "step")]
-    assert ns["install"](str(tmp_path)) == ["gc.callbacks", "Loop.step"]
+    assert _install(tmp_path, "fake_vllm_gc", Loop, "step") == ["gc.callbacks", "Loop.step"]
     gc.collect()  # before any traced call: the engine's start-up, left out
     time.sleep(0.7)
     assert not list(tmp_path.glob("core-*.jsonl"))
@@ -137,12 +144,7 @@ def _busy_to_the_end() -> None:
 
 
 def test_a_child_busy_to_its_exit_keeps_its_last_spans(tmp_path: Path) -> None:
-    mod = types.ModuleType("fake_vllm_busy")
-    mod.Busy = Busy  # type: ignore[attr-defined]
-    sys.modules["fake_vllm_busy"] = mod
-    ns = runpy.run_path(str(CORETRACE))
-    ns["TARGETS"][:] = [("fake_vllm_busy", "Busy", "step")]
-    assert ns["install"](str(tmp_path)) == ["gc.callbacks", "Busy.step"]
+    assert _install(tmp_path, "fake_vllm_busy", Busy, "step") == ["gc.callbacks", "Busy.step"]
     p = mp.get_context("fork").Process(target=_busy_to_the_end)
     p.start()
     p.join(30)
