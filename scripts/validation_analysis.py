@@ -169,6 +169,12 @@ def seeds(rows: dict[tuple[str, str, str], Row]) -> None:
                         and g(e, run, "chat", "itl_p99_s", side) <= 0.05):
                     best = (c, round(g(e, run, "chat", "output_tok_s", side)))
             print(f"  {e:20s} {side:9s} highest concurrency holding it {best}; c=64 {c64:.0f}")
+    for side in SIDES:
+        ratios = [g(f"{m}-fp8", "chat-c64", "chat", "output_tok_s", side)
+                  / g(f"{m}-bf16", "chat-c64", "chat", "output_tok_s", side)
+                  for m in ("llama-3.1-8b", "qwen3-32b")]
+        print(f"  c=64, FP8 / BF16 {side:9s} Llama-3.1-8B {ratios[0]:.2f}x, "
+              f"Qwen3-32B {ratios[1]:.2f}x")
     print("speculative decoding (k = 4) against none, chat: every draft rejected (dummy "
           "weights), then 70 % accepted (vLLM's synthetic sampler, twenty-sixth session)")
     for label, base, spec, c in (
