@@ -81,8 +81,9 @@ def table() -> None:
           "| as shipped: designed steps / drains (units) "
           "| 5-fold CV median / p95 (units) "
           "| leave-one-point-out median / p95 (points) | single-step median / p95 "
+          "| the engine against itself: run 2's same steps, median / p95 "
           "| KV tokens @0.85 / 0.90 / 0.95 | GPU-min: main run / all engines |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for prov_path in sorted(PROFILES.glob("*/*/provenance.json")):
         d = prov_path.parent
         prov = json.loads(prov_path.read_text())
@@ -94,6 +95,9 @@ def table() -> None:
         kv = " / ".join(f"{int(k['tokens']):,}" + ("*" if k["derived"] else "")
                         for k in prov["kv_points"])
         clock = "GPU, steps" if f["unit"].startswith("one engine step") else "CPU, 4-step windows"
+        apart = _same_step_apart(pl.read_parquet(d / "samples.parquet"), 2)
+        itself = (f"{np.median(apart):.1%} / {np.percentile(apart, 95):.1%} ({len(apart)})"
+                  if len(apart) else "–")
         print(f"| {d.parent.name}/{d.name} | {clock} | {len(measured)} of {planned} "
               f"| {q.n_train}/{q.n_test} | {_pct(q.median_ape)} / {_pct(q.p95_ape)} "
               f"| {_pct(f.get('heldout_shipped_median_ape'))} / "
@@ -106,9 +110,25 @@ def table() -> None:
               f"| {_pct(f.get('point_cv_median_ape'))} / {_pct(f.get('point_cv_p95_ape'))} "
               f"({f.get('point_cv_points', 0)}) "
               f"| {_pct(f['single_step_median_ape'])} / {_pct(f['single_step_p95_ape'])} "
-              f"| {kv} | {prov.get('main_run_gpu_minutes', 0):.1f}"
+              f"| {itself} | {kv} | {prov.get('main_run_gpu_minutes', 0):.1f}"
               + (f" ({prov['main_run_calls']} calls)" if prov.get("main_run_calls", 1) > 1 else "")
               + f" / {prov['gpu_minutes']:.1f} |")
+
+
+def _same_step_apart(df: pl.DataFrame, run: int) -> np.ndarray:
+    """How far apart run 1 and `run` of an engine timed the same step of the same point
+    (|run's / run 1's - 1|, warm-up points left out; empty where the profile has no such
+    run or it shares no step with run 1, as a lone-prompt scan's)."""
+    if "run" not in df.columns or run not in df["run"].unique().to_list():
+        return np.empty(0)
+    cols = ("point", "step", "step_s", "tokens")
+    j = (df.filter(pl.col("run") == 1).select(*cols)
+         .join(df.filter(pl.col("run") == run).select(*cols), on=["point", "step"],
+               suffix="_2")
+         .filter((pl.col("tokens") == pl.col("tokens_2"))
+                 & ~pl.col("point").str.starts_with("warmup")))
+    out: np.ndarray = (j["step_s_2"] / j["step_s"] - 1).abs().to_numpy()
+    return out
 
 
 def _tbs(profiles: Path) -> str:
@@ -357,14 +377,14 @@ def repeats() -> None:
         cols = ("point", "step", "step_s", "tokens")
         first = df.filter(pl.col("run") == 1).select(*cols)
         for run in range(2, len(names) + 1):
-            j = first.join(df.filter(pl.col("run") == run).select(*cols), on=["point", "step"],
-                           suffix="_2").filter((pl.col("tokens") == pl.col("tokens_2"))
-                                               & ~pl.col("point").str.starts_with("warmup"))
-            if j.is_empty():
+            step = _same_step_apart(df, run)
+            if not len(step):
                 print(f"  {prof.model}/{prof.key}, run {run} ({names[run - 1]}): no step in "
                       "common with run 1 (a scan of other points)")
                 continue
-            step = (j["step_s_2"] / j["step_s"] - 1).abs().to_numpy()
+            j = first.join(df.filter(pl.col("run") == run).select(*cols), on=["point", "step"],
+                           suffix="_2").filter((pl.col("tokens") == pl.col("tokens_2"))
+                                               & ~pl.col("point").str.starts_with("warmup"))
             pts = j.group_by("point").agg(pl.col("step_s").sum(), pl.col("step_s_2").sum())
             pt = (pts["step_s_2"] / pts["step_s"] - 1).abs().to_numpy()
             blocks = [json.loads((raw / f"{n}.meta.json").read_text())["kv"]["num_gpu_blocks"]
