@@ -2018,6 +2018,9 @@ def tried() -> None:
             d = d[d < 1.5e-3]
             if len(d) >= 20:
                 gaps[(run.name, exp.name)] = float(np.median(d))
+    g = np.array(list(gaps.values()))
+    print(f"  {len(g)} experiments with 20 queued sends or more: their median gap "
+          f"{np.percentile(g, 10) * 1e3:.2f}-{np.percentile(g, 90) * 1e3:.2f} ms (p10-p90)")
     # compare_run predicts through compare._predict, which reads the harness's send gap
     kept, orig = suite.HARNESS_SEND_S, cmp._predict
 
