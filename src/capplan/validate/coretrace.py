@@ -192,16 +192,22 @@ def _wrap_gpu(trace, fn, name):
 def _gc_spans(trace):
     """A `gc.callbacks` entry that writes each collection as a span `gc<generation>` on the
     thread it stopped, once this process has traced a call (the engine's start-up
-    collections, before its first step, are left out)."""
+    collections, before its first step, are left out). Not the writer's own collections, and
+    a collection does not count as the core's activity: the writer waits for the core to be
+    quiet, and collections in other threads would keep it waiting."""
     began = {}
 
     def callback(phase, info):
+        thread = threading.current_thread().name
+        if thread == "coretrace":
+            return
         if phase == "start":
             began[threading.get_ident()] = time.perf_counter()
             return
         t0 = began.pop(threading.get_ident(), None)
         if t0 is not None and trace.pid == os.getpid():
-            trace.span(f"gc{info.get('generation', '')}", t0, time.perf_counter())
+            trace.lines.append([f"gc{info.get('generation', '')}", thread[:12], t0,
+                                time.perf_counter()])
     callback._coretrace = True
     return callback
 
