@@ -57,8 +57,9 @@ def step_core_times(trace: pl.DataFrame, meta: dict[str, Any], steps: pl.DataFra
     (`t` from the experiment's start, when the client received the step's stats).
     `gpu_after_s` is how long after the core's `execute_model` returned the GPU ended the
     step's forward: near 0 where the launch binds; `gpu_s` the GPU's own span of the step;
-    `gc_s` the garbage collector's time on the core's thread in that iteration (coretrace.py
-    `gc<generation>` spans; NaN for a trace taken before they were recorded)."""
+    `gc_s` the garbage collector's time in that iteration, on any of the core's threads (a
+    collection holds the GIL: coretrace.py `gc<generation>` spans; NaN for a trace taken
+    before they were recorded)."""
     trace = core_process(trace)
     ex0, ex1 = spans(trace, "execute_model")
     up0, up1 = spans(trace, "update_from_output")
@@ -66,9 +67,8 @@ def step_core_times(trace: pl.DataFrame, meta: dict[str, Any], steps: pl.DataFra
     wt0, wt1 = spans(trace, "result")
     ip0, ip1 = spans(trace, "_process_input_queue")
     gp0, gp1 = spans(trace, "gpu:execute_model")
-    # the collector's passes on the core's loop thread, summed up to each moment
-    gcs = trace.filter(pl.col("name").cast(pl.String).str.contains(r"^gc\d$")
-                       & (pl.col("thread").cast(pl.String) == "MainThread")).sort("t0_us")
+    # the collector's passes in the core's process, summed up to each moment
+    gcs = trace.filter(pl.col("name").cast(pl.String).str.contains(r"^gc\d$")).sort("t0_us")
     gc_t0 = gcs["t0_us"].to_numpy()
     gc_cum = np.concatenate([[0.0], np.cumsum(gcs["dur_us"].to_numpy(), dtype=float)])
     gc_traced = "gc.callbacks" in meta.get("wrapped", [])
