@@ -414,8 +414,8 @@ def gcpasses(profile: str = "llama-3.1-8b/fp8", point: str = "prefill-p128-x129"
         path = store.runner_jsonl(RAW, name)
         if path is None:
             continue
-        r = store.read_runner_jsonl(path).filter(
-            (pl.col("point") == point) & ~pl.col("warmup")).sort("step")
+        every = store.read_runner_jsonl(path).filter(~pl.col("warmup"))
+        r = every.filter(pl.col("point") == point).sort("step")
         if r.is_empty():
             continue
         run = name.removeprefix(f"{model}--{key}").removeprefix("--") or "main"
@@ -438,6 +438,10 @@ def gcpasses(profile: str = "llama-3.1-8b/fp8", point: str = "prefill-p128-x129"
                 cells.append(f"launch {np.nanmedian(launch[slow]) * 1e3:.2f} ms against "
                              f"{np.nanmedian(launch[rest]) * 1e3:.2f}")
         if timed:
+            whole = every["gc_launch_s"].fill_null(0.0)
+            cells.append(f"over the run's {len(every)} steps the collector in "
+                         f"{(whole > 0).sum()} launches, {whole.sum() * 1e3:.1f} ms of "
+                         f"{every['cpu_launch_s'].sum():.2f} s")
             gcs = r["gc_launch_s"].fill_null(0.0).to_numpy()
             held = slow & (gcs > 0)
             cells.append(f"{held.sum()} slow steps with a collection"

@@ -94,16 +94,14 @@
 # engines left: Qwen3-32B FP8's core-traced Poisson chat first (its refitted profile has no
 # floor under a graph-less step, and no serving trace of the core's time on one), then its lone
 # prompts (the profile its new scan refitted, served), then the 8,192-token RAG twin.
-# The sixty-second session had no lease (none was lent) and put a ~100 s calibration core scan
-# of Llama-3.1-8B FP8 ahead of them (calibration/_plans/queue-s62.txt): its runner times the
-# garbage collector in every launch, and the scan says whether the launch-bound steps that run
-# slow in a rhythm are its passes. The traced serving engines record the collector too
-# (coretrace.py gc spans).
+# The sixty-second session's runners time the garbage collector (runner.py gc_launch_s,
+# coretrace.py gc spans); its one late H100 call ran a core scan that says the collector is not
+# what holds the slow launches (calibration/_raw/h100/logs-s62), so the queues are as they were.
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
 if nvidia-smi -L | grep -q H200; then
-  QUEUE0=calibration/_plans/queue-s62.txt \
+  LANE0_FIRST=validate QUEUE0= \
     LANE0="/tmp/keep/qwen3-32b-fp8-h200-t.json /tmp/keep/qwen3-32b-fp8-h200-lone.json /tmp/keep/llama-3.1-8b-fp8-budget8k.json" \
     bash scripts/gpu_session.sh "$deadline"
 else
