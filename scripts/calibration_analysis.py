@@ -95,7 +95,7 @@ def table() -> None:
         kv = " / ".join(f"{int(k['tokens']):,}" + ("*" if k["derived"] else "")
                         for k in prov["kv_points"])
         clock = "GPU, steps" if f["unit"].startswith("one engine step") else "CPU, 4-step windows"
-        apart = _same_step_apart(pl.read_parquet(d / "samples.parquet"), 2)
+        apart = _apart(_same_steps(pl.read_parquet(d / "samples.parquet"), 2))
         itself = (f"{np.median(apart):.1%} / {np.percentile(apart, 95):.1%} ({len(apart)})"
                   if len(apart) else "–")
         print(f"| {d.parent.name}/{d.name} | {clock} | {len(measured)} of {planned} "
@@ -115,18 +115,22 @@ def table() -> None:
               + f" / {prov['gpu_minutes']:.1f} |")
 
 
-def _same_step_apart(df: pl.DataFrame, run: int) -> np.ndarray:
-    """How far apart run 1 and `run` of an engine timed the same step of the same point
-    (|run's / run 1's - 1|, warm-up points left out; empty where the profile has no such
-    run or it shares no step with run 1, as a lone-prompt scan's)."""
-    if "run" not in df.columns or run not in df["run"].unique().to_list():
-        return np.empty(0)
+def _same_steps(df: pl.DataFrame, run: int) -> pl.DataFrame:
+    """Run 1's and `run`'s timings of the same step of the same point (`step_s`,
+    `step_s_2`; warm-up points left out): empty where the profile has no such run or it
+    shares no step with run 1, as a lone-prompt scan's."""
     cols = ("point", "step", "step_s", "tokens")
-    j = (df.filter(pl.col("run") == 1).select(*cols)
-         .join(df.filter(pl.col("run") == run).select(*cols), on=["point", "step"],
-               suffix="_2")
-         .filter((pl.col("tokens") == pl.col("tokens_2"))
-                 & ~pl.col("point").str.starts_with("warmup")))
+    if "run" not in df.columns:
+        return pl.DataFrame(schema={c: df.schema[c] for c in cols})
+    return (df.filter(pl.col("run") == 1).select(*cols)
+            .join(df.filter(pl.col("run") == run).select(*cols), on=["point", "step"],
+                  suffix="_2")
+            .filter((pl.col("tokens") == pl.col("tokens_2"))
+                    & ~pl.col("point").str.starts_with("warmup")))
+
+
+def _apart(j: pl.DataFrame) -> np.ndarray:
+    """|run's / run 1's - 1| of each step `_same_steps` paired."""
     out: np.ndarray = (j["step_s_2"] / j["step_s"] - 1).abs().to_numpy()
     return out
 
@@ -374,17 +378,13 @@ def repeats() -> None:
         ape_all = np.abs(_predicted(prof, s, sizes) / s["step_s"] - 1)
         g = build.groups(raw)[(prof.model, prof.key)]
         names = [g.main, *g.repeats]  # `run` numbers them from 1 (build._samples)
-        cols = ("point", "step", "step_s", "tokens")
-        first = df.filter(pl.col("run") == 1).select(*cols)
         for run in range(2, len(names) + 1):
-            step = _same_step_apart(df, run)
-            if not len(step):
+            j = _same_steps(df, run)
+            if j.is_empty():
                 print(f"  {prof.model}/{prof.key}, run {run} ({names[run - 1]}): no step in "
                       "common with run 1 (a scan of other points)")
                 continue
-            j = first.join(df.filter(pl.col("run") == run).select(*cols), on=["point", "step"],
-                           suffix="_2").filter((pl.col("tokens") == pl.col("tokens_2"))
-                                               & ~pl.col("point").str.starts_with("warmup"))
+            step = _apart(j)
             pts = j.group_by("point").agg(pl.col("step_s").sum(), pl.col("step_s_2").sum())
             pt = (pts["step_s_2"] / pts["step_s"] - 1).abs().to_numpy()
             blocks = [json.loads((raw / f"{n}.meta.json").read_text())["kv"]["num_gpu_blocks"]
