@@ -107,3 +107,94 @@ def test_shipped_tails_are_todays(rows: list[Row]) -> None:
         assert shipped.equals(fidelity.tails(gpu_rows)), (
             f"{gpu}'s fidelity-tails.parquet is stale: run `capplan validate compare "
             "--fidelity calibration`")
+
+
+def _seeds_table() -> dict[str, str]:
+    """docs/validation.md's seeds table: each finding's first words -> its predicted cell."""
+    text = (ROOT / "docs" / "validation.md").read_text()
+    section = text.split("## The seeds' experiments on the H200", 1)[1].split("\n## ", 1)[0]
+    cells = {}
+    for line in section.splitlines():
+        if line.startswith("| **"):
+            finding, _measured, predicted, *_ = line[2:].split(" | ")
+            cells[finding.split("**")[1]] = predicted
+    return cells
+
+
+def test_seeds_table_quotes_todays_predictions(rows: list[Row]) -> None:
+    """The seeds' table in docs/validation.md is written by hand; its predicted column, where
+    it quotes the stored serving rows, must be what the simulator predicts for them today (the
+    column once drifted from the profiles unnoticed). `python scripts/validation_analysis.py
+    seeds` prints every figure checked here."""
+    pred = {(r.engine, r.run, r.workload): r.predicted for r in rows}
+
+    def p(engine: str, run: str, metric: str, workload: str = "chat") -> float:
+        return pred[(engine, run, workload)][metric]
+
+    def best(engine: str) -> str:
+        """The highest concurrency that holds TTFT p99 <= 0.5 s and ITL p99 <= 50 ms."""
+        held = ""
+        for c in (1, 4, 16, 64):
+            run = "chat-c16-r1" if engine == "llama-3.1-8b-bf16" and c == 16 else f"chat-c{c}"
+            if p(engine, run, "ttft_p99_s") <= 0.5 and p(engine, run, "itl_p99_s") <= 0.05:
+                held = f"c={c} ({p(engine, run, 'output_tok_s'):,.0f})"
+        return held
+
+    def ratio(on: tuple[str, str, str], off: tuple[str, str, str], metric: str) -> float:
+        return pred[on][metric] / pred[off][metric]
+
+    def prefix(engine: str, load: str, metric: str = "output_tok_s") -> float:
+        on, off = ((engine, f"prefix90-{s}-{load}", "prefix90") for s in ("on", "off"))
+        return ratio(on, off, metric) if metric == "output_tok_s" else ratio(off, on, metric)
+
+    def spread(values: list[float], digits: int) -> str:
+        return f"{min(values):.{digits}f}–{max(values):.{digits}f} ×"
+
+    four = ("llama-3.1-8b-bf16", "llama-3.1-8b-fp8", "qwen3-32b-bf16", "qwen3-32b-fp8")
+    c64 = [p(f"{m}-fp8", "chat-c64", "output_tok_s") / p(f"{m}-bf16", "chat-c64", "output_tok_s")
+           for m in ("llama-3.1-8b", "qwen3-32b")]
+    awq, draft, seqs8 = "qwen3-32b-awq", "llama-3.1-8b-bf16-draft4", "llama-3.1-8b-bf16-seqs8"
+    util = [p(e, "long-c256", "output_tok_s", "long")
+            for e in ("llama-3.1-8b-bf16-u85", "llama-3.1-8b-bf16", "llama-3.1-8b-bf16-u95")]
+    fcfs, prio = (p(e, r, "e2e_p99_s", w) for e, r, w in (
+        ("llama-3.1-8b-bf16", "mixed-fcfs", "interactive"),
+        ("llama-3.1-8b-bf16-priority", "mixed-priority", "interactive")))
+    expected = {
+        "Precision under the interactive SLO": [
+            f"BF16 {best('llama-3.1-8b-bf16')}, FP8 {best('llama-3.1-8b-fp8')}",
+            f"BF16 {best('qwen3-32b-bf16')}, FP8 {best('qwen3-32b-fp8')}"],
+        "Precision at high concurrency": [f"{c64[0]:.2f} ×; {c64[1]:.2f} ×"],
+        "4-bit on Hopper": [
+            f"{p(awq, 'chat-c1', 'output_tok_s'):,.0f}; {p(awq, 'chat-c16', 'output_tok_s'):,.0f}"
+            f", TTFT p99 {p(awq, 'chat-c16', 'ttft_p99_s') * 1e3:.0f} ms; "
+            f"{p(awq, 'chat-c64', 'output_tok_s'):,.0f}"],
+        "Speculative decoding's trade-off": [
+            f"{p('llama-3.1-8b-bf16', 'chat-c1', 'output_tok_s'):,.0f} → "
+            f"{p(draft, 'chat-c1', 'output_tok_s'):,.0f}; "
+            f"{p('llama-3.1-8b-bf16', 'chat-c8', 'output_tok_s'):,.0f} → "
+            f"{p(draft, 'chat-c8', 'output_tok_s'):,.0f}; "
+            f"{p('llama-3.1-8b-bf16', 'chat-c1', 'itl_p99_s') * 1e3:.1f} → "
+            f"{p(draft, 'chat-c1', 'itl_p99_s') * 1e3:.1f} ms"],
+        "Prefix caching": [
+            ", ".join(f"{prefix(e, 'c16'):.2f} ×" for e in four),
+            spread([prefix(e, "c16", "ttft_p99_s") for e in four], 0),
+            spread([prefix(e, "c1") for e in four], 2),
+            spread([prefix(e, "c4") for e in four], 2),
+            spread([prefix(e, "c64") for e in four], 1)],
+        "`max_num_seqs` is a cap": [
+            ", ".join(f"{p(seqs8, f'chat-c{c}', 'output_tok_s'):,.0f}" for c in (4, 16, 32)),
+            " → ".join(f"{p(seqs8, f'chat-c{c}', 'ttft_p50_s') * 1e3:,.0f}"
+                       for c in (4, 16, 32))],
+        "`gpu_memory_utilization` only moves KV capacity": [
+            f"throughput {p('llama-3.1-8b-bf16', 'chat-c64', 'output_tok_s'):,.0f} and "
+            + " / ".join(f"{t:,.0f}" for t in util)],
+        "Priority scheduling's tail effect": [
+            f"{fcfs:.2f} s" if f"{fcfs:.2f}" == f"{prio:.2f}" else "a change"],
+        "Hit rate sets per-GPU throughput": [f"{prefix('llama-3.1-8b-bf16', 'p20'):.2f} ×"],
+    }
+    table = _seeds_table()
+    stale = [f"{finding}: {want!r} is not in {table[finding]!r}"
+             for finding, wants in expected.items() for want in wants
+             if want not in table[finding]]
+    assert not stale, ("docs/validation.md's seeds table is stale (`python "
+                       "scripts/validation_analysis.py seeds`):\n" + "\n".join(stale))
