@@ -40,13 +40,8 @@ from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.errors import CalibrationError
 from capplan.hardware import GPUS, Precision
 from capplan.modelspec import load_model_spec
-from capplan.profile import (
-    Profile,
-    StepTimer,
-    cudagraph_capture_sizes,
-    eager_threshold,
-    row_holes,
-)
+from capplan.profile import Profile
+from capplan.steptime import StepTimer, cudagraph_capture_sizes, eager_threshold, row_holes
 from capplan.tiles import kv_blocks, splits, tail_factor
 
 PROFILES = Path(os.environ.get("CAPPLAN_PROFILES") or CALIBRATION_DIR / "h200" / "vllm-0.26.0")
@@ -695,7 +690,7 @@ def decode() -> None:
 def graphs() -> None:
     """Each profile's graph scan (`<model>--<key>--graphs`): per CUDA-graph size, the
     median decode-only step measured, by the linear terms, and the offset the profile keeps
-    (profile.py: graph_offset_s); the long-context points beside the short ones."""
+    (steptime.py: graph_offset_s); the long-context points beside the short ones."""
     for d in sorted(PROFILES.glob("*/*")):
         prov = d / "provenance.json"
         if not prov.exists():

@@ -128,8 +128,9 @@ import polars as pl
 from capplan.calibrate import store
 from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.modelspec import load_model_spec
-from capplan.profile import Profile, StepTimer, eager_threshold
+from capplan.profile import Profile
 from capplan.sim.run import simulate
+from capplan.steptime import StepTimer, eager_threshold
 from capplan.tiles import blocks_of
 from capplan.tracefit import parse_metrics
 from capplan.traffic import ClosedLoop
@@ -1934,7 +1935,7 @@ def hiccuptrial(share: str = "0.015,0.03", factor: str = "1.5,1.4") -> None:
     steps (forty-fourth session, after `hiccups`): each such step, with probability `share`,
     takes `factor` times its time (pairs, comma-separated), against the simulator as shipped.
     Rows within target, per metric."""
-    from capplan.profile import StepTimer
+    from capplan.steptime import StepTimer
 
     shipped = StepTimer.step_times
     rng = np.random.default_rng(7)
@@ -1991,8 +1992,8 @@ def tried() -> None:
     session every piecewise step has a launch, the profile's core_piecewise_s, so the second
     trial changes nothing. The third, which had been skipped on such steps since then too,
     applies to them again since the twenty-seventh session.)"""
-    import capplan.profile as profile
     import capplan.sim.replica as replica
+    import capplan.steptime as steptime
     import capplan.validate.compare as cmp
     import capplan.validate.suite as suite
 
@@ -2044,7 +2045,7 @@ def tried() -> None:
     leads = _idle_leads()
     print("  idle leads, ms: " + ", ".join(f"{m}/{k} {v * 1e3:.1f}"
                                            for (m, k), v in sorted(leads.items())))
-    step_times, init, advance = (profile.StepTimer.step_times, profile.StepTimer.__init__,
+    step_times, init, advance = (steptime.StepTimer.step_times, steptime.StepTimer.__init__,
                                  replica.Replica._advance)
     key: dict[int, tuple[str, str]] = {}
     current: list[Any] = [None]
@@ -2073,14 +2074,14 @@ def tried() -> None:
             launch = self._prefill_step
             return max(work, launch), launch
 
-        profile.StepTimer.__init__ = init_  # type: ignore[method-assign]
-        profile.StepTimer.step_times = times  # type: ignore[method-assign]
+        steptime.StepTimer.__init__ = init_  # type: ignore[method-assign]
+        steptime.StepTimer.step_times = times  # type: ignore[method-assign]
         replica.Replica._advance = advance_  # type: ignore[method-assign]
         try:
             rows = compare_all()
         finally:
-            profile.StepTimer.__init__ = init  # type: ignore[method-assign]
-            profile.StepTimer.step_times = step_times  # type: ignore[method-assign]
+            steptime.StepTimer.__init__ = init  # type: ignore[method-assign]
+            steptime.StepTimer.step_times = step_times  # type: ignore[method-assign]
             replica.Replica._advance = advance  # type: ignore[method-assign]
         print(f"  {label}: {_within(rows)}")
         moved(rows)
@@ -3124,7 +3125,7 @@ def fullrows(engine: str, run_name: str) -> None:
     runs (profile.row_holes): count, median tokens, median gap, and the median of gap over
     the profile's price for its composition (`_chunk_compositions`), with eager_offset_s and
     without it (sixtieth session: the steps of a full row ran under the rows' price)."""
-    from capplan.profile import row_holes
+    from capplan.steptime import row_holes
 
     folder = next((f for f in stored_runs() if f.name == engine), None)
     if folder is None:
@@ -3241,7 +3242,7 @@ def stepprice(engine: str, run_name: str, host: str = "median") -> None:
     t, p = steps["t"].to_numpy(), steps["prefill_reqs"].to_numpy()
     d, use = steps["decode_reqs"].to_numpy(), steps["kv_usage"].to_numpy()
     # the step log has each step's KV use, not its sequences' lengths: priced by their sum,
-    # without FlashAttention's last wave (profile.py: F needs each length)
+    # without FlashAttention's last wave (steptime.py: F needs each length)
     rows = np.array([(d[i], use[i] * kv, t[i] - t[i - 1],
                       timer.step_time_s(int(d[i]), int(d[i]), 0.0, int(use[i] * kv),
                                         tile_factor=1.0))

@@ -12,7 +12,8 @@ from capplan.errors import ConfigError
 from capplan.hardware import GPUS, Precision
 from capplan.modelspec import load_model_spec
 from capplan.pool import EngineConfig, SpeculativeConfig
-from capplan.profile import Profile, StepTimer
+from capplan.profile import Profile
+from capplan.steptime import StepTimer
 
 H200 = GPUS["h200"]
 LLAMA8 = load_model_spec("llama-3.1-8b")

@@ -19,7 +19,8 @@ from capplan.cli import main
 from capplan.errors import CalibrationError, ConfigError
 from capplan.hardware import Precision
 from capplan.modelspec import load_model_spec
-from capplan.profile import Profile, StepModel, StepTimer
+from capplan.profile import Profile, StepModel
+from capplan.steptime import StepTimer
 
 RAW = store.CALIBRATION_DIR / "_raw"
 
@@ -350,7 +351,7 @@ def test_speculative_graph_scan_batches_land_on_its_graph_sizes() -> None:
     the graph scan's batches fill each of vLLM's graph sizes for that k, once each (up to
     max_num_seqs requests)."""
     from capplan.calibrate.sweep import graph_points
-    from capplan.profile import cudagraph_capture_sizes
+    from capplan.steptime import cudagraph_capture_sizes
 
     for k in (0, 2, 4):
         pts = [p for p in graph_points(256, 8192, k) if p["context"] == 128]

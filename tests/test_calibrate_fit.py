@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from capplan.calibrate import fit as F
 from capplan.calibrate.sweep import GRAPH_SCAN_CONTEXT
 from capplan.errors import CalibrationError
-from capplan.profile import Profile, StepModel, StepTimer, cudagraph_capture_sizes, row_holes
+from capplan.profile import Profile, StepModel
+from capplan.steptime import StepTimer, cudagraph_capture_sizes, row_holes
 
 TRUE = {"fixed_s": 4e-3, "per_token_s": 2e-5, "knee_tokens": 64.0, "prefill_attn_s": 1e-9,
         "decode_ctx_s": 3e-8, "per_seq_s": 5e-6, "eager_step_s": 2e-3}
@@ -245,7 +246,7 @@ def test_core_eager_time_sets_the_launch_and_leaves_the_floor_to_the_gpu() -> No
 
 
 def test_gemm_stairs_jump_past_128_tokens_and_every_256() -> None:
-    """The quantized GEMM's tile stairs (profile.py): one jump past 128 padded tokens, one
+    """The quantized GEMM's tile stairs (steptime.py): one jump past 128 padded tokens, one
     more per further 256, nothing in between; and a fit recovers them from steps that
     climb them."""
     step = StepModel(fixed_s=1e-3, per_token_s=0, knee_tokens=0, prefill_attn_s=0,
@@ -266,7 +267,7 @@ def test_gemm_stairs_jump_past_128_tokens_and_every_256() -> None:
 
 def test_gemm_holes_price_a_graphless_steps_emptier_last_row() -> None:
     """Past the largest CUDA graph a step whose last row of 256 tokens is half empty or more
-    pays gemm_holes_s, less in proportion below half, a full row nothing (profile.py); within
+    pays gemm_holes_s, less in proportion below half, a full row nothing (steptime.py); within
     the graphs nothing; and a fit recovers the term from steps that have it."""
     step = StepModel(fixed_s=1e-3, per_token_s=0, knee_tokens=0, prefill_attn_s=0,
                      decode_ctx_s=0, per_seq_s=0, gemm_holes_s=8e-3)

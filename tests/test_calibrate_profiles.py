@@ -15,7 +15,8 @@ from capplan.calibrate import store
 from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.hardware import GPUS, Precision
 from capplan.modelspec import load_model_spec
-from capplan.profile import Profile, StepTimer, cudagraph_capture_sizes, graph_offset
+from capplan.profile import Profile
+from capplan.steptime import StepTimer, cudagraph_capture_sizes, graph_offset
 
 PROFILES = store.shipped_profiles()
 IDS = [str(p.relative_to(store.CALIBRATION_DIR)) for p in PROFILES]
@@ -201,7 +202,7 @@ def test_a_half_empty_row_of_tiles_is_priced_as_the_scan_ran_it(key: str,
     """The H100's lone-prompt scans (calibration/_plans/h100/queue-s51.txt): on Qwen3-32B
     FP8 a prompt whose last row of 256 tokens is half empty or more (1,920, 2,049) ran longer
     than the full row past it (2,048, 2,304), and its profile prices it so; on AWQ it ran
-    shorter, and its profile has no such term (profile.py, gemm_holes_s)."""
+    shorter, and its profile has no such term (steptime.py, gemm_holes_s)."""
     d = CALIBRATION_DIR / "h100" / "vllm-0.26.0" / "qwen3-32b" / key
     s = pl.read_parquet(d / "samples.parquet")
     prof = Profile.load(d)
@@ -241,7 +242,7 @@ def test_a_full_row_count_is_priced_as_the_scan_ran_it() -> None:
     """The H100's lone-prompt scans: 2,032-2,048 tokens ran cheaper than the rows and holes
     price them (Qwen3-32B FP8 129.5 ms at 2,048 where they give 137.3), and the profile now
     prices those counts within 2 % of the scan; 2,049, whose last row is nearly empty, keeps
-    the holes' price (profile.py, eager_offset_s)."""
+    the holes' price (steptime.py, eager_offset_s)."""
     d = CALIBRATION_DIR / "h100" / "vllm-0.26.0" / "qwen3-32b" / "fp8"
     s = pl.read_parquet(d / "samples.parquet")
     prof = Profile.load(d)

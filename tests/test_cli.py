@@ -342,7 +342,8 @@ def test_profiles_show_a_pictures_encoder_pass() -> None:
     costs beyond its text, the measured pass and the median step around it (the cell before
     graph sizes); a model without a vision encoder shows -."""
     from capplan.calibrate.store import CALIBRATION_DIR
-    from capplan.profile import Profile, StepTimer
+    from capplan.profile import Profile
+    from capplan.steptime import StepTimer
 
     res = run("profiles")
     assert res.exit_code == 0, res.output

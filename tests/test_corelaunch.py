@@ -12,7 +12,8 @@ import pytest
 from capplan.calibrate import store
 from capplan.calibrate.build import build_profile, calibration_core, groups
 from capplan.calibrate.store import CALIBRATION_DIR
-from capplan.profile import Profile, StepTimer
+from capplan.profile import Profile
+from capplan.steptime import StepTimer
 from capplan.validate.corelaunch import (
     SPREAD_MIN_STEPS,
     lone_drafter,

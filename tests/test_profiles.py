@@ -11,8 +11,9 @@ from capplan.errors import ConfigError
 from capplan.hardware import GPUS, Precision
 from capplan.modelspec import load_model_spec
 from capplan.pool import EngineConfig, Pool, SpeculativeConfig
-from capplan.profile import Profile, Provenance, StepTimer
+from capplan.profile import Profile, Provenance
 from capplan.profiles import list_profiles, resolve_profile
+from capplan.steptime import StepTimer
 
 LLAMA8 = load_model_spec("llama-3.1-8b")
 

@@ -16,11 +16,12 @@ import pytest
 import simpy
 
 from capplan.mix import TrafficMix
-from capplan.profile import Profile, StepTimer
+from capplan.profile import Profile
 from capplan.sim.core import PREEMPTED, CoreConfig, EngineCore, SimRequest, StepPlan
 from capplan.sim.metrics import WorkloadRecorder
 from capplan.sim.replica import Replica, Window, idle_wake_s
 from capplan.sim.run import simulate
+from capplan.steptime import StepTimer
 from helpers import constant_profile
 
 BS = 16
@@ -523,7 +524,7 @@ def test_idle_core_takes_what_arrives_before_it_wakes() -> None:
 def test_graph_less_step_holds_the_core_while_it_launches() -> None:
     """engine/core.py step_with_batch_queue: the core launches a step before it schedules
     the next or hands out the outputs of the one before; a step past the largest CUDA graph
-    keeps it eager_floor_s (profile.py StepTimer.step_times: launch), while the GPU starts
+    keeps it eager_floor_s (steptime.py StepTimer.step_times: launch), while the GPU starts
     on the kernels as they come. Steps of 1 s work, a 1,025-token step launching for 3 s:
     b's prefill (step 5, scheduled when step 3 ends at 3 + W) keeps the core until 6 + W, so
     step 4's token and step 5's come out together then, and the run is one second shorter

@@ -1,6 +1,6 @@
 """Requests of one prefix group read the same cached KV blocks (vLLM's prefix caching shares
 the blocks themselves), and a decode step pays less for what later readers read in common
-(profile.py: shared_ctx_saving, measured by a prefix-cache engine's `shared` points)."""
+(steptime.py: shared_ctx_saving, measured by a prefix-cache engine's `shared` points)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import pytest
 
 from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.mix import TrafficMix
-from capplan.profile import Profile, StepTimer
+from capplan.profile import Profile
 from capplan.sim.core import EngineCore, StepPlan
 from capplan.sim.run import simulate
+from capplan.steptime import StepTimer
 
 LLAMA = CALIBRATION_DIR / "h200" / "vllm-0.26.0" / "llama-3.1-8b" / "bf16"
 

@@ -707,12 +707,12 @@ def test_a_pictures_step_waits_for_the_measured_encoder_pass() -> None:
     reaches its first token one encoder pass (the pass's floor, a lone picture) after a
     text prompt of the same 580 tokens does, and the time vLLM's input path takes its
     pixels to the engine core (sim/client.py PICTURE_INPUT_TOKEN_S); two 280-token pictures
-    beside 20 text tokens pay the pictures' per-token terms, past the floor (profile.py
+    beside 20 text tokens pay the pictures' per-token terms, past the floor (steptime.py
     StepTimer.encoder_pass_s, vLLM's gpu_model_runner.py _execute_mm_encoder)."""
     from capplan.mix import TrafficMix
-    from capplan.profile import StepTimer
     from capplan.sim.client import PICTURE_INPUT_TOKEN_S
     from capplan.sim.run import setup_pool
+    from capplan.steptime import StepTimer
 
     def ttft(text: int, image: dict | None) -> float:
         return float(_picture_ttfts(text, image, {"encoder_step_s": 0.0,
@@ -813,7 +813,7 @@ def test_without_async_scheduling_each_step_adds_the_cores_own_time() -> None:
     from them in turn, so the core's time a step (core_graph_s) is serial to the GPU's
     (sim/replica.py `_serial`); with the batch queue it hides under the step before. A lone
     chat's decode steps are then core_graph_s apart in ITL, nothing else moving."""
-    from capplan.profile import StepTimer
+    from capplan.steptime import StepTimer
 
     def itl_p50(async_scheduling: bool) -> float:
         mix = TrafficMix.model_validate({

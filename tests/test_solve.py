@@ -446,8 +446,8 @@ def test_a_vision_pool_bound_by_its_itl_says_what_the_encoder_stalls() -> None:
     pass (a lone picture: the pass's floor) is most of its 50 ms limit: the plan says so,
     with the replicas' image rate. With the limit loosened past the point where the pass
     matters the advice goes, as it does for a text-only workload."""
-    from capplan.profile import StepTimer
     from capplan.solve.options import encoder_advice
+    from capplan.steptime import StepTimer
 
     mix = load_mix(Path(__file__).resolve().parents[1] / "examples" / "production-mix.yaml")
     (vision,) = size_mix(mix, quick=True, pools=["vision"]).pools

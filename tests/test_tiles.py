@@ -1,5 +1,5 @@
 """FlashAttention 3's decode tiles (capplan/tiles.py) and their price in the step model and
-the simulator (profile.StepTimer.tail_factor, sim/core.py decode_contexts)."""
+the simulator (steptime.StepTimer.tail_factor, sim/core.py decode_contexts)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from capplan.mix import TrafficMix
-from capplan.profile import Profile, StepTimer
+from capplan.profile import Profile
 from capplan.profiles import CALIBRATION_DIR
 from capplan.sim.core import EngineCore
 from capplan.sim.run import simulate
+from capplan.steptime import StepTimer
 from capplan.tiles import kv_blocks, splits, tail_factor
 
 H100 = CALIBRATION_DIR / "h100" / "vllm-0.26.0" / "llama-3.1-8b" / "fp8" / "profile.json"

@@ -252,8 +252,8 @@ def simulate(
 def profiles() -> None:
     """List measured profiles under calibration/; other pools use the analytic roofline."""
     from capplan.modelspec import load_model_spec
-    from capplan.profile import StepTimer
     from capplan.profiles import CALIBRATION_DIR, list_profiles
+    from capplan.steptime import StepTimer
 
     found = list_profiles()
     console = _console()

@@ -27,14 +27,8 @@ from capplan.errors import CalibrationError
 from capplan.hardware import GPUS, Precision
 from capplan.kvlayout import derive_layout, max_in_flight_tokens
 from capplan.modelspec import load_model_spec
-from capplan.profile import (
-    Box,
-    DrafterHost,
-    HostCore,
-    Profile,
-    StepTimer,
-    cudagraph_capture_sizes,
-)
+from capplan.profile import Box, DrafterHost, HostCore, Profile
+from capplan.steptime import StepTimer, cudagraph_capture_sizes
 
 UTILS = (0.85, 0.90, 0.95)
 LONE_SCAN = "lone-p"
@@ -54,7 +48,7 @@ MIN_DECODE_CONTEXT = 2048
 # `draft_token_s` from the analytic model and says so.
 MIN_DRAFT_POINTS = 8
 # The step model's terms that price the CPU launching a step rather than the GPU running it
-# (profile.py): the floor under a graph-less step, a graph-less step's own cost and a
+# (steptime.py): the floor under a graph-less step, a graph-less step's own cost and a
 # piecewise step's (its attention launched layer by layer)
 LAUNCH_COEFS = ("eager_floor_s", "eager_step_s", "prefill_step_s")
 _NAME = re.compile(
@@ -320,7 +314,7 @@ def _plan_file(name: str | None, raw: Path) -> Path | None:
 def _context_kv_bytes(model: str, kv_meta: dict[str, Any], kv_dtype: str) -> tuple[float, float]:
     """KV bytes a decode reads per token of its context, (full-attention layers, sliding
     layers within their window): every layer's in the first with one KV cache group; with
-    sliding-window groups each kind's, from the model spec (profile.py: a term per kind)."""
+    sliding-window groups each kind's, from the model spec (steptime.py: a term per kind)."""
     if kv_meta.get("kv_cache_groups", 1) <= 1:
         return float(kv_meta["kv_tensor_bytes"]) / float(kv_meta["kv_tokens"]), 0.0
     spec = load_model_spec(model)
@@ -481,11 +475,11 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                          "from its later ones")
     else:
         if prec == "bf16":
-            # cuBLAS's BF16 GEMMs have no tile stairs to fit (profile.py, module docstring)
+            # cuBLAS's BF16 GEMMs have no tile stairs to fit (steptime.py, module docstring)
             fixed.update(gemm_switch_s=0.0, gemm_rows_s=0.0, gemm_holes_s=0.0)
         elif prec != "fp8":
             # the 4-bit kernels (Machete, Marlin) cost a whole row of tiles however empty
-            # its last is (profile.py, module docstring)
+            # its last is (steptime.py, module docstring)
             fixed["gemm_holes_s"] = 0.0
         elif not df["point"].str.starts_with(LONE_SCAN).any():
             # the sweep's graph-less steps alone do not tell a row's holes from the floor
@@ -539,7 +533,7 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     kv = F.fit_kv_capacity(kvs, bytes_per_token=kv_bytes)
     if pooled:
         kv = kv.model_copy(update=pool_capacity(g.model, kv_meta, eng, kv_dtype, kvs))
-    # a sliding-window model gets a term per attention kind (profile.py)
+    # a sliding-window model gets a term per attention kind (steptime.py)
     window = 0
     if kv.layout is not None and kv.layout.hybrid:
         window = kv.layout.sliding_window
@@ -837,7 +831,7 @@ def _serving_drafter(profile: Profile, drafter: dict[str, Any]
                       max_num_batched_tokens=int(eng["max_num_batched_tokens"]))  # type: ignore[call-overload]
     k, step = profile.spec_k, profile.step
     priced = timer.step_time_s(1 + k, 1, 0.0, DRAFT_CONTEXT)
-    # the drafter's share of that step (profile.py StepTimer.step_times, unscaled)
+    # the drafter's share of that step (steptime.py StepTimer.step_times, unscaled)
     extra = (k * step.draft_pass_s + step.draft_token_s * timer.pad(1 + k)
              + (k - 1) * step.draft_seq_s)
 

@@ -1,6 +1,6 @@
 """Fit the step-time model and the KV-capacity line to measured samples (numpy/scipy).
 
-The model is `capplan.profile.StepTimer`'s, term for term, so a fitted `StepModel` is
+The model is `capplan.steptime.StepTimer`'s, term for term, so a fitted `StepModel` is
 evaluated exactly as it was fitted. Linear coefficients come from non-negative least
 squares on relative residuals (each unit weighted by 1 / its time: the target is the
 percentage error), each held at or above its physical floor where one is given (no KV read
@@ -23,12 +23,10 @@ from scipy.optimize import least_squares, lsq_linear
 
 from capplan.calibrate.sweep import GRAPH_SCAN_CONTEXT
 from capplan.errors import CalibrationError
-from capplan.profile import (
+from capplan.profile import FitQuality, KvCapacity, StepModel
+from capplan.steptime import (
     GEMM_ROW_TOKENS,
     GEMM_SWITCH_TOKENS,
-    FitQuality,
-    KvCapacity,
-    StepModel,
     cudagraph_capture_sizes,
     eager_offset,
     eager_threshold,
@@ -106,7 +104,7 @@ def _pad(tokens: np.ndarray, sizes: list[int]) -> np.ndarray:
 
 
 def attention_by_kind(s: Samples, window: int) -> dict[str, np.ndarray]:
-    """The samples with the sliding-window layers' attention (profile.py, module docstring):
+    """The samples with the sliding-window layers' attention (steptime.py, module docstring):
     each step's decode context within the window, at its mean context, and its prefill
     pairs within it (`prefill_attn_window`, from store.samples_of)."""
     n = s["decode_seqs"].astype(float)
@@ -503,7 +501,7 @@ class EncoderScan:
 
     def pass_s(self, images: int, image_tokens: int) -> float:
         """A pass over `images` pictures of `image_tokens` each, as the profile prices it
-        (profile.py StepTimer.encoder_pass_s)."""
+        (steptime.py StepTimer.encoder_pass_s)."""
         work = encoder_work_s(images * image_tokens, images, self.token_s, self.token2_s)
         return max(float(work), self.floor_s)
 

@@ -18,7 +18,7 @@ import polars as pl
 
 from capplan.calibrate.fit import Samples, prefill_attn, step_times_gpu_s, step_times_s
 from capplan.errors import CalibrationError
-from capplan.profile import window_pairs
+from capplan.steptime import window_pairs
 
 CALIBRATION_DIR = Path(__file__).resolve().parents[3] / "calibration"
 STEP_COLUMNS = ("tokens", "seqs", "decode_seqs", "decode_ctx", "spec_tokens", "drafting_seqs",

@@ -21,14 +21,14 @@ each carries an analytic cost estimate, so a plan fits a per-engine time budget.
 - `graphs-bB-cC` (a graph-scan engine, `graph_points`): a `decode` point with `even` set, whose
   requests all decode their `steps` steps together (a request whose prompt is done early
   decodes longer), at every CUDA-graph size a decode-only batch can take: the decode-only
-  step's time at each size, which the linear terms do not follow (profile.py:
+  step's time at each size, which the linear terms do not follow (steptime.py:
   `graph_offset_s`).
 
 An encoder scan (`encoder_points`, a multimodal model's engine with images allowed) times its
 vision encoder apart from the steps: `encoder-iN-tT`, N pictures of T image tokens each
 through `embed_multimodal`, `warm_passes` untimed then `repeats` timed (runner.py:
 `Driver.encoder`); the step that schedules a picture's first chunk runs this before its
-decoder forward (profile.py: `encoder_token_s`). The same engine then times such steps whole
+decoder forward (steptime.py: `encoder_token_s`). The same engine then times such steps whole
 (`picture_points`): `picture-pP-iN[-bB]`, prompts of P tokens with N pictures of the default
 size (N = 0: the text-only twin), one at a time, alone or beside B running decodes.
 
@@ -54,7 +54,7 @@ from typing import Any
 
 from capplan.hardware import GPUS, Precision
 from capplan.modelspec import ModelSpec
-from capplan.profile import cudagraph_capture_sizes
+from capplan.steptime import cudagraph_capture_sizes
 
 Point = dict[str, Any]
 
@@ -163,7 +163,7 @@ def mixlen_points() -> list[Point]:
     one length with the same requests and the same context summed, both with `even` set so
     every request decodes the point's steps together; then mixed steps whose decodes read one
     summed context as few long or many short requests (MIXLEN_MIXED). The step model prices
-    a decode by its context summed (profile.py: decode_ctx_s); the points test that on the
+    a decode by its context summed (steptime.py: decode_ctx_s); the points test that on the
     engine itself."""
     out = []
     for groups in MIXLEN_PAIRS:
@@ -242,7 +242,7 @@ def picture_points(spec: ModelSpec) -> list[Point]:
     kind `picture`), after warm-ups that compile the decoder's attention with the image
     tokens' bidirectional mask (FlashAttention 4 builds it on first use). The encoder
     points time `embed_multimodal` alone; these, what the engine's step costs around it
-    (profile.py: `encoder_step_s`)."""
+    (steptime.py: `encoder_step_s`)."""
     t = spec.image_tokens_per_image
     out: list[Point] = []
     for prompt, batch, context in PICTURE_PROMPTS:
@@ -292,7 +292,7 @@ def design_points(max_num_batched_tokens: int = 8192, spec_k: int = 0) -> list[P
         _decode(8, 2048), _decode(1, 8192), _decode(16, 8192),
         _mixed(64, 1024, 2048, 3), _mixed(16, 512, 512, 4), _mixed(128, 512, 4096, 2),
         # steps just past the largest CUDA graph (512 tokens), which the CPU's launches can
-        # bound (profile.py: eager_floor_s; the serving engine's traced steps of 513-1,100
+        # bound (steptime.py: eager_floor_s; the serving engine's traced steps of 513-1,100
         # tokens cost 8-9 ms more than additive terms, validation.md)
         _mixed(64, 512, 640, 3), _mixed(32, 2048, 896, 3),
     ]

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from itertools import count
 from operator import sub
 
-from capplan.profile import window_pairs
 from capplan.sim.cohort import DecodeCohort
 from capplan.sim.kvcache import UNIQUE_SHIFT as _UNIQUE_SHIFT
 from capplan.sim.kvcache import KVCache
+from capplan.steptime import window_pairs
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
 _SW_SHIFT = 52  # group bits of a sliding-window block's hash (above the request-unique ones)
@@ -221,7 +221,7 @@ class StepPlan:
         self.total_tokens = 0
         self.prefill_tokens = 0
         self.prefill_attn = 0.0
-        self.prefill_attn_w = 0.0  # prefill_attn capped at the sliding window (profile.py)
+        self.prefill_attn_w = 0.0  # prefill_attn capped at the sliding window (steptime.py)
         self.prefill_seqs = 0
         self.decode_ctx = 0
         self.shared_ctx = 0.0  # context read in common with another running request
@@ -299,7 +299,7 @@ class EngineCore:
         self.prompt_tokens_hit = 0
         self.step_idx = 0
         # running requests per prefix group (prefix_base): [readers, their shared tokens],
-        # and S of profile.py, the tokens later readers read in common, kept as they change
+        # and S of steptime.py, the tokens later readers read in common, kept as they change
         self._readers: dict[int, list[int]] = {}
         self.shared_ctx = 0.0
         self.sw = cfg.sw_groups  # sliding-window groups (0: one full-attention group)
@@ -634,7 +634,7 @@ class EngineCore:
         """r starts (joins = 1) or stops (-1) running: with prefix caching on, requests of
         one prefix group hold the very same KV blocks for their shared prefix
         (kv_cache_manager.py get_computed_blocks: a hit takes the cached block), and each
-        reader after the first reads it in common (profile.py: shared_ctx_saving).
+        reader after the first reads it in common (steptime.py: shared_ctx_saving).
         A group's S is (readers - 1) x their mean shared tokens."""
         group = self._readers.get(r.prefix_base)
         if group is None:
@@ -693,7 +693,7 @@ class EngineCore:
         member's are as of its first implicit schedule, s0. vLLM's batch order is its
         persistent batch's slots (vllm/v1/worker/gpu_input_batch.py: a new request takes
         the first free one), which the running list's order stands in for
-        (profile.StepTimer.tail_factor)."""
+        (steptime.StepTimer.tail_factor)."""
         idx = plan.idx
         scheduled = {id(r): n for r, n in zip(plan.reqs, plan.tokens, strict=True)}
         out: list[int] = []

@@ -48,10 +48,10 @@ import numpy as np
 import simpy
 from simpy.events import NORMAL, URGENT
 
-from capplan.profile import StepTimer
 from capplan.sim.client import ClientLoop, OutputJitter
 from capplan.sim.core import EngineCore, SimRequest, StepPlan
 from capplan.sim.metrics import StepGaps, WorkloadRecorder
+from capplan.steptime import StepTimer
 from capplan.tiles import blocks_of
 
 INPUT_S = 0.15e-3
@@ -70,7 +70,7 @@ for the GPU, the GIL is free and arrivals cost it nothing."""
 TILE_EXACT_SEQS = 8
 TILE_REFRESH_STEPS = 16
 """A decode-only step of up to TILE_EXACT_SEQS sequences takes F (FlashAttention's last
-wave, profile.StepTimer.tail_factor) of its own lengths; a larger one takes the last F
+wave, steptime.StepTimer.tail_factor) of its own lengths; a larger one takes the last F
 taken while the batch keeps that step's size (past 4 x TILE_EXACT_SEQS, stays within an
 eighth of it), for up to TILE_REFRESH_STEPS steps. F walks every tile of the step (eight a
 sequence, or more: tiles.py), and a large batch changes a block count almost every step, so
@@ -225,7 +225,7 @@ class Replica:
         # without asynchronous scheduling the core's own time a step is serial with the GPU's
         self._serial = 0.0 if self._async else timer.serial_core_s
         # FlashAttention's last wave on a decode-only step, where the profile prices it: F of
-        # the step's own lengths (profile.py, tiles.py)
+        # the step's own lengths (steptime.py, tiles.py)
         self._tiles = timer.tiles is not None
         self._tile = (0, 0, 1.0)  # the last F taken: (sequences, steps since, F)
         self._gpu_free = 0.0  # when the GPU ends the last step launched
@@ -319,7 +319,7 @@ class Replica:
                 if sigma:
                     factor = self.spread.factor(sigma)
             draft = 1.0
-            if self.timer.draft_spread:  # the drafter's pass, the host's moment (profile.py)
+            if self.timer.draft_spread:  # the drafter's pass, the host's moment (steptime.py)
                 draft = self.draws.factor(self.timer.draft_spread)
             tile = None
             if self._tiles and not plan.prefill_seqs and not plan.encoder_tokens and seqs:

@@ -23,7 +23,7 @@ from capplan.kvlayout import KvLayout, derive_layout, max_in_flight_tokens
 from capplan.mix import TrafficMix, max_model_len
 from capplan.modelspec import ModelSpec, load_model_spec
 from capplan.pool import Pool, refuse_open
-from capplan.profile import Profile, StepTimer
+from capplan.profile import Profile
 from capplan.sim.client import PICTURE_INPUT_TOKEN_S, ClientLoop, OutputJitter
 from capplan.sim.core import CoreConfig, EngineCore, SimRequest
 from capplan.sim.metrics import WorkloadRecorder
@@ -37,6 +37,7 @@ from capplan.sim.workload import (
     ClosedLoopSampler,
     RequestBatch,
 )
+from capplan.steptime import StepTimer
 from capplan.traffic import ClosedLoop, Workload
 
 _GROUP_SHIFT = 22  # block-index bits of a shared-prefix hash

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from capplan.profile import StepTimer, window_pairs
 from capplan.sim.run import PoolSetup
 from capplan.sim.workload import offered_rate_rps
+from capplan.steptime import StepTimer, window_pairs
 from capplan.traffic import ClosedLoop, ReplayArrival, SloTarget, Workload
 
 _SAMPLES = 20_000
@@ -158,7 +158,7 @@ def bracket(
     Closed-loop users only count towards the estimate: their rate falls as latency grows,
     so the unloaded rate used here is an upper bound, not a floor."""
     s = st.profile.step
-    # a floor: the cheaper of the two KV-read rates a decode can pay (profile.py)
+    # a floor: the cheaper of the two KV-read rates a decode can pay (steptime.py)
     ctx_rate = min(s.decode_ctx_s, s.graph_ctx_s) if s.graph_offset_s else s.decode_ctx_s
     floor = [0.0, 0.0, 0.0]  # open-loop work, KV tokens (blocks: sliding-window), sequences
     closed_busy = 0.0

@@ -18,13 +18,13 @@ from capplan.errors import ConfigError, InfeasibleError
 from capplan.memory import failure_for
 from capplan.mix import TrafficMix
 from capplan.pool import EngineConfig, Pool, SpeculativeConfig
-from capplan.profile import StepTimer
 from capplan.profiles import measured_speculative
 from capplan.sim.run import PoolSetup
 from capplan.solve import jobs
 from capplan.solve.choose import AUTO_PRECISIONS, PoolChoice, candidates, choose, with_pool
 from capplan.solve.plan import Advice, InfeasiblePool, Plan, PoolPlan, pool_plan
 from capplan.solve.search import SearchSettings, Sizer, worst_check
+from capplan.steptime import StepTimer
 from capplan.traffic import ClosedLoop, GammaArrival, PoissonArrival, Workload
 from capplan.units import duration
 
@@ -293,7 +293,7 @@ def encoder_advice(plan: PoolPlan, workloads: list[Workload], setup: PoolSetup) 
     """A pool whose binding SLO is an image workload's inter-token percentile, on a profile
     whose vision encoder stalls a step by a sizeable share of that limit: vLLM encodes a
     step's pictures before its forward, so every decode of that step waits for the pass
-    (profile.py StepTimer.encoder_pass_s), and the percentile counts those steps once they
+    (steptime.py StepTimer.encoder_pass_s), and the percentile counts those steps once they
     are that common, which the router moves (it decides how many decodes a picture's step
     stalls). Says what one picture's pass costs, the image requests a replica takes at this
     size, and behind which router."""
