@@ -15,7 +15,8 @@ from pydantic import ValidationError
 
 from capplan.mix import TrafficMix
 from capplan.pool import SpeculativeConfig, alpha_from_mean_length
-from capplan.sim.core import CoreConfig, EngineCore, SimRequest
+from capplan.sim.core import CoreConfig, EngineCore
+from capplan.sim.request import SimRequest
 
 
 @given(st.integers(1, 8), st.floats(0.0, 0.98))

@@ -47,5 +47,6 @@ def test_the_scheduler_rules_cite_their_sources() -> None:
     """The simulator's modules that model vLLM (its scheduler, KV cache manager, engine
     core loop and client) each cite the vLLM files they follow."""
     sim = ROOT / "src/capplan/sim"
-    for name in ("core.py", "kvcache.py", "replica.py", "client.py", "run.py"):
+    for name in ("core.py", "request.py", "window.py", "kvcache.py", "replica.py", "client.py",
+                 "run.py"):
         assert CITED.search((sim / name).read_text()), f"sim/{name} cites no vLLM file"

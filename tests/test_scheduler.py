@@ -17,9 +17,10 @@ import simpy
 
 from capplan.mix import TrafficMix
 from capplan.profile import Profile
-from capplan.sim.core import PREEMPTED, CoreConfig, EngineCore, SimRequest, StepPlan
+from capplan.sim.core import CoreConfig, EngineCore
 from capplan.sim.metrics import WorkloadRecorder
 from capplan.sim.replica import Replica, Window, idle_wake_s
+from capplan.sim.request import PREEMPTED, SimRequest, StepPlan
 from capplan.sim.run import simulate
 from capplan.steptime import StepTimer
 from helpers import constant_profile

@@ -12,7 +12,8 @@ import pytest
 from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.mix import TrafficMix
 from capplan.profile import Profile
-from capplan.sim.core import EngineCore, StepPlan
+from capplan.sim.core import EngineCore
+from capplan.sim.request import StepPlan
 from capplan.sim.run import simulate
 from capplan.steptime import StepTimer
 

@@ -12,9 +12,9 @@ import pytest
 
 import capplan.sim.run
 from capplan.mix import TrafficMix
-from capplan.sim.core import SimRequest
 from capplan.sim.metrics import WorkloadRecorder
 from capplan.sim.replica import Replica
+from capplan.sim.request import SimRequest
 from capplan.sim.run import simulate
 
 

@@ -23,7 +23,8 @@ from capplan.mix import TrafficMix
 from capplan.modelspec import load_model_spec
 from capplan.pool import Pool
 from capplan.profile import Profile
-from capplan.sim.core import RUNNING, CoreConfig, EngineCore, SimRequest
+from capplan.sim.core import CoreConfig, EngineCore
+from capplan.sim.request import RUNNING, SimRequest
 from capplan.sim.run import setup_pool, simulate
 from test_sim_properties import Arrival, RefVllm, _Req, draw_arrivals, drive, lockstep
 

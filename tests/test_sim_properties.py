@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from capplan.mix import TrafficMix
-from capplan.sim.core import FINISHED, RUNNING, CoreConfig, EngineCore, SimRequest, StepPlan
+from capplan.sim.core import CoreConfig, EngineCore
+from capplan.sim.request import FINISHED, RUNNING, SimRequest, StepPlan
 from capplan.sim.run import simulate
 
 # --- EngineCore driven directly with random request streams ----------------------------------

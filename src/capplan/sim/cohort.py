@@ -45,7 +45,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from capplan.sim.core import SimRequest
+    from capplan.sim.request import SimRequest
 
 LEAVE_MARGIN = 2  # tokens before the last at which a member turns explicit again
 

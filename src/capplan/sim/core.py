@@ -1,24 +1,13 @@
-"""One vLLM 0.26.0 engine's scheduler, rule by rule, on simulated requests.
+"""One vLLM 0.26.0 engine's scheduler, rule by rule, on simulated requests (sim/request.py).
 
-The request counters mirror vLLM's `Request` (vllm/v1/request.py): `computed` is
-num_computed_tokens, `out` the output tokens so far, `spec` len(spec_token_ids) and
-`placeholders` num_output_placeholders (async scheduling). The scheduler follows
-vllm/v1/core/sched/scheduler.py (Scheduler.schedule, _update_after_schedule,
-update_from_output, _preempt_request) and vllm/v1/core/sched/async_scheduler.py; the
-waiting queue follows vllm/v1/core/sched/request_queue.py. Rules for connectors, LoRA,
-structured output, encoder-decoder models, Mamba and pipeline parallelism are left out:
-none of them bears on a dense decoder served from one replica.
-
-A model with sliding-window layers (`CoreConfig.sw_groups`, from kvlayout.py) keeps one
-full-attention KV-cache group, whose blocks (`block_size` tokens, 32 for Gemma 4) cover every
-token, and `sw_groups` sliding-window groups (`sw_block_size` tokens) holding only the
-blocks of the window, all from one pool (vllm/v1/core/kv_cache_coordinator.py:
-HybridKVCacheCoordinator; single_type_kv_cache_manager.py: SlidingWindowManager). A request
-keeps the same counters for every sliding group (they are allocated, freed and cached
-together): `sw_hi` block-table entries, the first `sw_lo` of them freed (null) once out of
-the window, freed on the processed-token basis (`inflight`: num_in_flight_tokens).
+The scheduler follows vllm/v1/core/sched/scheduler.py (Scheduler.schedule,
+_update_after_schedule, update_from_output, _preempt_request) and
+vllm/v1/core/sched/async_scheduler.py; the waiting queue follows
+vllm/v1/core/sched/request_queue.py. Rules for connectors, LoRA, structured output,
+encoder-decoder models, Mamba and pipeline parallelism are left out: none of them bears on a
+dense decoder served from one replica. A model with sliding-window layers keeps KV-cache
+groups of both kinds (sim/window.py).
 """
-
 from __future__ import annotations
 
 import heapq
@@ -30,218 +19,10 @@ from itertools import count
 from operator import sub
 
 from capplan.sim.cohort import DecodeCohort
-from capplan.sim.kvcache import UNIQUE_SHIFT as _UNIQUE_SHIFT
-from capplan.sim.kvcache import KVCache
+from capplan.sim.kvcache import UNIQUE_SHIFT, KVCache
+from capplan.sim.request import FINISHED, PREEMPTED, RUNNING, SimRequest, StepPlan
+from capplan.sim.window import SlidingWindowGroups
 from capplan.steptime import window_pairs
-
-WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
-_SW_SHIFT = 52  # group bits of a sliding-window block's hash (above the request-unique ones)
-_NEVER = 1 << 62  # sw_free_at of a request without sliding-window groups
-
-
-class SimRequest:
-    """One request's state inside an engine; field names follow vllm/v1/request.py."""
-
-    # set when its tokens stream (sim/replica.py), never read before: when the client read
-    # the first token; how late it read the last one, and that token's engine time
-    first_seen_s: float
-    lag: float
-    lag_at: float
-
-    __slots__ = (
-        "arrival_s",
-        "blocks",
-        "cached_tokens",
-        "chain",
-        "computed",
-        "decoding",
-        "encoded",
-        "event",
-        "first_seen_s",
-        "first_token_s",
-        "hashes",
-        "image_tokens",
-        "images",
-        "inflight",
-        "lag",
-        "lag_at",
-        "last_token_s",
-        "lazy",
-        "max_tokens",
-        "measured",
-        "n_reg",
-        "out",
-        "phase",
-        "pinned_blocks",
-        "placeholders",
-        "preemptions",
-        "prefix_base",
-        "prefix_blocks",
-        "priority",
-        "prompt",
-        "rid",
-        "s0",
-        "scheduled_s",
-        "spec",
-        "status",
-        "stop_out",
-        "sw_fphase",
-        "sw_free_at",
-        "sw_hi",
-        "sw_keys",
-        "sw_lo",
-        "sw_phase",
-        "trail_from",
-        "trail_until",
-        "u0",
-        "user",
-        "wl",
-    )
-
-    def __init__(
-        self,
-        rid: int,
-        wl: int,
-        arrival_s: float,
-        prompt: int,
-        max_tokens: int,
-        *,
-        priority: int = 0,
-        prefix_base: int = 0,
-        prefix_blocks: int = 0,
-        pinned_blocks: int = 0,
-        measured: bool = True,
-        user: int = -1,
-        image_tokens: int = 0,
-        images: int = 0,
-    ) -> None:
-        self.rid = rid
-        self.wl = wl
-        self.arrival_s = arrival_s
-        self.prompt = prompt
-        self.max_tokens = max_tokens
-        self.stop_out = max_tokens  # output tokens at which it stops (EngineCore.add_request)
-        self.priority = priority
-        self.prefix_base = prefix_base  # hash of shared block 0; block i hashes to base - i
-        self.prefix_blocks = prefix_blocks  # leading blocks shared with other requests
-        self.pinned_blocks = pinned_blocks  # blocks assumed cached (target hit rate)
-        self.measured = measured
-        self.user = user
-        self.image_tokens = image_tokens
-        self.images = images  # pictures the image tokens come from
-        self.encoded = False  # vision encoder has run (its output lives in the encoder cache)
-        self.status = WAITING
-        self.computed = 0
-        self.out = 0
-        self.spec = 0
-        self.placeholders = 0
-        self.decoding = False
-        self.blocks = 0  # physical blocks held
-        self.hashes: list[int] = []  # cached blocks held, in block order
-        self.chain = 0  # leading entries of `hashes` held as a chain (KVCache.hold_chain)
-        self.n_reg = 0  # leading blocks whose caching is settled (vLLM: num_cached_block)
-        self.preemptions = 0
-        self.cached_tokens = -1  # prefix-cache hit at first scheduling
-        self.first_token_s = -1.0  # engine time of the first token's step end
-        self.last_token_s = -1.0
-        self.scheduled_s = -1.0
-        self.lazy = False  # advanced implicitly by the decode cohort (sim/cohort.py)
-        self.s0 = self.u0 = self.event = self.trail_from = self.trail_until = self.phase = 0
-        # sliding-window groups (hybrid models only): every group's block-table entries,
-        # the leading ones freed out of the window, the processed tokens at which the next
-        # one leaves it, and per group the hashes of the cached blocks held (from block
-        # max(sw_lo, pinned) on); tokens scheduled but not yet settled (num_in_flight_tokens)
-        self.inflight = self.sw_hi = self.sw_lo = 0
-        self.sw_free_at = _NEVER
-        self.sw_keys: list[list[int]] | None = None
-        self.sw_phase = self.sw_fphase = -1  # decode cohort: sliding alloc / free phases
-
-    @property
-    def num_tokens(self) -> int:
-        return self.prompt + self.out
-
-    def block_hash(self, i: int) -> int:
-        """Chained hash of block i: shared-prefix blocks are negative, the rest unique."""
-        if i < self.prefix_blocks:
-            return self.prefix_base - i
-        return (self.rid << _UNIQUE_SHIFT) | i
-
-    def block_hashes(self, start: int, stop: int) -> list[int]:
-        """block_hash(i) for i in [start, stop), built from ranges."""
-        shared_end = min(stop, self.prefix_blocks)
-        base = self.prefix_base
-        hashes = list(range(base - start, base - shared_end, -1)) if start < shared_end else []
-        if stop > shared_end:
-            unique = self.rid << _UNIQUE_SHIFT  # | i == + i: i < 2**_UNIQUE_SHIFT
-            hashes += range(unique + max(start, shared_end), unique + stop)
-        return hashes
-
-    def __lt__(self, other: SimRequest) -> bool:
-        # vllm/v1/request.py Request.__lt__: (priority, arrival_time, request_id)
-        return (self.priority, self.arrival_s, self.rid) < (
-            other.priority,
-            other.arrival_s,
-            other.rid,
-        )
-
-
-class StepPlan:
-    """What one engine step computes: vLLM's SchedulerOutput, reduced to what costs time.
-    (A plain class, not a dataclass: one is made every step, and this __init__ is cheaper.)"""
-
-    __slots__ = (
-        "cohort_all",
-        "cohort_meas",
-        "cohort_size",
-        "decode_ctx",
-        "emits",
-        "encoder_images",
-        "encoder_tokens",
-        "idx",
-        "padded",
-        "preempted",
-        "prefill_attn",
-        "prefill_attn_w",
-        "prefill_seqs",
-        "prefill_tokens",
-        "reqs",
-        "running_prefill",
-        "running_scheduled",
-        "shared_ctx",
-        "spec",
-        "tokens",
-        "total_tokens",
-    )
-
-    def __init__(self, idx: int = 0) -> None:
-        self.reqs: list[SimRequest] = []
-        self.tokens: list[int] = []
-        self.spec: list[int] = []
-        self.emits: list[bool] = []
-        self.total_tokens = 0
-        self.prefill_tokens = 0
-        self.prefill_attn = 0.0
-        self.prefill_attn_w = 0.0  # prefill_attn capped at the sliding window (steptime.py)
-        self.prefill_seqs = 0
-        self.decode_ctx = 0
-        self.shared_ctx = 0.0  # context read in common with another running request
-        self.preempted = 0
-        # requests admitted with their one token padded to 1 + k (pad_spec_decode): their
-        # k "drafts" are -1 and never accepted (None: none this step)
-        self.padded: list[SimRequest] | None = None
-        self.encoder_tokens = 0
-        self.encoder_images = 0
-        self.running_scheduled = 0  # RUNNING requests scheduled (explicit or in the cohort)
-        self.running_prefill = False  # one of them is a prefill chunk (prefill_scheduled)
-        self.idx = idx
-        self.cohort_size = 0  # decode-cohort members advanced implicitly in this step
-        self.cohort_all: tuple[int, ...] = ()  # ... per workload
-        self.cohort_meas: tuple[int, ...] = ()  # ... measured ones, per workload
-
-    @property
-    def empty(self) -> bool:
-        return not self.reqs and not self.cohort_size
-
 
 PICTURE_AT = 1
 """Where a request's pictures start in its prompt: after its first token, one text token
@@ -276,7 +57,7 @@ class CoreConfig:
     images_whole: bool = False
 
 
-class EngineCore:
+class EngineCore(SlidingWindowGroups):
     """The scheduler and KV manager of one replica (no clock: the replica drives it)."""
 
     def __init__(self, cfg: CoreConfig, rng: random.Random, acceptance: list[float]) -> None:
@@ -381,7 +162,7 @@ class EngineCore:
         if start >= full:
             return
         if r.preemptions:  # its own blocks may still be cached from before the preemption
-            base = r.rid << _UNIQUE_SHIFT
+            base = r.rid << UNIQUE_SHIFT
             for i in range(start, full):
                 hashes.append(kv.cache(base | i))
         # else: blocks unique to a request never preempted are not cached yet, and no lookup
@@ -424,7 +205,7 @@ class EngineCore:
         own = range(0)
         own_from = max(r.prefix_blocks, r.pinned_blocks)
         if self.kv.caching and not r.preemptions and r.n_reg > own_from:
-            base = r.rid << _UNIQUE_SHIFT
+            base = r.rid << UNIQUE_SHIFT
             own = range(base | own_from, base | r.n_reg)
         self.kv.free(r.hashes, r.blocks - len(r.hashes) - len(own), shared, own,
                      r.chain, r.prefix_base)
@@ -432,123 +213,6 @@ class EngineCore:
         r.hashes = []
         r.chain = 0
         r.n_reg = 0
-
-    # -- sliding-window groups: single_type_kv_cache_manager.py SlidingWindowManager --------
-    def _sw_hashes(self, r: SimRequest, lo: int, hi: int, g: int) -> list[int]:
-        """Hashes of sliding blocks [lo, hi) of group g: a shared prefix's blocks as the
-        prefix's (negative), the rest unique to r; each group apart (the pool caches
-        (hash, group) pairs, block_pool.py get_cached_block)."""
-        tag = (g + 1) << _SW_SHIFT
-        pre = r.prefix_blocks * self._sw_k
-        pre = hi if hi < pre else pre
-        base = r.prefix_base - tag
-        out = list(range(base - lo, base - pre, -1)) if lo < pre else []
-        if hi > pre:
-            unique = (r.rid << _UNIQUE_SHIFT) + tag
-            out += range(unique + (lo if lo > pre else pre), unique + hi)
-        return out
-
-    def _cache_sw(self, r: SimRequest, start: int, full: int) -> None:
-        """Cache the sliding blocks that full-attention blocks [start, full) cover
-        (HybridKVCacheCoordinator.cache_blocks: every group up to the same multiple of the
-        scheduler block size). As for the full-attention group, only blocks a lookup can
-        reach get their hash now: a shared prefix's, and every block of a request that was
-        preempted (its own content may still be cached from before); `sw_keys` holds them."""
-        k = self._sw_k
-        lo = max(start * k, r.sw_lo, r.pinned_blocks * k)
-        hi = full * k
-        if not r.preemptions and hi > r.prefix_blocks * k:
-            hi = r.prefix_blocks * k
-        if lo >= hi:
-            return
-        keys = r.sw_keys
-        assert keys is not None
-        cache = self.kv.cache
-        for g in range(self.sw):
-            keys[g] += map(cache, self._sw_hashes(r, lo, hi, g))
-
-    def _sw_release(self, r: SimRequest, a: int, b: int) -> None:
-        """Free sliding blocks [a, b) of every group (a = max(sw_lo, pinned), b > a): in
-        group order, each from its tail (_remove_blocks_in_range). Cached ones go to the LRU
-        tail: those a lookup can reach with their hashes, those unique to a request never
-        preempted anonymously (kvcache.py free_anon: only this request could ask for its own
-        content, after a preemption, and such a hit needs the window's last blocks, not these;
-        docs/simulator.md); the rest to the free queue's front."""
-        kv = self.kv
-        n = b - a
-        if not kv.caching:
-            kv.free_unhashed += self.sw * n
-            return
-        k = self._sw_k
-        keys = r.sw_keys
-        assert keys is not None
-        m = min(n, len(keys[0]))
-        reg = r.n_reg * k
-        anon = min(b, reg) - (a + m)
-        if anon < 0:
-            anon = 0
-        private = n - m - anon
-        shared = min(r.prefix_blocks * k, a + m) - a
-        if shared < 0:
-            shared = 0
-        for g in range(self.sw):
-            kv.free_anon(anon)
-            kv.free(keys[g][:m], private, shared)
-            del keys[g][:m]
-
-    def _sw_skip(self, r: SimRequest, processed: int) -> None:
-        """remove_skipped_blocks: free the sliding blocks every token of which precedes the
-        window of the next token (get_num_skipped_tokens: processed - window + 1)."""
-        cfg = self.cfg
-        sbs = cfg.sw_block_size
-        lo = (processed - cfg.sw_window + 1) // sbs
-        if lo > r.sw_hi:
-            lo = r.sw_hi
-        if lo > r.sw_lo:
-            pin = r.pinned_blocks * self._sw_k
-            a = r.sw_lo if r.sw_lo > pin else pin
-            if lo > a:
-                self._sw_release(r, a, lo)
-            r.sw_lo = lo
-        r.sw_free_at = (r.sw_lo + 1) * sbs + cfg.sw_window - 1
-
-    def _free_sw(self, r: SimRequest) -> None:
-        """Free every sliding group's blocks (before the full-attention group's: group order,
-        sliding layers first in Gemma 4). A finished request's blocks unique to it can never
-        be hit again (anonymous); a preempted one's are cached under their hashes for its
-        return (vLLM cached them as they filled; here they get their hashes now)."""
-        k = self._sw_k
-        pin = r.pinned_blocks * k
-        a = r.sw_lo if r.sw_lo > pin else pin
-        b = r.sw_hi
-        kv = self.kv
-        if b > a:
-            if not kv.caching:
-                kv.free_unhashed += self.sw * (b - a)
-            else:
-                keys = r.sw_keys
-                assert keys is not None
-                m = len(keys[0])
-                reg = r.n_reg * k
-                mid = min(b, reg) - (a + m)  # cached, unique to r, without a hash yet
-                if mid < 0:
-                    mid = 0
-                private = (b - a) - m - mid
-                shared = min(r.prefix_blocks * k, a + m) - a
-                if shared < 0:
-                    shared = 0
-                finished = r.status == FINISHED
-                for g in range(self.sw):
-                    held = keys[g]
-                    if mid and not finished:
-                        held = held + list(map(kv.cache, self._sw_hashes(r, a + m, a + m + mid,
-                                                                         g)))
-                    elif mid:
-                        kv.free_anon(mid)
-                    kv.free(held, private, shared)
-        r.sw_hi = r.sw_lo = 0
-        r.sw_keys = None
-        r.sw_free_at = _NEVER
 
     def _allocate_running_sw(self, r: SimRequest, n: int) -> bool:
         """allocate_slots for a running request of a hybrid model: free the sliding blocks
@@ -585,50 +249,6 @@ class EngineCore:
         if upto // bs > r.n_reg:
             self._cache_blocks(r, upto)
         return True
-
-    def _sw_hit(self, r: SimRequest, max_tokens: int) -> tuple[int, int]:
-        """SlidingWindowManager.find_longest_cache_hit over the sliding groups (one spec,
-        looked up together: a block is a hit only if every group has it cached), at most
-        `max_tokens`: scanning right to left, the first run of cdiv(window - 1, block)
-        contiguous cached blocks whose right edge is a multiple of the scheduler block size
-        (the full-attention block); without one, the cached blocks contiguous from block 0.
-        EAGLE/MTP: one block more, then dropped. Pinned blocks count as cached. Returns
-        (hit tokens, first block of the hit that is not a null block)."""
-        cfg = self.cfg
-        sbs = cfg.sw_block_size
-        align = cfg.block_size
-        eagle = cfg.drop_eagle_block
-        need = -(-(cfg.sw_window - 1) // sbs) + (1 if eagle else 0)
-        pin = r.pinned_blocks * self._sw_k
-        cached = self.kv.is_cached
-        hashes = self._sw_hashes
-        count = 0
-        found = False
-        i = max_tokens // sbs - 1
-        while i >= 0:
-            if i < pin or all(cached(h) for g in range(self.sw)
-                              for h in hashes(r, i, i + 1, g)):
-                if count == 0 and sbs != align and ((i if eagle else i + 1) * sbs) % align:
-                    i -= 1
-                    continue
-                count += 1
-                if count >= need:
-                    found = True
-                    break
-            else:
-                count = 0
-            i -= 1
-        if found:
-            n, first = i + count, i
-        else:
-            n, first = count, 0
-            while sbs != align and n * sbs % align:
-                n -= 1
-        if eagle and n:
-            n -= 1
-            while sbs != align and n * sbs % align:
-                n -= 1
-        return n * sbs, first
 
     def _read_shared(self, r: SimRequest, joins: int) -> None:
         """r starts (joins = 1) or stops (-1) running: with prefix caching on, requests of
@@ -842,35 +462,6 @@ class EngineCore:
                 if free_blocks < 0:
                     return False
         return used + members <= budget
-
-    def _sw_net_need(self, r: SimRequest, end: int, need: int) -> int | None:
-        """Blocks an explicit request of a hybrid model takes this step, less the sliding
-        blocks it frees first; None when the step must take the ordered walk: it would free
-        blocks a lookup can reach, or ones not cached, whose place in the free queue depends
-        on the order of the walk."""
-        cfg = self.cfg
-        sbs = cfg.sw_block_size
-        if need < 0:
-            need = 0
-        sw_need = -(-end // sbs) - r.sw_hi
-        if sw_need > 0:
-            need += self.sw * sw_need
-        computed = r.computed
-        processed = (computed if computed < cfg.max_model_len else cfg.max_model_len) - r.inflight
-        if processed >= r.sw_free_at:
-            lo = (processed - cfg.sw_window + 1) // sbs
-            if lo > r.sw_hi:
-                lo = r.sw_hi
-            k = self._sw_k
-            pin = r.pinned_blocks * k
-            a = r.sw_lo if r.sw_lo > pin else pin
-            if lo > a:
-                if self.kv.caching and (
-                    (r.sw_keys is not None and r.sw_keys[0]) or lo > r.n_reg * k
-                ):
-                    return None
-                need -= self.sw * (lo - a)
-        return need
 
     def _join_cohort(self, plan: StepPlan, cohort: DecodeCohort) -> None:
         """Explicit requests that will take one decode token a step from now on (their
@@ -1137,46 +728,6 @@ class EngineCore:
                     plan.padded = []
                 plan.padded.append(r)
             budget -= n
-
-    def _sw_admission(
-        self, r: SimRequest, hit_blocks: int, hit_hashes: list[int], evictable: int
-    ) -> tuple[int, list[int], int, tuple[int, int, list[list[int]], int]]:
-        """A hybrid model's prefix-cache hit (HybridKVCacheCoordinator.find_longest_cache_hit,
-        one full-attention and one sliding-window spec: one pass, full attention first): the
-        sliding groups' hit within the full-attention one, the full-attention hit cut to it.
-        Returns the full-attention (hit blocks, their hashes, evictable ones) and the sliding
-        groups' (hit tokens, first block held: skipped and null blocks before it, hashes to
-        touch per group, evictable blocks of all groups)."""
-        cfg = self.cfg
-        kv = self.kv
-        bs = cfg.block_size
-        sbs = cfg.sw_block_size
-        k = self._sw_k
-        pinned = r.pinned_blocks
-        hit = (pinned + hit_blocks) * bs
-        first = 0
-        if hit_blocks:
-            limit = hit
-            if cfg.drop_eagle_block:  # the EAGLE margin: one sliding block more, dropped
-                limit = min(hit + sbs, r.num_tokens - 1)
-            hit, first = self._sw_hit(r, limit)
-            hit = max(hit, pinned * bs)
-            cut = hit // bs - pinned
-            if cut < hit_blocks:
-                hit_blocks = cut
-                del hit_hashes[cut:]
-                evictable = sum(map(kv.is_free, hit_hashes))
-        skipped = max(0, hit - cfg.sw_window + 1) // sbs
-        lo = max(skipped, first)
-        start = max(lo, pinned * k)
-        end = hit // sbs
-        keys: list[list[int]] = [[] for _ in range(self.sw)]
-        sw_evictable = 0
-        if end > start:
-            for g in range(self.sw):
-                keys[g] = kv.hit_keys(self._sw_hashes(r, start, end, g))
-                sw_evictable += sum(map(kv.is_free, keys[g]))
-        return hit_blocks, hit_hashes, evictable, (hit, lo, keys, sw_evictable)
 
     def _add(self, plan: StepPlan, r: SimRequest, n: int) -> None:
         """Record r in the plan with its cost features (before counters advance)."""

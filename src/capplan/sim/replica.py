@@ -49,8 +49,9 @@ import simpy
 from simpy.events import NORMAL, URGENT
 
 from capplan.sim.client import ClientLoop, OutputJitter
-from capplan.sim.core import EngineCore, SimRequest, StepPlan
+from capplan.sim.core import EngineCore
 from capplan.sim.metrics import StepGaps, WorkloadRecorder
+from capplan.sim.request import SimRequest, StepPlan
 from capplan.steptime import StepTimer
 from capplan.tiles import blocks_of
 

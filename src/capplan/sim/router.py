@@ -14,8 +14,8 @@ from operator import attrgetter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from capplan.sim.core import SimRequest
     from capplan.sim.replica import Replica
+    from capplan.sim.request import SimRequest
 
 
 _OUTSTANDING = attrgetter("outstanding")

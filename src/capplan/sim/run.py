@@ -25,9 +25,10 @@ from capplan.modelspec import ModelSpec, load_model_spec
 from capplan.pool import Pool, refuse_open
 from capplan.profile import Profile
 from capplan.sim.client import PICTURE_INPUT_TOKEN_S, ClientLoop, OutputJitter
-from capplan.sim.core import CoreConfig, EngineCore, SimRequest
+from capplan.sim.core import CoreConfig, EngineCore
 from capplan.sim.metrics import WorkloadRecorder
 from capplan.sim.replica import LaunchSpread, PictureDraws, Replica, Window
+from capplan.sim.request import SimRequest
 from capplan.sim.results import KvRows, PoolRunResult, RequestColumns, SimResult, summarise
 from capplan.sim.router import Router
 from capplan.sim.verdict import CHECK_EVERY_S, MissWatch

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import math
 
-from capplan.sim.core import FINISHED, SimRequest
 from capplan.sim.metrics import _BINS_PER_E, _LOG_LO, _NBINS
+from capplan.sim.request import FINISHED, SimRequest
 from capplan.traffic import Workload
 
 CHECK_EVERY_S = 1.0
