@@ -35,6 +35,7 @@ import polars as pl
 
 from capplan.calibrate import build, store
 from capplan.calibrate import fit as F
+from capplan.calibrate import scans
 from capplan.calibrate.build import LONE_SCAN
 from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.errors import CalibrationError
@@ -743,7 +744,7 @@ def _window_points(prof: Profile, run: str) -> None:
     for name in sorted(set(df["point"]), key=lambda n: int(n.split("-")[1][1:])):
         b, ctx = int(name.split("-")[1][1:]), int(name.rsplit("-c", 1)[1])
         steps = df.filter((pl.col("point") == name) & (pl.col("decode_seqs") == b))
-        if ctx <= prof.step.window_tokens or len(steps) < F.GRAPH_SCAN_MIN_STEPS:
+        if ctx <= prof.step.window_tokens or len(steps) < scans.GRAPH_SCAN_MIN_STEPS:
             continue
         measured = float(np.median(steps["step_s"]))
         context = int(np.median(steps["decode_ctx"]))
@@ -927,7 +928,7 @@ def pictures() -> None:
         slow = steps = 0
         for pid in sorted(p for p in df["point"].unique() if p.startswith("picture-")
                           and "-i0" not in p):
-            pic, txt = F.picture_and_twin(df, pid)
+            pic, txt = scans.picture_and_twin(df, pid)
             twin = float(txt["step_s"].median()) * 1e3  # type: ignore[arg-type]
             beyond = pic.sort("step")["step_s"].to_numpy() * 1e3 - twin
             slow, steps = slow + int((beyond > SLOW_SPELL_MS).sum()), steps + len(beyond)
@@ -1129,7 +1130,7 @@ def drain() -> None:
         err = priced / s["step_s"] - 1
         by_drop: dict[str, list[float]] = {}
         bounds = np.flatnonzero(np.r_[True, s["point"][1:] != s["point"][:-1], True])
-        only = F._decode_only(s)
+        only = F.decode_only(s)
         for a, b in pairwise(bounds):
             drop = s["seqs"][a:b - 1] - s["seqs"][a + 1:b]
             first = np.flatnonzero(only[a + 1:b] & (drop > 0))
@@ -1249,7 +1250,7 @@ def drainscan() -> None:
         name = path.name.split(".jsonl")[0]
         df = store.read_runner_jsonl(path)
         s = store.samples_of(df)
-        only, gap = F._decode_only(s), s["gpu_gap_s"]
+        only, gap = F.decode_only(s), s["gpu_gap_s"]
         launch = (df["cpu_launch_s"].fill_null(np.nan).to_numpy() if "cpu_launch_s" in df.columns
                   else np.full(len(df), np.nan))
         def ms(x: np.ndarray) -> str:
@@ -1360,7 +1361,7 @@ def newsizes() -> None:
             if path is None or "--graphs" in name or "--encoder" in name:
                 continue
             s = store.samples_of(store.read_runner_jsonl(path))
-            only = F._decode_only(s)
+            only = F.decode_only(s)
             stalled, after = only & (s["gpu_gap_s"] >= F.STALL_S), only & F.after_new_size(s)
             # engines whose launches are slow on every step (docs/calibration.md, "A point's
             # drain"): the draft model's and MTP k = 2's
@@ -1548,7 +1549,7 @@ def decodetail(profile: str | None = None) -> None:
 
 def tiles(profile: str | None = None) -> None:
     """FlashAttention's last wave on the sweep's decode-only steps (fifty-fifth session): for
-    each profile with `tile_rho` (or the one named), the cells `fit.tile_rho` fits on (a
+    each profile with `tile_rho` (or the one named), the cells `scans.tile_rho` fits on (a
     point's steps with one count of decoding sequences, TILE_MIN_CONTEXT tokens or more
     each), by that count: the tiles of equal lengths (tiles.splits), the median step
     measured, and by the profile without the last wave and with it."""
@@ -1577,7 +1578,7 @@ def tiles(profile: str | None = None) -> None:
             for b in sorted(set(s["decode_seqs"][k].astype(int))):
                 kk = np.flatnonzero(k & (s["decode_seqs"] == b))
                 ctx = float(np.median(s["decode_ctx"][kk]))
-                if len(kk) < 3 or ctx < F.TILE_MIN_CONTEXT * b:
+                if len(kk) < 3 or ctx < scans.TILE_MIN_CONTEXT * b:
                     continue
                 rows.setdefault(b, []).append((float(np.median(s["step_s"][kk])),
                                                float(np.median(flat[kk])),

@@ -520,19 +520,19 @@ def test_picture_points_keep_every_step_for_the_simulator_to_draw(tmp_path: Path
 
 
 def test_spells_are_split_where_the_sample_splits_and_timed_as_they_end() -> None:
-    """fit.slow_above splits a two-speed sample between its speeds; fit.spell_lengths is
+    """scans.slow_above splits a two-speed sample between its speeds; scans.spell_lengths is
     each state's time between observations over the times it ended, skipping gaps of
     SPELL_GAP_S or more, and 0, 0 where a state never ended."""
-    from capplan.calibrate import fit as F
+    from capplan.calibrate import scans
 
-    assert F.slow_above([0.01, 0.012, 0.011, 0.05, 0.052, 0.009]) == pytest.approx(0.031)
+    assert scans.slow_above([0.01, 0.012, 0.011, 0.05, 0.052, 0.009]) == pytest.approx(0.031)
     seq = [(0.0, 0.0), (1.0, 0.1), (2.0, 0.1), (3.0, 0.0), (4.0, 0.0), (5.0, 0.1)]
-    slow, fast = F.spell_lengths([seq], 0.05)  # slow 2 s, ended once; fast 3 s, twice
+    slow, fast = scans.spell_lengths([seq], 0.05)  # slow 2 s, ended once; fast 3 s, twice
     assert (slow, fast) == pytest.approx((2.0, 1.5))
     far = [(0.0, 0.0), (1.0, 0.1), (2.0, 0.1), (3.0, 0.0), (50.0, 0.0), (51.0, 0.1),
            (52.0, 0.0)]  # 3 -> 50 s says nothing: slow 3 s over 2 ends, fast 2 s over 2
-    assert F.spell_lengths([far], 0.05) == pytest.approx((1.5, 1.0))
-    assert F.spell_lengths([[(0.0, 0.0), (1.0, 0.0)]], 0.05) == (0.0, 0.0)
+    assert scans.spell_lengths([far], 0.05) == pytest.approx((1.5, 1.0))
+    assert scans.spell_lengths([[(0.0, 0.0), (1.0, 0.0)]], 0.05) == (0.0, 0.0)
 
 
 def test_every_encoder_run_of_an_engine_counts(tmp_path: Path) -> None:
@@ -558,12 +558,12 @@ def test_every_encoder_run_of_an_engine_counts(tmp_path: Path) -> None:
 
 def test_encoder_scan_refuses_a_run_that_cannot_separate_its_terms(tmp_path: Path) -> None:
     """Pictures of one size cannot tell the per-token term from the per-token-squared one."""
-    from capplan.calibrate import fit as F
+    from capplan.calibrate import scans
 
     _encoder_run(tmp_path, "x--fp8--encoder", 37.0, 66.0, 40.0)
     df = store.read_encoder_jsonl(tmp_path / "x--fp8--encoder.jsonl")
     with pytest.raises(CalibrationError, match="2 sizes"):
-        F.encoder_scan(df.filter(pl.col("image_tokens") == 280))
+        scans.encoder_scan(df.filter(pl.col("image_tokens") == 280))
 
 
 def test_a_step_pays_the_encoder_pass_of_its_pictures() -> None:

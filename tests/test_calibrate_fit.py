@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capplan.calibrate import fit as F
+from capplan.calibrate import scans
 from capplan.calibrate.sweep import GRAPH_SCAN_CONTEXT
 from capplan.errors import CalibrationError
 from capplan.profile import Profile, StepModel
@@ -375,14 +376,14 @@ def test_graph_scan_gives_each_size_its_offset_and_the_decode_only_context_rate(
                 rows[k].append(v)
     s = {k: np.array(v) for k, v in rows.items()}
     s["warmup"] = np.zeros(len(s["point"]), dtype=bool)
-    scan = F.graph_scan(s, step, sizes)
+    scan = scans.graph_scan(s, step, sizes)
     assert scan is not None
     assert scan.ctx_s == pytest.approx(graph_ctx)
     assert scan.offsets == pytest.approx(true, abs=1e-9)
     assert [p["steps"] for p in scan.points] == [10] * 5
-    assert F.graph_scan(s, step, sizes, ctx_floor_s=2.8e-8).ctx_s == 2.8e-8  # type: ignore[union-attr]
+    assert scans.graph_scan(s, step, sizes, ctx_floor_s=2.8e-8).ctx_s == 2.8e-8  # type: ignore[union-attr]
     # a sliding-window model keeps its rate and takes the offsets within the window alone
-    windowed = F.graph_scan(s, step, sizes, window=1024)
+    windowed = scans.graph_scan(s, step, sizes, window=1024)
     assert windowed is not None and windowed.ctx_s == TRUE["decode_ctx_s"]
     assert [p["point"] for p in windowed.points] == [f"graphs-b{b}-c128" for b in (16, 32, 64)]
     fitted = step.model_copy(update={"graph_offset_s": scan.offsets, "graph_ctx_s": scan.ctx_s})
@@ -478,4 +479,4 @@ def test_graph_scan_slow_stretches(ms: list[float], stretches: list[str]) -> Non
     """A host running the engine at two speeds leaves runs of sizes 1.25x slower than the
     sizes on both sides (the H100's draft-model scan, s40, had five, none a lone size); a
     step up with no fall after it is a stair of the kernels and stays."""
-    assert F.graph_scan_slow_stretches(_scan_points(ms)) == stretches
+    assert scans.graph_scan_slow_stretches(_scan_points(ms)) == stretches

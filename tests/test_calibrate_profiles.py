@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from capplan.calibrate import fit as F
-from capplan.calibrate import store
+from capplan.calibrate import scans, store
 from capplan.calibrate.store import CALIBRATION_DIR
 from capplan.hardware import GPUS, Precision
 from capplan.modelspec import load_model_spec
@@ -89,7 +89,7 @@ TILED = [d for d in PROFILES if Profile.load(d).step.tile_rho]
 
 def test_the_validated_fp8_engines_price_flashattentions_last_wave() -> None:
     """The profiles whose sweeps hold enough long decodes of a few sequences fit tile_rho
-    (calibrate/fit.py tile_rho): the H100's Llama-3.1-8B and Qwen3-32B, the H200's Llama FP8."""
+    (calibrate/scans.py tile_rho): the H100's Llama-3.1-8B and Qwen3-32B, the H200's Llama FP8."""
     assert {f"{d.parents[2].name}/{d.parent.name}/{d.name}" for d in TILED} >= {
         "h100/llama-3.1-8b/fp8", "h100/qwen3-32b/fp8", "h200/llama-3.1-8b/fp8"}
 
@@ -107,10 +107,10 @@ def test_tile_rho_refits_from_the_samples(d: Path) -> None:
                                     int(prof.engine["max_num_batched_tokens"]), prof.spec_k)  # type: ignore[call-overload]
     heads = load_model_spec(prof.model).num_kv_heads
     assert (step.tile_kv_heads, step.tile_sms) == (heads, GPUS[prof.gpu].sms)
-    fit = F.tile_rho(s, step.model_copy(update={"tile_rho": 0.0}), sizes, prof.spec_k, heads,
+    fit = scans.tile_rho(s, step.model_copy(update={"tile_rho": 0.0}), sizes, prof.spec_k, heads,
                      GPUS[prof.gpu].sms)
     assert fit is not None and fit.rho == step.tile_rho
-    assert fit.rms_with_s <= (1 - F.TILE_MIN_GAIN) * fit.rms_without_s
+    assert fit.rms_with_s <= (1 - scans.TILE_MIN_GAIN) * fit.rms_without_s
     assert f"tile_rho {fit.rho:.1f}" in prof.provenance.note
 
 
@@ -152,21 +152,21 @@ def test_graph_terms_refit_from_their_graph_scan(d: Path) -> None:
     """graph_ctx_s and graph_offset_s come from the graph-scan run on top of the profile's
     linear terms, recomputed from the shipped raw run: every CUDA-graph size a decode-only
     batch of up to 256 requests can take has its offset (B (1 + k) tokens under speculative
-    decoding), no size of the scan is a slow stretch of the engine (fit.graph_scan_slow_stretches),
-    and the decode-only KV read is no faster than the HBM's peak bandwidth allows (a
-    sliding-window model's offsets from the points within its window; its full-attention
-    rate its fitted one, its sliding layers' from the scan)."""
+    decoding), no size of the scan is a slow stretch of the engine
+    (scans.graph_scan_slow_stretches), and the decode-only KV read is no faster than the
+    HBM's peak bandwidth allows (a sliding-window model's offsets from the points within its
+    window; its full-attention rate its fitted one, its sliding layers' from the scan)."""
     prof = Profile.load(d)
     prov = json.loads((d / "provenance.json").read_text())
     raw = store.runner_jsonl(store.raw_dir(CALIBRATION_DIR, prof.gpu), prov["graph_scan"]["run"])
     assert raw is not None
     sizes = cudagraph_capture_sizes(256, 8192, prof.spec_k)
-    scan = F.graph_scan(store.samples_of(store.read_runner_jsonl(raw)),
+    scan = scans.graph_scan(store.samples_of(store.read_runner_jsonl(raw)),
                         prof.step.model_copy(update={"graph_offset_s": {}}), sizes,
                         prov["fit"]["floors"]["decode_ctx_s"], prof.step.window_tokens,
                         prov["fit"]["floors"].get("decode_window_s", 0.0), spec_k=prof.spec_k)
     assert scan is not None
-    assert len(F.graph_scan_slow_stretches(scan.points)) <= F.GRAPH_SCAN_MAX_STRETCHES
+    assert len(scans.graph_scan_slow_stretches(scan.points)) <= scans.GRAPH_SCAN_MAX_STRETCHES
     assert scan.offsets == prof.step.graph_offset_s
     assert scan.ctx_s == prof.step.graph_ctx_s >= prov["fit"]["floors"]["decode_ctx_s"]
     assert scan.window_ctx_s == prof.step.graph_window_s
@@ -385,10 +385,10 @@ def test_a_graph_scan_that_ran_at_two_speeds_is_not_used(gpu: str) -> None:
                              "llama-3.1-8b--bf16-draft_model4--graphs")
     assert raw is not None
     prof = Profile.load(d)
-    scan = F.graph_scan(store.samples_of(store.read_runner_jsonl(raw)), prof.step,
+    scan = scans.graph_scan(store.samples_of(store.read_runner_jsonl(raw)), prof.step,
                         cudagraph_capture_sizes(256, 8192, 4), spec_k=4)
     assert scan is not None
-    assert len(F.graph_scan_slow_stretches(scan.points)) > F.GRAPH_SCAN_MAX_STRETCHES
+    assert len(scans.graph_scan_slow_stretches(scan.points)) > scans.GRAPH_SCAN_MAX_STRETCHES
     assert not prof.step.graph_offset_s
     assert "graph scan llama-3.1-8b--bf16-draft_model4--graphs not used" in prof.provenance.note
 

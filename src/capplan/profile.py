@@ -84,7 +84,7 @@ class StepModel(BaseModel):
     encoder_step_draws_s: list[float] = Field(
         default_factory=list,
         description="every measured step that encoded a picture, beyond its text-only twin's "
-        "step and the encoder's pass (fit.picture_steps; may be negative): the simulator "
+        "step and the encoder's pass (scans.picture_steps; may be negative): the simulator "
         "draws one for each step that encodes (sim/replica.py PictureDraws), since such a "
         "step took ~35-60 or ~75-145 ms beyond its twin on the H200, in spells; empty: "
         "every such step pays `encoder_step_s`",
@@ -92,12 +92,13 @@ class StepModel(BaseModel):
     encoder_slow_above_s: float = Field(
         default=0.0,
         description="where `encoder_step_draws_s` splits into the fast spell's and the slow "
-        "spell's (fit.slow_above)",
+        "spell's (scans.slow_above)",
     )
     encoder_slow_spell_s: float = Field(
         default=0.0, ge=0,
-        description="how long a slow spell of picture steps lasts, on average (fit.spell_lengths: "
-        "the picture points' steps in time order); 0: each step is drawn on its own",
+        description="how long a slow spell of picture steps lasts, on average "
+        "(scans.spell_lengths: the picture points' steps in time order); 0: each step is drawn "
+        "on its own",
     )
     encoder_fast_spell_s: float = Field(
         default=0.0, ge=0, description="how long a fast spell lasts, on average",

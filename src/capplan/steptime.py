@@ -93,7 +93,7 @@ on the H100 (Llama-3.1-8B FP8, 8 KV heads), the sweep's decode steps of 17 seque
 8.6 % over the summed-context price and of 16 sequences 2.1 % (calibration_analysis.py
 tiles); six decodes of 4,096 tokens beside two of 12,288 ran 5.5 % over eight of 6,144
 (calibration_analysis.py mixlen). `tile_rho` is fitted on the decode-only steps after the
-graph scan (calibrate/fit.py tile_rho); where no value prices them better than none, or the
+graph scan (calibrate/scans.py tile_rho); where no value prices them better than none, or the
 profile has no graph scan, F is 1.
 
 S counts the context tokens that running requests read in common with another: a
@@ -226,7 +226,7 @@ def encoder_work_s(tokens: Any, images: Any, token_s: float, token2_s: float) ->
     """The vision encoder's work on `images` pictures of `tokens` image tokens in all, taken
     as of one size: `token_s` a token and `token2_s` a token squared a picture (its
     attention over its own patches). A pass costs at least the profile's `encoder_floor_s`
-    beside it (StepTimer.encoder_pass_s). Scalars or numpy arrays alike (fit.encoder_scan)."""
+    beside it (StepTimer.encoder_pass_s). Scalars or numpy arrays alike (scans.encoder_scan)."""
     return token_s * tokens + token2_s * tokens * tokens / images
 
 

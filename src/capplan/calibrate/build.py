@@ -22,7 +22,7 @@ import polars as pl
 
 from capplan.analytic import analytic_profile
 from capplan.calibrate import fit as F
-from capplan.calibrate import store
+from capplan.calibrate import scans, store
 from capplan.errors import CalibrationError
 from capplan.hardware import GPUS, Precision
 from capplan.kvlayout import derive_layout, max_in_flight_tokens
@@ -138,7 +138,7 @@ def _quickest_passes(runs: list[pl.DataFrame]) -> pl.DataFrame:
     picture's pass ran either ~33 or ~70 ms, the same in all 12 passes of a point, from one
     run to the next (docs/calibration.md, "A picture's step"); the pass is what the encoder
     takes outside such a spell, and the spells are in the picture points' steps, which are
-    priced beyond this pass (fit.picture_steps)."""
+    priced beyond this pass (scans.picture_steps)."""
     if len(runs) == 1:
         return runs[0]
     tagged = pl.concat([r.with_columns(pl.lit(i).alias("_run")) for i, r in enumerate(runs)])
@@ -148,7 +148,7 @@ def _quickest_passes(runs: list[pl.DataFrame]) -> pl.DataFrame:
 
 
 def encoder_time(raw: Path, g: Group) -> tuple[dict[str, Any] | None, str]:
-    """The vision encoder's time (fit.encoder_scan), from the encoder scans of this
+    """The vision encoder's time (scans.encoder_scan), from the encoder scans of this
     profile's engine (`<model>--<key>--encoder`, and its repeats `<model>--<key>--rN--encoder`),
     else of any engine of the same model: vLLM 0.26.0 leaves Gemma 4's vision tower
     unquantized under FP8, AWQ and NVFP4 alike (gemma4_mm.py quantizes a tower only where its
@@ -157,13 +157,13 @@ def encoder_time(raw: Path, g: Group) -> tuple[dict[str, Any] | None, str]:
     (`_quickest_passes`), and the picture points' steps of each run, against that run's own
     text twins and that pass, are pooled, the slow spells with them. None without
     a scan (the profile then takes the analytic figure, profiles.py `_with_encoder`)."""
-    scans = sorted(p.name.removesuffix(".meta.json")
+    encoder_runs = sorted(p.name.removesuffix(".meta.json")
                    for p in raw.glob(f"{g.model}--*--encoder.meta.json")
                    if store.runner_jsonl(raw, p.name.removesuffix(".meta.json")))
-    keys = sorted({m["key"] for r in scans if (m := _NAME.match(r))})
+    keys = sorted({m["key"] for r in encoder_runs if (m := _NAME.match(r))})
 
     def runs_of(key: str) -> list[str]:
-        return [r for r in scans if (m := _NAME.match(r)) and m["key"] == key]
+        return [r for r in encoder_runs if (m := _NAME.match(r)) and m["key"] == key]
 
     # the engine's runs, else those of the first other engine of the model that has some
     runs = runs_of(g.key) or next((runs_of(k) for k in keys), [])
@@ -171,7 +171,8 @@ def encoder_time(raw: Path, g: Group) -> tuple[dict[str, Any] | None, str]:
         return None, ""
     paths = [store.runner_jsonl(raw, r) for r in runs]
     size = load_model_spec(g.model).image_tokens_per_image
-    fitted = F.encoder_scan(_quickest_passes([store.read_encoder_jsonl(p) for p in paths if p]))
+    fitted = scans.encoder_scan(
+        _quickest_passes([store.read_encoder_jsonl(p) for p in paths if p]))
     seconds = [_rc_seconds(raw).get(r) for r in runs]
     secs = sum(x for x in seconds if x) or None
     draws: list[float] = []
@@ -180,7 +181,7 @@ def encoder_time(raw: Path, g: Group) -> tuple[dict[str, Any] | None, str]:
     for run, path in zip(runs, paths, strict=True):
         assert path is not None
         try:  # the picture points' steps (scans from the nineteenth session on)
-            pictures = F.picture_steps(store.read_runner_jsonl(path), fitted)
+            pictures = scans.picture_steps(store.read_runner_jsonl(path), fitted)
         except CalibrationError:
             pictures = None
         if pictures:
@@ -193,8 +194,8 @@ def encoder_time(raw: Path, g: Group) -> tuple[dict[str, Any] | None, str]:
     step_s = max(0.0, float(np.median(draws))) if draws else 0.0
     spells = ""
     if draws:
-        above = F.slow_above(draws)
-        slow_s, fast_s = F.spell_lengths(sequences, above)
+        above = scans.slow_above(draws)
+        slow_s, fast_s = scans.spell_lengths(sequences, above)
         out |= {"encoder_step_s": step_s, "encoder_step_draws_s": sorted(draws),
                 "picture_points": points}
         if slow_s:
@@ -606,12 +607,12 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     graphs: dict[str, Any] | None = None  # the points behind graph_offset_s, for provenance
     if graph_path is not None:
         scan = store.samples_of(store.read_runner_jsonl(graph_path))
-        fitted = F.graph_scan(scan, step, sizes, floors.get("decode_ctx_s", 0.0), window,
+        fitted = scans.graph_scan(scan, step, sizes, floors.get("decode_ctx_s", 0.0), window,
                               floors.get("decode_window_s", 0.0), spec_k=k)
-        slow = F.graph_scan_slow_stretches(fitted.points) if fitted is not None else []
-        if len(slow) > F.GRAPH_SCAN_MAX_STRETCHES:
+        slow = scans.graph_scan_slow_stretches(fitted.points) if fitted is not None else []
+        if len(slow) > scans.GRAPH_SCAN_MAX_STRETCHES:
             notes.append(f"graph scan {graph_run} not used: {len(slow)} stretches of "
-                         f"sizes ({', '.join(slow)}) took {F.GRAPH_SCAN_SPIKE:.2f}x or more "
+                         f"sizes ({', '.join(slow)}) took {scans.GRAPH_SCAN_SPIKE:.2f}x or more "
                          "of the sizes' step on both sides, the engine running at two speeds; "
                          "decode-only steps keep the linear terms")
             fitted = None
@@ -648,7 +649,7 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
         # FlashAttention's last wave on a decode-only step (tiles.py): 16-bit KV's tiles,
         # one token a sequence, full attention only (the cases its rule was measured on)
         heads = load_model_spec(g.model).num_kv_heads
-        tiles = F.tile_rho(s, step, sizes, k, heads, GPUS[gpu].sms)
+        tiles = scans.tile_rho(s, step, sizes, k, heads, GPUS[gpu].sms)
         if tiles is not None:
             step = step.model_copy(update={"tile_rho": tiles.rho, "tile_kv_heads": heads,
                                            "tile_sms": GPUS[gpu].sms})
