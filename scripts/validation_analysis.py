@@ -601,7 +601,13 @@ def trial() -> None:
             print(f"  +{extra * 1e3:.0f} ms, {kind} ({len(rs)} rows) within target: {within}")
 
 
-def gemma() -> None:
+GEMMA_LOADS = (1, 4, 32)
+
+
+def gemma_chat() -> dict[str, list[Any]]:
+    """The seeds' chat (512 -> 128, closed loop) on Gemma 4 31B by precision, simulated on the
+    H200's profiles at concurrency 1, 4 and 32: each variant's workload results
+    (docs/validation.md's seeds table; tests/test_validation_gate.py checks the figures)."""
     from capplan.mix import TrafficMix
 
     engine = {"max_model_len": 8192, "gpu_memory_utilization": 0.90,
@@ -610,7 +616,7 @@ def gemma() -> None:
                 "fp8 + MTP k=4": {"speculative": {"method": "mtp", "num_speculative_tokens": 4}}}
     pools, workloads = [], []
     for i, (name, extra) in enumerate(variants.items()):
-        for c in (1, 4, 32):
+        for c in GEMMA_LOADS:
             pool = f"p{i}-c{c}"
             pools.append({"name": pool, "model": "gemma-4-31b", "gpu": "h200",
                           "precision": name.split()[0], "engine": {**engine, **extra}})
@@ -621,16 +627,21 @@ def gemma() -> None:
     mix = TrafficMix.model_validate({"schema_version": 1, "name": "seeds-gemma", "pools": pools,
                                      "workloads": workloads,
                                      "simulation": {"duration_s": 60, "seed": 0}})
+    return {name: [simulate(mix, f"p{i}-c{c}", 1, keep_requests=False)
+                   for c in GEMMA_LOADS]
+            for i, name in enumerate(variants)}
+
+
+def gemma() -> None:
     print("output tok/s (TTFT p99 ms, ITL p99 ms) at concurrency 1 / 4 / 32")
-    for i, name in enumerate(variants):
+    for name, results in gemma_chat().items():
         cells = []
-        for c in (1, 4, 32):
-            res = simulate(mix, f"p{i}-c{c}", 1, keep_requests=False)
+        for res in results:
             w = res.workloads[0]
             cells.append(f"{w.output_tokens_per_s:,.0f} ({w.ttft_p99_s * 1e3:,.0f}, "
                          f"{w.itl_p99_s * 1e3:.1f})")
         print(f"  {name:14s} " + " / ".join(cells)
-              + f"   [{res.pool.profile}: {res.pool.profile_source}]")
+              + f"   [{results[-1].pool.profile}: {results[-1].pool.profile_source}]")
 
 
 def prefix() -> None:

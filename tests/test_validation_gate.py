@@ -198,3 +198,43 @@ def test_seeds_table_quotes_todays_predictions(rows: list[Row]) -> None:
              if want not in table[finding]]
     assert not stale, ("docs/validation.md's seeds table is stale (`python "
                        "scripts/validation_analysis.py seeds`):\n" + "\n".join(stale))
+
+
+def test_seeds_table_quotes_todays_gemma_chat() -> None:
+    """The seeds' table's Gemma 4 rows quote the simulated chat by precision
+    (`python scripts/validation_analysis.py gemma`); they must be today's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "validation_analysis", ROOT / "scripts" / "validation_analysis.py")
+    assert spec and spec.loader
+    analysis = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(analysis)
+    chat = {name: [r.workloads[0] for r in results]
+            for name, results in analysis.gemma_chat().items()}
+    tput = {name: [w.output_tokens_per_s for w in ws] for name, ws in chat.items()}
+    held = {c: all(ws[i].ttft_p99_s <= 0.5 and ws[i].itl_p99_s <= 0.05
+                   for name, ws in chat.items() if name != "fp8 + MTP k=4")
+            for i, c in enumerate(analysis.GEMMA_LOADS)}
+    fp8, mtp = chat["fp8"], chat["fp8 + MTP k=4"]
+    expected = {
+        "Gemma 4 31B by precision": [
+            "c=32 " + ", ".join(f"{p.upper()} {tput[p][2]:,.0f}"
+                                for p in ("bf16", "fp8", "awq", "nvfp4")) + " tok/s",
+            f"(NVFP4 = {tput['nvfp4'][2] / tput['bf16'][2]:.2f} × BF16 = "
+            f"{tput['nvfp4'][2] / tput['fp8'][2]:.2f} × FP8)",
+            f"FP8 TTFT p99 {fp8[2].ttft_p99_s * 1e3:,.0f} ms",
+            "every precision holds to c=4, none to c=32" if held[4] and not held[32]
+            else "a different answer"],
+        "MTP k = 4 on Gemma 4": [
+            f"{tput['fp8 + MTP k=4'][0] / tput['fp8'][0]:.2f} × at c=1 "
+            f"({tput['fp8 + MTP k=4'][0]:,.0f} against {tput['fp8'][0]:,.0f} tok/s), "
+            f"{tput['fp8 + MTP k=4'][2] / tput['fp8'][2]:.2f} × at c=32; ITL p99 "
+            f"{fp8[1].itl_p99_s * 1e3:.1f} → {mtp[1].itl_p99_s * 1e3:.1f} ms at c=4"],
+    }
+    table = _seeds_table()
+    stale = [f"{finding}: {want!r} is not in {table[finding]!r}"
+             for finding, wants in expected.items() for want in wants
+             if want not in table[finding]]
+    assert not stale, ("docs/validation.md's seeds table is stale (`python "
+                       "scripts/validation_analysis.py gemma`):\n" + "\n".join(stale))
