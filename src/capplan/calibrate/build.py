@@ -27,7 +27,7 @@ from capplan.errors import CalibrationError
 from capplan.hardware import GPUS, Precision
 from capplan.kvlayout import derive_layout, max_in_flight_tokens
 from capplan.modelspec import load_model_spec
-from capplan.profile import Box, DrafterHost, HostCore, Profile
+from capplan.profile import Box, DrafterHost, HostCore, Profile, StepModel
 from capplan.steptime import StepTimer, cudagraph_capture_sizes
 
 UTILS = (0.85, 0.90, 0.95)
@@ -439,21 +439,17 @@ def _lone_floors(df: pl.DataFrame, voting: list[int], runs: int, fixed: dict[str
             + ", ".join(f"{f * 1e3:.2f}" for f in own) + " ms)")
 
 
-def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
-                  gpu: str, git_commit: str, seed: int = 0) -> tuple[Profile, dict[str, Any],
-                                                                      pl.DataFrame]:
-    """Fit one profile; `done` holds profiles built before it (BF16 bases come first)."""
-    if g.main is None:
-        raise CalibrationError(f"{g.model}/{g.key}: no step samples, only KV capacity")
+def _fixed_terms(g: Group, df: pl.DataFrame, meta: dict[str, Any],
+                 done: dict[tuple[str, str], Profile], gpu: str
+                 ) -> tuple[dict[str, float], list[str], list[str]]:
+    """The terms a profile takes as given rather than fitting: a speculative profile's
+    base terms from its precision's, the tile terms its kernels lack, a short sweep's
+    context rate from BF16's. Returns them, the provenance's notes on them and the
+    terms taken from the analytic profile."""
     parts = g.parts
-    prec, kv_dtype = parts["prec"], "fp8" if parts["kv"] else "auto"
-    method, k = parts["m"], int(parts["k"] or 0)
-    meta = next(m for m in g.metas if m["args"]["gpu_memory_utilization"] == 0.90)
-    eng = meta["engine"]
-    df = _samples(raw, g)
-    s = store.samples_of(df)
+    prec, method, k = parts["prec"], parts["m"], int(parts["k"] or 0)
     fixed: dict[str, float] = {}
-    notes = []
+    notes: list[str] = []
     analytic_terms: list[str] = []
     base = done.get((g.model, "bf16"))
     if k:
@@ -492,6 +488,14 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
             fixed["decode_ctx_s"] = base.step.decode_ctx_s
             notes.append(f"decode_ctx_s from {g.model}/bf16 (sweep reached decode context "
                          f"{_max_decode_context(df):.0f} < {MIN_DECODE_CONTEXT})")
+    return fixed, notes, analytic_terms
+
+
+def _coverage(g: Group, raw: Path, meta: dict[str, Any], df: pl.DataFrame
+              ) -> tuple[list[str], list[str]]:
+    """The points planned for every run of the engine, and a note where the sweep is
+    incomplete."""
+    notes: list[str] = []
     # the points every run of this engine was sent (a repeat's plan may hold points the
     # main run's has not), so that "measured of planned" counts the same points; the runner
     # skips a point whose KV tokens pass 0.9 of the engine's cache (runner.py, main): such a
@@ -524,6 +528,135 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
                 why.append(f"the runner stopped before {undone[0]}")
             notes.append(f"sweep incomplete: {len(planned) - len(left)} of {len(planned)} "
                          f"points measured; {' and '.join(why)}")
+    return planned, notes
+
+
+def _graph_terms(g: Group, raw: Path, s: F.Samples, step: StepModel, *, sizes: list[int],
+                 floors: dict[str, float], window: int, eng: dict[str, Any], kv_dtype: str,
+                 gpu: str) -> tuple[StepModel, dict[str, Any] | None, list[str]]:
+    """The decode-only steps' terms from the engine's graph scan, where it has one: each
+    CUDA-graph size's offset and the context rate (scans.graph_scan), then
+    FlashAttention's last wave (scans.tile_rho). Returns the step model with them, the
+    scan's points for the provenance and the notes."""
+    k = int(g.parts["k"] or 0)
+    notes: list[str] = []
+    graph_run = f"{g.model}--{g.key}--graphs"
+    graph_path = store.runner_jsonl(raw, graph_run)
+    graphs: dict[str, Any] | None = None  # the points behind graph_offset_s, for provenance
+    if graph_path is not None:
+        scan = store.samples_of(store.read_runner_jsonl(graph_path))
+        fitted = scans.graph_scan(scan, step, sizes, floors.get("decode_ctx_s", 0.0), window,
+                              floors.get("decode_window_s", 0.0), spec_k=k)
+        slow = scans.graph_scan_slow_stretches(fitted.points) if fitted is not None else []
+        if len(slow) > scans.GRAPH_SCAN_MAX_STRETCHES:
+            notes.append(f"graph scan {graph_run} not used: {len(slow)} stretches of "
+                         f"sizes ({', '.join(slow)}) took {scans.GRAPH_SCAN_SPIKE:.2f}x or more "
+                         "of the sizes' step on both sides, the engine running at two speeds; "
+                         "decode-only steps keep the linear terms")
+            fitted = None
+        if fitted is not None:
+            step = step.model_copy(update={"graph_offset_s": fitted.offsets,
+                                           "graph_ctx_s": fitted.ctx_s,
+                                           "graph_window_s": fitted.window_ctx_s})
+            scan_meta = json.loads((raw / f"{graph_run}.meta.json").read_text())
+            graphs = {"run": graph_run, "gpu_seconds": _rc_seconds(raw).get(graph_run),
+                      "runner_commit": scan_meta.get("runner_commit"),
+                      "started": datetime.fromtimestamp(scan_meta["started_unix"], UTC)
+                      .isoformat(timespec="seconds"),
+                      "points": fitted.points}
+            # a scan its time budget cut short leaves its last sizes to the linear terms
+            # (profile.graph_offset: 0 outside the sizes scanned); the provenance names them
+            missed = [z for z in sizes if z // (1 + k) <= eng["max_num_seqs"]
+                      and z not in fitted.offsets]
+            if missed:
+                graphs["sizes_not_reached"] = missed
+            span = [v * 1e3 for v in fitted.offsets.values()]
+            secs = graphs["gpu_seconds"]
+            notes.append(f"graph_offset_s at {len(span)} CUDA-graph sizes "
+                         f"({min(span):+.2f} to {max(span):+.2f} ms) and "
+                         + (f"graph_window_s {fitted.window_ctx_s * 1e9:.1f} ns"
+                            if fitted.window_ctx_s else
+                            f"graph_ctx_s {fitted.ctx_s * 1e9:.1f} ns")
+                         + f" a token from {graph_run}"
+                         + (f" ({secs / 60:.1f} GPU-minutes more, engine start included)"
+                            if secs else "")
+                         + (f"; size{'s' if len(missed) > 1 else ''} "
+                            f"{', '.join(map(str, missed))} not reached before the scan's "
+                            "budget ran out, priced by the linear terms" if missed else ""))
+    if graphs is not None and not k and kv_dtype == "auto" and not window:
+        # FlashAttention's last wave on a decode-only step (tiles.py): 16-bit KV's tiles,
+        # one token a sequence, full attention only (the cases its rule was measured on)
+        heads = load_model_spec(g.model).num_kv_heads
+        tiles = scans.tile_rho(s, step, sizes, k, heads, GPUS[gpu].sms)
+        if tiles is not None:
+            step = step.model_copy(update={"tile_rho": tiles.rho, "tile_kv_heads": heads,
+                                           "tile_sms": GPUS[gpu].sms})
+            notes.append(f"tile_rho {tiles.rho:.1f}: FlashAttention's last wave on a "
+                         f"decode-only step ({heads} KV heads, {GPUS[gpu].sms} SMs), fitted on "
+                         f"{tiles.cells} decode-only cells, their RMS error "
+                         f"{tiles.rms_without_s * 1e3:.3f} ms without it, "
+                         f"{tiles.rms_with_s * 1e3:.3f} ms with it")
+    return step, graphs, notes
+
+
+def _heldout_figures(s: F.Samples, step: StepModel, res: F.FitResult, *, eng: dict[str, Any],
+                     k: int, seed: int, window: int, fixed: dict[str, float],
+                     floors: dict[str, float]) -> dict[str, Any]:
+    """The fit's figures for the provenance: the held-out error of the profile as shipped
+    (all units, and split into a point's designed steps and its drain), single steps,
+    5-fold and leave-one-point-out cross-validation, and what was fixed."""
+    shipped = F.heldout_ape(s, step, max_num_seqs=eng["max_num_seqs"],
+                            max_num_batched_tokens=eng["max_num_batched_tokens"], spec_k=k,
+                            seed=seed, window=window)
+    drained = F.heldout_in_drain(s, seed=seed)
+    designed, drain = shipped[~drained], shipped[drained]
+    return {"heldout_shipped_median_ape": round(float(np.median(shipped)), 5),
+            "heldout_shipped_p95_ape": round(float(np.percentile(shipped, 95)), 5),
+            "unit": ("one engine step, timed by the GPU's own stamps"
+                     if F.unit_width(s) == 1 else
+                     f"window of {F.WINDOW} consecutive engine steps (CPU stamps)"),
+            "single_step_median_ape": round(float(np.median(res.single_step_ape)), 5),
+            "single_step_p95_ape": round(float(np.percentile(res.single_step_ape, 95)), 5),
+            "cv5_windows": len(res.cv_ape),
+            "cv5_median_ape": round(float(np.median(res.cv_ape)), 5),
+            "cv5_p95_ape": round(float(np.percentile(res.cv_ape, 95)), 5),
+            "point_cv_points": len(res.point_ape),
+            "point_cv_median_ape": (round(float(np.median(res.point_ape)), 5)
+                                    if len(res.point_ape) else None),
+            "point_cv_p95_ape": (round(float(np.percentile(res.point_ape, 95)), 5)
+                                 if len(res.point_ape) else None),
+            # the same held-out units, split: a point's designed steps and its drain
+            # (fit.drain_steps, docs/calibration.md "A point's drain")
+            "designed_units": len(designed),
+            "designed_shipped_median_ape": (round(float(np.median(designed)), 5)
+                                            if len(designed) else None),
+            "designed_shipped_p95_ape": (round(float(np.percentile(designed, 95)), 5)
+                                         if len(designed) else None),
+            "drain_units": len(drain),
+            "drain_shipped_median_ape": (round(float(np.median(drain)), 5)
+                                         if len(drain) else None),
+            "drain_shipped_p95_ape": (round(float(np.percentile(drain, 95)), 5)
+                                      if len(drain) else None),
+            "trimmed_train_windows": res.trimmed, "seed": seed, "floors": floors,
+            "fixed_coefficients": fixed}
+
+
+def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
+                  gpu: str, git_commit: str, seed: int = 0) -> tuple[Profile, dict[str, Any],
+                                                                      pl.DataFrame]:
+    """Fit one profile; `done` holds profiles built before it (BF16 bases come first)."""
+    if g.main is None:
+        raise CalibrationError(f"{g.model}/{g.key}: no step samples, only KV capacity")
+    parts = g.parts
+    prec, kv_dtype = parts["prec"], "fp8" if parts["kv"] else "auto"
+    method, k = parts["m"], int(parts["k"] or 0)
+    meta = next(m for m in g.metas if m["args"]["gpu_memory_utilization"] == 0.90)
+    eng = meta["engine"]
+    df = _samples(raw, g)
+    s = store.samples_of(df)
+    fixed, notes, analytic_terms = _fixed_terms(g, df, meta, done, gpu)
+    planned, more = _coverage(g, raw, meta, df)
+    notes += more
     if meta.get("points_hung"):
         notes.append(f"vLLM hung in {', '.join(meta['points_hung'])} (the runner's watchdog "
                      "ended the run; the point is left out)")
@@ -602,62 +735,10 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
             notes.append(f"shared_ctx_saving {saving:.0%}: the median of {len(pairs)} "
                          f"shared-prefix decode points against their unshared twins "
                          f"({cache_run})")
-    graph_run = f"{g.model}--{g.key}--graphs"
-    graph_path = store.runner_jsonl(raw, graph_run)
-    graphs: dict[str, Any] | None = None  # the points behind graph_offset_s, for provenance
-    if graph_path is not None:
-        scan = store.samples_of(store.read_runner_jsonl(graph_path))
-        fitted = scans.graph_scan(scan, step, sizes, floors.get("decode_ctx_s", 0.0), window,
-                              floors.get("decode_window_s", 0.0), spec_k=k)
-        slow = scans.graph_scan_slow_stretches(fitted.points) if fitted is not None else []
-        if len(slow) > scans.GRAPH_SCAN_MAX_STRETCHES:
-            notes.append(f"graph scan {graph_run} not used: {len(slow)} stretches of "
-                         f"sizes ({', '.join(slow)}) took {scans.GRAPH_SCAN_SPIKE:.2f}x or more "
-                         "of the sizes' step on both sides, the engine running at two speeds; "
-                         "decode-only steps keep the linear terms")
-            fitted = None
-        if fitted is not None:
-            step = step.model_copy(update={"graph_offset_s": fitted.offsets,
-                                           "graph_ctx_s": fitted.ctx_s,
-                                           "graph_window_s": fitted.window_ctx_s})
-            scan_meta = json.loads((raw / f"{graph_run}.meta.json").read_text())
-            graphs = {"run": graph_run, "gpu_seconds": _rc_seconds(raw).get(graph_run),
-                      "runner_commit": scan_meta.get("runner_commit"),
-                      "started": datetime.fromtimestamp(scan_meta["started_unix"], UTC)
-                      .isoformat(timespec="seconds"),
-                      "points": fitted.points}
-            # a scan its time budget cut short leaves its last sizes to the linear terms
-            # (profile.graph_offset: 0 outside the sizes scanned); the provenance names them
-            missed = [z for z in sizes if z // (1 + k) <= eng["max_num_seqs"]
-                      and z not in fitted.offsets]
-            if missed:
-                graphs["sizes_not_reached"] = missed
-            span = [v * 1e3 for v in fitted.offsets.values()]
-            secs = graphs["gpu_seconds"]
-            notes.append(f"graph_offset_s at {len(span)} CUDA-graph sizes "
-                         f"({min(span):+.2f} to {max(span):+.2f} ms) and "
-                         + (f"graph_window_s {fitted.window_ctx_s * 1e9:.1f} ns"
-                            if fitted.window_ctx_s else
-                            f"graph_ctx_s {fitted.ctx_s * 1e9:.1f} ns")
-                         + f" a token from {graph_run}"
-                         + (f" ({secs / 60:.1f} GPU-minutes more, engine start included)"
-                            if secs else "")
-                         + (f"; size{'s' if len(missed) > 1 else ''} "
-                            f"{', '.join(map(str, missed))} not reached before the scan's "
-                            "budget ran out, priced by the linear terms" if missed else ""))
-    if graphs is not None and not k and kv_dtype == "auto" and not window:
-        # FlashAttention's last wave on a decode-only step (tiles.py): 16-bit KV's tiles,
-        # one token a sequence, full attention only (the cases its rule was measured on)
-        heads = load_model_spec(g.model).num_kv_heads
-        tiles = scans.tile_rho(s, step, sizes, k, heads, GPUS[gpu].sms)
-        if tiles is not None:
-            step = step.model_copy(update={"tile_rho": tiles.rho, "tile_kv_heads": heads,
-                                           "tile_sms": GPUS[gpu].sms})
-            notes.append(f"tile_rho {tiles.rho:.1f}: FlashAttention's last wave on a "
-                         f"decode-only step ({heads} KV heads, {GPUS[gpu].sms} SMs), fitted on "
-                         f"{tiles.cells} decode-only cells, their RMS error "
-                         f"{tiles.rms_without_s * 1e3:.3f} ms without it, "
-                         f"{tiles.rms_with_s * 1e3:.3f} ms with it")
+    step, graphs, more = _graph_terms(g, raw, s, step, sizes=sizes, floors=floors,
+                                      window=window, eng=eng, kv_dtype=kv_dtype,
+                                      gpu=gpu)
+    notes += more
     encoder, note = encoder_time(raw, g)
     if encoder is not None:
         step = step.model_copy(update={k: encoder[k] for k in (
@@ -714,41 +795,9 @@ def build_profile(g: Group, raw: Path, done: dict[tuple[str, str], Profile], *,
     if derived:
         notes.append("KV at util " + ", ".join(f"{u:.2f}" for u in derived)
                      + " derived from vLLM's memory profile of the 0.90 engine")
-    shipped = F.heldout_ape(s, step, max_num_seqs=eng["max_num_seqs"],
-                            max_num_batched_tokens=eng["max_num_batched_tokens"], spec_k=k,
-                            seed=seed, window=window)
-    drained = F.heldout_in_drain(s, seed=seed)
-    designed, drain = shipped[~drained], shipped[drained]
     extra = {
-        "fit": {"heldout_shipped_median_ape": round(float(np.median(shipped)), 5),
-                "heldout_shipped_p95_ape": round(float(np.percentile(shipped, 95)), 5),
-                "unit": ("one engine step, timed by the GPU's own stamps"
-                         if F.unit_width(s) == 1 else
-                         f"window of {F.WINDOW} consecutive engine steps (CPU stamps)"),
-                "single_step_median_ape": round(float(np.median(res.single_step_ape)), 5),
-                "single_step_p95_ape": round(float(np.percentile(res.single_step_ape, 95)), 5),
-                "cv5_windows": len(res.cv_ape),
-                "cv5_median_ape": round(float(np.median(res.cv_ape)), 5),
-                "cv5_p95_ape": round(float(np.percentile(res.cv_ape, 95)), 5),
-                "point_cv_points": len(res.point_ape),
-                "point_cv_median_ape": (round(float(np.median(res.point_ape)), 5)
-                                        if len(res.point_ape) else None),
-                "point_cv_p95_ape": (round(float(np.percentile(res.point_ape, 95)), 5)
-                                     if len(res.point_ape) else None),
-                # the same held-out units, split: a point's designed steps and its drain
-                # (fit.drain_steps, docs/calibration.md "A point's drain")
-                "designed_units": len(designed),
-                "designed_shipped_median_ape": (round(float(np.median(designed)), 5)
-                                                if len(designed) else None),
-                "designed_shipped_p95_ape": (round(float(np.percentile(designed, 95)), 5)
-                                             if len(designed) else None),
-                "drain_units": len(drain),
-                "drain_shipped_median_ape": (round(float(np.median(drain)), 5)
-                                             if len(drain) else None),
-                "drain_shipped_p95_ape": (round(float(np.percentile(drain, 95)), 5)
-                                          if len(drain) else None),
-                "trimmed_train_windows": res.trimmed, "seed": seed, "floors": floors,
-                "fixed_coefficients": fixed},
+        "fit": _heldout_figures(s, step, res, eng=eng, k=k, seed=seed, window=window,
+                                fixed=fixed, floors=floors),
         "points_measured": sorted(set(df["point"].to_list())),
         "points_planned": len(planned) or None,
         "points_skipped": meta.get("points_skipped", []),
