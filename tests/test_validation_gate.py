@@ -238,3 +238,52 @@ def test_seeds_table_quotes_todays_gemma_chat() -> None:
              if want not in table[finding]]
     assert not stale, ("docs/validation.md's seeds table is stale (`python "
                        "scripts/validation_analysis.py gemma`):\n" + "\n".join(stale))
+
+
+def _summary() -> dict[str, tuple[int, int, str, str]]:
+    """docs/validation.md's generated summary (test_docs_table_is_current holds it to the
+    rows): metric -> (rows within, rows, median abs. error, misses within the noise)."""
+    text = (ROOT / "docs" / "validation.md").read_text()
+    table = text.split("### Summary\n", 1)[1].strip().split("\n\n", 1)[0]
+    out = {}
+    for line in table.splitlines()[2:]:
+        metric, _target, within, median, _p90, noise = line.strip("|").split(" | ")
+        n, total = (int(x) for x in within.split(" / "))
+        out[metric.strip()] = (n, total, median, noise.strip())
+    return out
+
+
+def test_readme_and_the_glance_quote_the_summary(rows: list[Row]) -> None:
+    """README.md's validation table and docs/validation.md's "At a glance" repeat the
+    generated summary's counts by hand; they must be today's."""
+    summary = _summary()
+    readme = (ROOT / "README.md").read_text()
+    glance = (ROOT / "docs" / "validation.md").read_text().split("## At a glance", 1)[1][:4000]
+    total = summary["throughput"][1]
+    h200, h100 = (sum(1 for r in rows if r.profile.startswith(g)) for g in ("h200/", "h100/"))
+    stale = []
+    if f"{total} experiment rows, {h200} on an H200 and {h100} on an H100" not in readme:
+        stale.append(f"README.md: not '{total} experiment rows, {h200} on an H200 and {h100} "
+                     "on an H100'")
+    if f"{h200} on an H200" not in glance or f"{h100} on an H100" not in " ".join(glance.split()):
+        stale.append(f"docs/validation.md At a glance: not '{h200} on an H200' and "
+                     f"'{h100} on an H100'")
+    for metric, (n, count, median, noise) in summary.items():
+        name = "output throughput" if metric == "throughput" else metric
+        line = next((ln for ln in readme.splitlines() if ln.startswith(f"| {name} |")), "")
+        want = f"{n} / {count}" + (f" (median error {median.replace('%', ' %')})"
+                                    if metric == "throughput" else "")
+        if want not in line:
+            stale.append(f"README.md {metric}: {want!r} not in {line!r}")
+        if noise != "–" and f"{noise} of {count - n}" not in line:
+            stale.append(f"README.md {metric}: '{noise} of {count - n}' not in {line!r}")
+    if f"**{total} rows**" not in glance:
+        stale.append(f"docs/validation.md At a glance: not '**{total} rows**'")
+    for metric, words in (("throughput", "Throughput is within 5 % on {}"),
+                          ("ITL p50", "ITL p50 on {}"), ("E2E p99", "E2E p99 within 10 % on {}"),
+                          ("TTFT p50", "TTFT p50 within 5 % on {}"),
+                          ("ITL p99", "ITL p99 within 10 % on {}")):
+        want = words.format(summary[metric][0])
+        if " ".join(want.split()) not in " ".join(glance.split()):
+            stale.append(f"docs/validation.md At a glance: not {want!r}")
+    assert not stale, "\n".join(stale)
