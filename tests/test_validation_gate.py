@@ -121,6 +121,16 @@ def _seeds_table() -> dict[str, str]:
     return cells
 
 
+def _assert_quoted(expected: dict[str, list[str]], command: str) -> None:
+    """Each finding's predicted cell holds every figure expected of it."""
+    table = _seeds_table()
+    stale = [f"{finding}: {want!r} is not in {table[finding]!r}"
+             for finding, wants in expected.items() for want in wants
+             if want not in table[finding]]
+    assert not stale, ("docs/validation.md's seeds table is stale (`python "
+                       f"scripts/validation_analysis.py {command}`):\n" + "\n".join(stale))
+
+
 def test_seeds_table_quotes_todays_predictions(rows: list[Row]) -> None:
     """The seeds' table in docs/validation.md is written by hand; its predicted column, where
     it quotes the stored serving rows, must be what the simulator predicts for them today (the
@@ -192,12 +202,7 @@ def test_seeds_table_quotes_todays_predictions(rows: list[Row]) -> None:
             f"{fcfs:.2f} s" if f"{fcfs:.2f}" == f"{prio:.2f}" else "a change"],
         "Hit rate sets per-GPU throughput": [f"{prefix('llama-3.1-8b-bf16', 'p20'):.2f} ×"],
     }
-    table = _seeds_table()
-    stale = [f"{finding}: {want!r} is not in {table[finding]!r}"
-             for finding, wants in expected.items() for want in wants
-             if want not in table[finding]]
-    assert not stale, ("docs/validation.md's seeds table is stale (`python "
-                       "scripts/validation_analysis.py seeds`):\n" + "\n".join(stale))
+    _assert_quoted(expected, "seeds")
 
 
 def test_seeds_table_quotes_todays_gemma_chat() -> None:
@@ -232,12 +237,7 @@ def test_seeds_table_quotes_todays_gemma_chat() -> None:
             f"{tput['fp8 + MTP k=4'][2] / tput['fp8'][2]:.2f} × at c=32; ITL p99 "
             f"{fp8[1].itl_p99_s * 1e3:.1f} → {mtp[1].itl_p99_s * 1e3:.1f} ms at c=4"],
     }
-    table = _seeds_table()
-    stale = [f"{finding}: {want!r} is not in {table[finding]!r}"
-             for finding, wants in expected.items() for want in wants
-             if want not in table[finding]]
-    assert not stale, ("docs/validation.md's seeds table is stale (`python "
-                       "scripts/validation_analysis.py gemma`):\n" + "\n".join(stale))
+    _assert_quoted(expected, "gemma")
 
 
 def _summary() -> dict[str, tuple[int, int, str, str]]:
