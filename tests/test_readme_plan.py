@@ -1,12 +1,15 @@
 """The README's main job, as the README prints it: `capplan size --traffic
 examples/production-mix.yaml` with the shipped profiles gives every figure the README's
-abridged output shows (a `…` there stands for what it leaves out). A refit or a simulator
-change that moves the plan fails here until the README says what the code does."""
+abridged output shows (a `…` there stands for what it leaves out); and the GPU choice of
+`examples/which-gpu.yaml` that README.md and docs/quickstart.md quote. A refit or a simulator
+change that moves a plan fails here until the docs say what the code does."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+from typing import Any
 
 from click.testing import CliRunner
 
@@ -47,3 +50,46 @@ def test_the_readmes_plan_is_the_plan_capplan_size_gives() -> None:
     output = result.output.splitlines()
     missing = [line for line in _readme_block() if not _shown(line, output)]
     assert not missing, "README.md's plan differs from capplan size's:\n" + "\n".join(missing)
+
+
+
+WORDS = {3: "three", 4: "four", 5: "five", 6: "six"}
+
+
+def _which_gpu(tmp_path: Path, *flags: str) -> dict[str, Any]:
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(main, ["size", "--traffic", str(ROOT / "examples/which-gpu.yaml"),
+                                       "--out", str(out), *flags])
+    assert result.exit_code == 0, result.output
+    pool: dict[str, Any] = json.loads(out.read_text())["pools"][0]
+    return pool
+
+
+def test_which_gpus_answers_are_the_docs(tmp_path: Path) -> None:
+    """README.md and docs/quickstart.md quote `examples/which-gpu.yaml`'s plans, alone and
+    with `--host any` (GPUs and monthly cost of the H100s kept and of the H200s beside them,
+    and the GPUs on each host's core); they must be what `capplan size` gives today."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    quick = " ".join((ROOT / "docs" / "quickstart.md").read_text().split())
+    alone, anyhost = _which_gpu(tmp_path), _which_gpu(tmp_path, "--host", "any")
+    assert alone["gpu"] == anyhost["gpu"] == "h100", "the docs say the H100 wins"
+    h200 = [next(r for r in p["runners_up"] if r["gpu"] == "h200") for p in (alone, anyhost)]
+    cost = [f"${p['cost']['usd_per_month']:,.0f}" for p in (alone, anyhost)]
+    h200_cost = [f"${r['usd_per_month']:,.0f}" for r in h200]
+    hosts = {m[2]: int(m[1]) for m in re.finditer(r"(\d+) GPUs on the (\w+) host's core",
+                                                  anyhost["reasoning"])}
+    wants = [
+        (readme, f"the H100s need {anyhost['gpus']} where the median host needs "
+                 f"{hosts['median']}"),
+        (readme, f"at {cost[1]} a month against {h200[1]['gpus']} H200s' {h200_cost[1]}"),
+        (quick, f"keeps {anyhost['gpus']} H100s ({cost[1]} a month), which need "
+                f"{hosts['median']} on the median host's core but {hosts['fastest']} on the "
+                f"fastest's, over {h200[1]['gpus']} H200s ({h200_cost[1]};"),
+        (quick, f"here {WORDS[alone['gpus']]} H100s or {WORDS[h200[0]['gpus']]} H200s hold "
+                "the SLOs"),
+        (quick, f"{cost[0]} a month against {h200_cost[0]}"),
+        (quick, f"With `--host any` the H100s need {WORDS[anyhost['gpus']]} (on the fastest "
+                f"traced host's core) and still win, {cost[1]} against {h200_cost[1]}"),
+    ]
+    stale = [want for text, want in wants if want not in text]
+    assert not stale, "the docs' which-gpu figures are stale:\n" + "\n".join(stale)
