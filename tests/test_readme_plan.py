@@ -1,7 +1,8 @@
 """The README's main job, as the README prints it: `capplan size --traffic
 examples/production-mix.yaml` with the shipped profiles gives every figure the README's
-abridged output shows (a `…` there stands for what it leaves out); and the GPU choice of
-`examples/which-gpu.yaml` that README.md and docs/quickstart.md quote. A refit or a simulator
+abridged output shows (a `…` there stands for what it leaves out); and the choices of
+`examples/which-gpu.yaml` (the GPU) and `examples/token-budget.yaml` (the token budget) that
+README.md and docs/quickstart.md quote. A refit or a simulator
 change that moves a plan fails here until the docs say what the code does."""
 
 from __future__ import annotations
@@ -93,3 +94,41 @@ def test_which_gpus_answers_are_the_docs(tmp_path: Path) -> None:
     ]
     stale = [want for text, want in wants if want not in text]
     assert not stale, "the docs' which-gpu figures are stale:\n" + "\n".join(stale)
+
+
+def _token_budget(tmp_path: Path, *flags: str, gpu: str = "h200") -> dict[int, int]:
+    """examples/token-budget.yaml's plan on `gpu`: GPUs at each token budget, the chosen one
+    first."""
+    src = ROOT / "examples/token-budget.yaml"
+    text = src.read_text()
+    assert "    gpu: h200\n" in text
+    mix = tmp_path / f"token-budget-{gpu}.yaml"
+    mix.write_text(text.replace("    gpu: h200\n", f"    gpu: {gpu}\n"))
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(main, ["size", "--traffic", str(mix), "--out", str(out), *flags])
+    assert result.exit_code == 0, result.output
+    pool = json.loads(out.read_text())["pools"][0]
+    return {p["engine"]["max_num_batched_tokens"]: p["gpus"] for p in [pool, *pool["runners_up"]]}
+
+
+def test_token_budgets_answers_are_the_docs(tmp_path: Path) -> None:
+    """README.md and docs/quickstart.md quote `examples/token-budget.yaml`'s plans: on its
+    H200s, on H100s and with `--host any`; they must be what `capplan size` gives today."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    quick = " ".join((ROOT / "docs" / "quickstart.md").read_text().split())
+    h200, h100 = _token_budget(tmp_path), _token_budget(tmp_path, gpu="h100")
+    anyhost = _token_budget(tmp_path, "--host", "any")
+    chosen = next(iter(anyhost))
+    wants = [
+        (readme, f"a 1,024-token budget needs {h200[1024]} H200s and vLLM's 8,192 needs "
+                 f"{h200[8192]} (on the H100, {h100[1024]} against {h100[8192]};"),
+        (quick, f"on the H100 sizes {h100[1024]} GPUs at 1,024 tokens (2,048 also "
+                f"{h100[2048]}, 4,096 and 8,192 {h100[4096]} each)"),
+        (quick, f"`--host any` takes a {chosen:,}-token budget on its {anyhost[chosen]} H200s "
+                f"where the median host took 1,024: at 1,024 the slowest traced host's core "
+                f"needs {anyhost[1024]}"),
+    ]
+    assert next(iter(h200)) == next(iter(h100)) == 1024, "the docs say 1,024 tokens win"
+    assert h100[4096] == h100[8192], "the quickstart gives 4,096 and 8,192 one count"
+    stale = [want for text, want in wants if want not in text]
+    assert not stale, "the docs' token-budget figures are stale:\n" + "\n".join(stale)
