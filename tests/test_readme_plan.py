@@ -57,13 +57,17 @@ def test_the_readmes_plan_is_the_plan_capplan_size_gives() -> None:
 WORDS = {3: "three", 4: "four", 5: "five", 6: "six"}
 
 
-def _which_gpu(tmp_path: Path, *flags: str) -> dict[str, Any]:
-    out = tmp_path / "plan.json"
-    result = CliRunner().invoke(main, ["size", "--traffic", str(ROOT / "examples/which-gpu.yaml"),
-                                       "--out", str(out), *flags])
+def _sized(traffic: Path, out: Path, *flags: str) -> dict[str, Any]:
+    """The one pool of `capplan size --traffic traffic` (its plan written to `out`)."""
+    result = CliRunner().invoke(main, ["size", "--traffic", str(traffic), "--out", str(out),
+                                       *flags])
     assert result.exit_code == 0, result.output
     pool: dict[str, Any] = json.loads(out.read_text())["pools"][0]
     return pool
+
+
+def _which_gpu(tmp_path: Path, *flags: str) -> dict[str, Any]:
+    return _sized(ROOT / "examples/which-gpu.yaml", tmp_path / "plan.json", *flags)
 
 
 def test_which_gpus_answers_are_the_docs(tmp_path: Path) -> None:
@@ -104,10 +108,7 @@ def _token_budget(tmp_path: Path, *flags: str, gpu: str = "h200") -> dict[int, i
     assert "    gpu: h200\n" in text
     mix = tmp_path / f"token-budget-{gpu}.yaml"
     mix.write_text(text.replace("    gpu: h200\n", f"    gpu: {gpu}\n"))
-    out = tmp_path / "plan.json"
-    result = CliRunner().invoke(main, ["size", "--traffic", str(mix), "--out", str(out), *flags])
-    assert result.exit_code == 0, result.output
-    pool = json.loads(out.read_text())["pools"][0]
+    pool = _sized(mix, tmp_path / "plan.json", *flags)
     return {p["engine"]["max_num_batched_tokens"]: p["gpus"] for p in [pool, *pool["runners_up"]]}
 
 

@@ -4,9 +4,12 @@ capplan/validate/report.py). The docs table is regenerated from the same rows.""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import math
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -109,6 +112,17 @@ def test_shipped_tails_are_todays(rows: list[Row]) -> None:
             "--fidelity calibration`")
 
 
+@functools.cache
+def _analysis() -> ModuleType:
+    """scripts/validation_analysis.py, which prints the seeds' figures, as a module."""
+    spec = importlib.util.spec_from_file_location(
+        "validation_analysis", ROOT / "scripts" / "validation_analysis.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _seeds_table() -> dict[str, str]:
     """docs/validation.md's seeds table: each finding's first words -> its predicted cell."""
     text = (ROOT / "docs" / "validation.md").read_text()
@@ -142,13 +156,8 @@ def test_seeds_table_quotes_todays_predictions(rows: list[Row]) -> None:
         return pred[(engine, run, workload)][metric]
 
     def best(engine: str) -> str:
-        """The highest concurrency that holds TTFT p99 <= 0.5 s and ITL p99 <= 50 ms."""
-        held = ""
-        for c in (1, 4, 16, 64):
-            run = "chat-c16-r1" if engine == "llama-3.1-8b-bf16" and c == 16 else f"chat-c{c}"
-            if p(engine, run, "ttft_p99_s") <= 0.5 and p(engine, run, "itl_p99_s") <= 0.05:
-                held = f"c={c} ({p(engine, run, 'output_tok_s'):,.0f})"
-        return held
+        held = _analysis().interactive_best(lambda run, m: p(engine, run, m), engine)
+        return f"c={held[0]} ({held[1]:,.0f})" if held else ""
 
     def ratio(on: tuple[str, str, str], off: tuple[str, str, str], metric: str) -> float:
         return pred[on][metric] / pred[off][metric]
@@ -208,13 +217,7 @@ def test_seeds_table_quotes_todays_predictions(rows: list[Row]) -> None:
 def test_seeds_table_quotes_todays_gemma_chat() -> None:
     """The seeds' table's Gemma 4 rows quote the simulated chat by precision
     (`python scripts/validation_analysis.py gemma`); they must be today's."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "validation_analysis", ROOT / "scripts" / "validation_analysis.py")
-    assert spec and spec.loader
-    analysis = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(analysis)
+    analysis = _analysis()
     chat = {name: [r.workloads[0] for r in results]
             for name, results in analysis.gemma_chat().items()}
     tput = {name: [w.output_tokens_per_s for w in ws] for name, ws in chat.items()}
