@@ -515,7 +515,7 @@ def mixedsteps(profile: str | None = None) -> None:
     engine ran them (piecewise within the largest CUDA graph, graph-less up to 2,304 tokens,
     the size of a chat prompt beside the decodes, or graph-less past it) and by how many
     decodes ran beside the chunk: the median of measured / fit over every calibration run
-    of the profile (docs/validation.md, forty-seventh session). With no PROFILE, Qwen3-32B
+    of the profile (docs/validation-log.md, forty-seventh session). With no PROFILE, Qwen3-32B
     FP8 and AWQ and Llama-3.1-8B FP8 of the GPU (CAPPLAN_PROFILES)."""
     names = [profile] if profile else ["qwen3-32b/fp8", "qwen3-32b/awq", "llama-3.1-8b/fp8"]
     for name, s, pred, above in _priced(names):

@@ -251,7 +251,7 @@ def write_drafter(gpu: str, host: Host, model: str) -> None:
     engine's core, at concurrency 1: the median over the model's traced draft-model engines
     on this GPU of each one's (`drafter_engines`). A draft model's 1B forwards are launched
     layer by layer on the core's thread, so the pass is the host's (1.0-1.8x the calibration
-    engine's on ten H200 engines: docs/validation.md, twenty-seventh session) and no one
+    engine's on ten H200 engines: docs/validation-log.md, twenty-seventh session) and no one
     host's figure is taken; `capplan calibrate --from-raw` prices a draft-model profile's
     drafter terms at it (calibrate/build.py: drafter_serving)."""
     rows = drafter_engines(gpu, model)

@@ -211,7 +211,7 @@ def test_a_draft_models_passes_hold_the_engine_core() -> None:
     """vLLM runs the drafter inside the step's sample_tokens (gpu_model_runner.py
     propose_draft_token_ids): a draft model's passes, a 1B model launched layer by layer,
     keep the core as long as the GPU (traced: the core's step 14-26 ms, its drafter 10-19,
-    validation.md twenty-eighth session), so they are in the step's launch; an MTP module's
+    validation-log.md twenty-eighth session), so they are in the step's launch; an MTP module's
     are not (no trace says they hold it)."""
     root = Path(__file__).resolve().parents[1] / "calibration" / "h200" / "vllm-0.26.0"
     for key, holds in (("llama-3.1-8b/bf16-draft_model4", True),

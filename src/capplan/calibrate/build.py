@@ -875,7 +875,7 @@ def _serving_drafter(profile: Profile, drafter: dict[str, Any]
     hold it, against the profile's own such step (a decode of one request with k drafts),
     the difference put on the drafter's terms (StepModel.draft_serving_scale). The drafter
     is what varies: its pass took 9.3-18.0 ms of the core on ten H200 engines where the
-    target's forward took 6.4-7.8 ms of GPU (docs/validation.md, twenty-seventh session)."""
+    target's forward took 6.4-7.8 ms of GPU (docs/validation-log.md, twenty-seventh session)."""
     eng = profile.engine
     timer = StepTimer(profile, max_num_seqs=int(eng["max_num_seqs"]),  # type: ignore[call-overload]
                       max_num_batched_tokens=int(eng["max_num_batched_tokens"]))  # type: ignore[call-overload]
