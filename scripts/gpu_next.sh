@@ -97,6 +97,10 @@
 # The sixty-second session's runners time the garbage collector (runner.py gc_launch_s,
 # coretrace.py gc spans); its one late H100 call ran a core scan that says the collector is not
 # what holds the slow launches (calibration/_raw/h100/logs-s62), so the queues are as they were.
+# The sixty-fourth session's H100 lease (a host no session had had) ran qwen3-32b-fp8-h100-budget4k
+# (ITL p99 202.2 ms against 200.8 recorded) and queued the same row core-traced
+# (qwen3-32b-fp8-h100-budget4k-t, prediction recorded): its decode-only gaps' tail ran past
+# the simulated one. No H200 came; its queue stands.
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
@@ -106,6 +110,6 @@ if nvidia-smi -L | grep -q H200; then
     bash scripts/gpu_session.sh "$deadline"
 else
   LANE0_FIRST=validate QUEUE0= \
-    LANE0="/tmp/keep/qwen3-32b-fp8-h100-budget4k.json" \
+    LANE0="/tmp/keep/qwen3-32b-fp8-h100-budget4k-t.json" \
     bash scripts/gpu_session.sh "$deadline"
 fi
