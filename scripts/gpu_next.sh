@@ -99,8 +99,8 @@
 # what holds the slow launches (calibration/_raw/h100/logs-s62), so the queues are as they were.
 # The sixty-fourth session's H100 lease (a host no session had had) ran qwen3-32b-fp8-h100-budget4k
 # (ITL p99 202.2 ms against 200.8 recorded) and queued the same row core-traced
-# (qwen3-32b-fp8-h100-budget4k-t, prediction recorded): its decode-only gaps' tail ran past
-# the simulated one. No H200 came; its queue stands.
+# (qwen3-32b-fp8-h100-budget4k-t, prediction recorded): a slow host, whose core's time on a
+# graph-less step the median traced host's does not price. No H200 came; its queue stands.
 set -u
 deadline=${1:?DEADLINE_S}
 mkdir -p /tmp/keep && cp validation/_jobs/*.json /tmp/keep/
