@@ -60,3 +60,21 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     for page in ("index", "quickstart", "reference", "simulator"):
         path = tmp_path / "site" / ("index.html" if page == "index" else f"{page}/index.html")
         assert path.is_file(), f"{page} page not built"
+
+
+def test_validation_indexes_every_lease_in_the_log() -> None:
+    """docs/validation.md's "The leases, one by one" links every section of
+    docs/validation-log.md, in the log's order, so a lease written up in the log is found
+    from the reference page (mkdocs --strict checks each link's anchor, not that none is
+    missing)."""
+    from markdown.extensions.toc import slugify
+
+    log = (ROOT / "docs/validation-log.md").read_text(encoding="utf-8")
+    sections = [line[3:].strip() for line in log.splitlines() if line.startswith("## ")]
+    text = (ROOT / "docs/validation.md").read_text(encoding="utf-8")
+    index = text.split("### The leases, one by one", 1)[1].split("\n### ", 1)[0]
+    listed = [line for line in index.splitlines() if line.startswith("- [")]
+    want = [f"- [{s}](validation-log.md#{slugify(s, '-')})" for s in sections]
+    assert listed == want, (
+        "docs/validation.md's lease index is not the log's sections: list each `## ` heading "
+        "of docs/validation-log.md there, in order, as `- [heading](validation-log.md#anchor)`")
